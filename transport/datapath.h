@@ -1,0 +1,113 @@
+// The one interface between the protocol (transport/) and the mechanisms that move datagrams
+// (udp/, verbs/). It is batch-shaped: the protocol hands over and takes back bursts of
+// datagrams, and a datapath is chosen once at connection set-up, never per packet.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "transport/status.h"
+
+namespace optireduce {
+
+// Where a datagram goes: sockaddr_in/in6 for UDP, (GID, QPN, Q_Key) for UD verbs. Opaque to
+// the protocol, which only copies it into connection handles and compares it. Fixed size and
+// pointer-free so that it can travel inside NCCL's 128-byte handle.
+struct PeerAddress {
+  static constexpr int kMaxBytes = 38;
+  uint8_t kind = 0;  // datapath-specific tag; 0 = empty
+  uint8_t len = 0;   // meaningful bytes in data
+  uint8_t data[kMaxBytes] = {};
+
+  bool empty() const { return kind == 0; }
+  bool operator==(const PeerAddress& o) const {
+    return kind == o.kind && len == o.len && std::memcmp(data, o.data, len) == 0;
+  }
+};
+static_assert(sizeof(PeerAddress) == 40);
+
+// One datagram to send, as a gather list of two parts so that payload is never copied to
+// prepend a header.
+struct TxPacket {
+  const void* hdr = nullptr;
+  uint32_t hdr_len = 0;
+  uint32_t payload_len = 0;
+  const void* payload = nullptr;
+};
+
+// One received datagram. `data` points into memory owned by the endpoint and stays valid
+// until the next rx_burst on the same endpoint.
+struct RxPacket {
+  const uint8_t* data = nullptr;
+  uint32_t len = 0;
+  // Filled only while the endpoint has no peer (the listen side of a handshake).
+  PeerAddress from;
+};
+
+// Knobs a datapath needs at endpoint creation; filled from the parameter table.
+struct EndpointOptions {
+  uint32_t socket_buffer_bytes = 8u << 20;  // kernel buffer per direction (UDP)
+  uint32_t max_datagram_bytes = 0;          // 0: the largest the device's MTU allows
+  bool gso = true;                          // UDP segmentation offload when the kernel has it
+  bool gro = true;                          // UDP receive coalescing when the kernel has it
+};
+
+// Counters a datapath keeps about itself (the protocol keeps its own per connection).
+struct DatapathCounters {
+  uint64_t tx_datagrams = 0;
+  uint64_t tx_syscalls = 0;
+  uint64_t tx_would_block = 0;  // bursts cut short because the queue was full
+  uint64_t rx_datagrams = 0;
+  uint64_t rx_syscalls = 0;
+  uint64_t rx_truncated = 0;  // datagrams larger than the receive slot: dropped
+  uint64_t rx_errors = 0;     // error completions / error queue entries
+};
+
+// A local end of a datagram exchange with one peer. Not thread-safe: the owning connection
+// serialises every call under its own lock.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+
+  // The address a peer sends to; goes into the connection handle.
+  virtual const PeerAddress& local_address() const = 0;
+
+  // From now on send to `peer` only, and (where the mechanism can) receive from it only.
+  virtual Status set_peer(const PeerAddress& peer) = 0;
+
+  // Takes up to `n` datagrams for sending. Returns how many were taken: fewer than `n` when
+  // the datapath's queue is full (retry later); a negative errno on a fatal error.
+  virtual int tx_burst(const TxPacket* pkts, int n) = 0;
+
+  // Receives up to `max` datagrams into `pkts`. Returns how many (0 when none is waiting);
+  // a negative errno on a fatal error. Never blocks.
+  virtual int rx_burst(RxPacket* pkts, int max) = 0;
+
+  // Largest datagram, header included, that reaches the peer unfragmented.
+  virtual uint32_t max_datagram_bytes() const = 0;
+
+  virtual const DatapathCounters& counters() const = 0;
+};
+
+// What the plugin reports to NCCL about one device.
+struct DeviceInfo {
+  std::string name;      // interface or HCA name, e.g. "eth0", "mlx5_0"
+  std::string pci_path;  // /sys/devices/... path or empty
+  uint64_t guid = 0;
+  int speed_mbps = 10000;  // link speed; a default when the kernel does not know
+  int port = 1;
+  float latency_us = 0;
+  uint32_t mtu = 1500;
+};
+
+// A device a datapath can open endpoints on.
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual const DeviceInfo& info() const = 0;
+  virtual Status open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) = 0;
+};
+
+}  // namespace optireduce

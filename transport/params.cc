@@ -1,0 +1,291 @@
+// The parameter table and its parser. To add a variable: a field in Config (params.h), a row in
+// kParams below (name, type, default, range, doc), then regenerate the README table with
+// `build/tests/params_table` (the params test fails until you do).
+#include "transport/params.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <variant>
+
+extern char** environ;
+
+namespace optireduce {
+namespace {
+
+using Field = std::variant<std::string Config::*, int64_t Config::*, uint64_t Config::*,
+                           double Config::*, bool Config::*>;
+
+struct ParamSpec {
+  const char* name;
+  Field field;
+  double min;           // numeric types: inclusive bounds
+  double max;
+  const char* choices;  // string enums: '|'-separated allowed values; nullptr = free text
+  const char* doc;
+};
+
+constexpr double kInf = 1e300;
+
+// clang-format off
+const ParamSpec kParams[] = {
+  {"OPTIREDUCE_IFNAME", &Config::ifname, 0, 0, nullptr,
+   "Network interface(s) to use, comma-separated (e.g. `eth0`, `lo`). Default: the first interface that is up and not loopback, else loopback."},
+  {"OPTIREDUCE_DATAPATH", &Config::datapath, 0, 0, "auto|udp|verbs",
+   "`verbs` uses UD queue pairs, `udp` UDP sockets, `auto` verbs where an active RDMA port exists, else UDP."},
+  {"OPTIREDUCE_IB_HCA", &Config::ib_hca, 0, 0, nullptr,
+   "RDMA devices to use, comma-separated (e.g. `mlx5_0,mlx5_1`). Default: every device with an active port."},
+  {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
+   "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically."},
+  {"OPTIREDUCE_MAX_DATAGRAM", &Config::max_datagram_bytes, 0, 65507, nullptr,
+   "Largest datagram in bytes, header included; 0 derives it from the interface MTU. Must be 0 or at least 256."},
+  {"OPTIREDUCE_SOCKET_BUFFER", &Config::socket_buffer_bytes, 65536, 1 << 30, nullptr,
+   "UDP socket send/receive buffer in bytes (set with SO_*BUFFORCE when permitted)."},
+  {"OPTIREDUCE_UDP_GSO", &Config::udp_gso, 0, 1, nullptr,
+   "Use UDP segmentation offload (UDP_SEGMENT) where the kernel has it."},
+  {"OPTIREDUCE_UDP_GRO", &Config::udp_gro, 0, 1, nullptr,
+   "Use UDP receive coalescing (UDP_GRO) where the kernel has it."},
+  {"OPTIREDUCE_LOG", &Config::log, 0, 0, "none|warn|info|trace",
+   "Log level outside NCCL (inside NCCL, NCCL_DEBUG governs)."},
+  {"OPTIREDUCE_RTO_MIN_US", &Config::rto_min_us, 50, 10'000'000, nullptr,
+   "Lower bound of the retransmission timeout in microseconds (reliable mode)."},
+  {"OPTIREDUCE_RTO_MAX_US", &Config::rto_max_us, 1000, 60'000'000, nullptr,
+   "Upper bound of the retransmission timeout in microseconds (reliable mode)."},
+  {"OPTIREDUCE_WINDOW_BYTES", &Config::window_bytes, 65536, 1 << 30, nullptr,
+   "Most unacknowledged bytes a connection keeps in flight (the congestion window's ceiling)."},
+  {"OPTIREDUCE_RATE_GBPS", &Config::rate_gbps, 0, 1000, nullptr,
+   "Pacing ceiling per connection in Gbit/s; 0 leaves the rate to the congestion window."},
+  {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
+   "Period of the background progress thread that serves timers and idle connections, in microseconds."},
+  {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",
+   "`bounded` makes every connection of every communicator bounded (the only way on ABI v8/v9)."},
+  {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", &Config::bounded_traffic_class, 0, 2147483647, nullptr,
+   "A communicator whose ncclConfig_t.trafficClass equals this value runs bounded (v10/v11). Default 0x4F52 = 20306."},
+  {"OPTIREDUCE_FILL", &Config::fill, 0, 0, "zero|marker",
+   "What a bounded receive writes into missing bytes: zeros, or the erasure marker 0x7FF1 repeated (a NaN in fp16/bf16/fp32/fp64)."},
+  {"OPTIREDUCE_CALIBRATION_STEPS", &Config::calibration_steps, 0, 100000, nullptr,
+   "Bounded mode: steps that run exact at start to measure the hard bound tB (their P95)."},
+  {"OPTIREDUCE_TIMEOUT_MS", &Config::timeout_ms, 0, 600000, nullptr,
+   "Bounded mode: fixed hard bound tB in milliseconds instead of calibrating; 0 calibrates."},
+  {"OPTIREDUCE_EARLY_FRACTION", &Config::early_fraction, 0, 1, nullptr,
+   "Bounded mode: once tail packets arrived, close a step after this fraction of the estimate tC."},
+  {"OPTIREDUCE_STATS_EVERY", &Config::stats_every, 0, 1'000'000'000, nullptr,
+   "Bounded mode: log a compact statistics line every N steps per communicator; 0 = never."},
+  {"OPTIREDUCE_FAULT_SEED", &Config::fault_seed, 0, 1.8e19, nullptr,
+   "Seed of the fault injector (tests, benchmarks)."},
+  {"OPTIREDUCE_FAULT_DROP", &Config::fault_drop, 0, 1, nullptr,
+   "Fault injector: probability that a transmitted datagram starts a loss burst."},
+  {"OPTIREDUCE_FAULT_BURST", &Config::fault_burst, 1, 1e6, nullptr,
+   "Fault injector: mean length of a loss burst in datagrams (1 = independent losses)."},
+  {"OPTIREDUCE_FAULT_DUP", &Config::fault_dup, 0, 1, nullptr,
+   "Fault injector: probability that a datagram is sent twice."},
+  {"OPTIREDUCE_FAULT_REORDER", &Config::fault_reorder, 0, 1, nullptr,
+   "Fault injector: probability that a datagram is held back and sent after its successors."},
+  {"OPTIREDUCE_FAULT_DELAY_PROB", &Config::fault_delay_prob, 0, 1, nullptr,
+   "Fault injector: probability that a datagram is delayed."},
+  {"OPTIREDUCE_FAULT_DELAY_US", &Config::fault_delay_us, 0, 1e8, nullptr,
+   "Fault injector: scale (minimum) of the Pareto-distributed delay, in microseconds."},
+  {"OPTIREDUCE_FAULT_DELAY_ALPHA", &Config::fault_delay_alpha, 0.1, 100, nullptr,
+   "Fault injector: Pareto shape of the delay; smaller is heavier-tailed."},
+  {"OPTIREDUCE_INCAST", &Config::incast, 0, 0, nullptr,
+   "TAR: senders a receiver admits at once: a number >= 1, `max` (N-1) or `auto` (adaptive)."},
+  {"OPTIREDUCE_HADAMARD", &Config::hadamard, 0, 1, nullptr,
+   "TAR: encode buckets with the randomized Hadamard transform in bounded mode."},
+  {"OPTIREDUCE_HADAMARD_BLOCK", &Config::hadamard_block, 2, 1 << 24, nullptr,
+   "TAR: Hadamard block size in elements (a power of two)."},
+  {"OPTIREDUCE_SAFEGUARD", &Config::safeguard, 0, 1, nullptr,
+   "TAR: fraction of elements lost in one call above which the call is flagged (and redone if OPTIREDUCE_SAFEGUARD_REDO)."},
+  {"OPTIREDUCE_SAFEGUARD_REDO", &Config::safeguard_redo, 0, 1, nullptr,
+   "TAR: redo a flagged call exactly."},
+  {"OPTIREDUCE_EXACT_BELOW", &Config::exact_below_bytes, 0, 1 << 30, nullptr,
+   "TAR: buffers smaller than this many bytes always go exactly (norms, loss values)."},
+};
+// clang-format on
+
+bool parse_bool(const char* v, bool* out) {
+  if (!std::strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes") ||
+      !strcasecmp(v, "on")) {
+    *out = true;
+    return true;
+  }
+  if (!std::strcmp(v, "0") || !strcasecmp(v, "false") || !strcasecmp(v, "no") ||
+      !strcasecmp(v, "off")) {
+    *out = false;
+    return true;
+  }
+  return false;
+}
+
+bool in_choices(const char* choices, const char* v) {
+  const size_t n = std::strlen(v);
+  for (const char* p = choices; *p;) {
+    const char* bar = std::strchr(p, '|');
+    const size_t len = bar ? static_cast<size_t>(bar - p) : std::strlen(p);
+    if (len == n && std::strncmp(p, v, n) == 0) return true;
+    p += len + (bar ? 1 : 0);
+  }
+  return false;
+}
+
+std::string range_text(const ParamSpec& s) {
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), "a number in [%g, %g]", s.min, s.max);
+  return buf;
+}
+
+// Applies one value; returns an empty string or the reason it is invalid.
+std::string apply(const ParamSpec& s, const char* v, Config* c) {
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::remove_reference_t<decltype(c->*member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (s.choices && !in_choices(s.choices, v))
+            return std::string("one of ") + s.choices;
+          c->*member = v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          bool b;
+          if (!parse_bool(v, &b)) return "0/1, true/false, yes/no or on/off";
+          c->*member = b;
+        } else if constexpr (std::is_same_v<T, double>) {
+          char* end = nullptr;
+          errno = 0;
+          const double d = std::strtod(v, &end);
+          if (errno || end == v || *end || !std::isfinite(d) || d < s.min || d > s.max)
+            return range_text(s);
+          c->*member = d;
+        } else {
+          char* end = nullptr;
+          errno = 0;
+          // base 0 accepts 0x.. so that hex traffic classes read naturally.
+          const long long x = std::strtoll(v, &end, 0);
+          if (errno || end == v || *end || static_cast<double>(x) < s.min ||
+              static_cast<double>(x) > s.max)
+            return std::string("an integer in [") + std::to_string(static_cast<long long>(s.min)) +
+                   ", " + std::to_string(static_cast<long long>(s.max)) + "]";
+          c->*member = static_cast<T>(x);
+        }
+        return {};
+      },
+      s.field);
+}
+
+std::string default_text(const ParamSpec& s) {
+  const Config d;
+  return std::visit(
+      [&](auto member) -> std::string {
+        using T = std::remove_cvref_t<decltype(d.*member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          return (d.*member).empty() ? "(auto)" : d.*member;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          return d.*member ? "1" : "0";
+        } else if constexpr (std::is_same_v<T, double>) {
+          char buf[32];
+          std::snprintf(buf, sizeof(buf), "%g", d.*member);
+          return buf;
+        } else {
+          return std::to_string(d.*member);
+        }
+      },
+      s.field);
+}
+
+std::mutex g_mu;
+Config g_config;
+Status g_status;
+std::string g_error;
+bool g_loaded = false;
+
+void load_locked() {
+  std::vector<std::string> warnings;
+  g_config = Config();
+  g_status = parse_config(&g_config, &g_error, &warnings);
+  for (const auto& w : warnings) std::fprintf(stderr, "optireduce WARN %s\n", w.c_str());
+  g_loaded = true;
+}
+
+}  // namespace
+
+Status parse_config(Config* out, std::string* error, std::vector<std::string>* warnings,
+                    EnvLookup lookup) {
+  Config c;
+  for (const auto& s : kParams) {
+    const char* v = lookup ? lookup(s.name) : std::getenv(s.name);
+    if (v == nullptr || *v == '\0') continue;
+    const std::string why = apply(s, v, &c);
+    if (!why.empty()) {
+      if (error)
+        *error = std::string("invalid ") + s.name + "=\"" + v + "\": expected " + why;
+      return Status(Errc::kInvalidUsage);
+    }
+  }
+  if (c.max_datagram_bytes != 0 && c.max_datagram_bytes < 256) {
+    if (error) *error = "invalid OPTIREDUCE_MAX_DATAGRAM: must be 0 or at least 256";
+    return Status(Errc::kInvalidUsage);
+  }
+  if (c.rto_min_us > c.rto_max_us) {
+    if (error) *error = "invalid OPTIREDUCE_RTO_MIN_US: larger than OPTIREDUCE_RTO_MAX_US";
+    return Status(Errc::kInvalidUsage);
+  }
+  if (c.hadamard_block & (c.hadamard_block - 1)) {
+    if (error) *error = "invalid OPTIREDUCE_HADAMARD_BLOCK: must be a power of two";
+    return Status(Errc::kInvalidUsage);
+  }
+  if (c.incast != "max" && c.incast != "auto") {
+    char* end = nullptr;
+    const long n = std::strtol(c.incast.c_str(), &end, 10);
+    if (end == c.incast.c_str() || *end || n < 1) {
+      if (error)
+        *error = "invalid OPTIREDUCE_INCAST=\"" + c.incast + "\": expected `max`, `auto` or an integer >= 1";
+      return Status(Errc::kInvalidUsage);
+    }
+  }
+  // A misspelt variable silently doing nothing is the worst kind of configuration bug.
+  if (warnings && !lookup) {
+    for (char** e = environ; e && *e; ++e) {
+      if (std::strncmp(*e, "OPTIREDUCE_", 11) != 0) continue;
+      const char* eq = std::strchr(*e, '=');
+      const std::string name(*e, eq ? static_cast<size_t>(eq - *e) : std::strlen(*e));
+      bool known = false;
+      for (const auto& s : kParams) known = known || name == s.name;
+      if (!known) warnings->push_back("unknown variable " + name + " ignored (see README)");
+    }
+  }
+  *out = c;
+  return Status::ok();
+}
+
+const Config& global_config() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_loaded) load_locked();
+  return g_config;
+}
+
+Status global_config_status(std::string* error) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  if (!g_loaded) load_locked();
+  if (error) *error = g_error;
+  return g_status;
+}
+
+void reload_global_config() {
+  std::lock_guard<std::mutex> lock(g_mu);
+  load_locked();
+}
+
+std::string params_markdown_table() {
+  std::string t = "| Variable | Default | Meaning |\n|---|---|---|\n";
+  for (const auto& s : kParams) {
+    std::string allowed;
+    if (s.choices) {
+      allowed = " One of `";
+      for (const char* p = s.choices; *p; ++p) allowed += (*p == '|') ? std::string("`, `") : std::string(1, *p);
+      allowed += "`.";
+    }
+    t += std::string("| `") + s.name + "` | `" + default_text(s) + "` | " + s.doc + allowed + " |\n";
+  }
+  return t;
+}
+
+}  // namespace optireduce

@@ -1,0 +1,82 @@
+// The one table of OPTIREDUCE_* environment variables. Each is parsed and validated once into a
+// plain const Config; nothing else in the tree calls getenv for our variables. The README's
+// table is generated from this one (tests/unit/params_test.cc keeps the two equal).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "transport/status.h"
+
+namespace optireduce {
+
+struct Config {
+  // --- devices and datapath
+  std::string ifname;             // OPTIREDUCE_IFNAME
+  std::string datapath = "auto";  // OPTIREDUCE_DATAPATH
+  std::string ib_hca;             // OPTIREDUCE_IB_HCA
+  int64_t gid_index = -1;         // OPTIREDUCE_GID_INDEX
+  int64_t max_datagram_bytes = 0; // OPTIREDUCE_MAX_DATAGRAM
+  int64_t socket_buffer_bytes = 8 << 20;  // OPTIREDUCE_SOCKET_BUFFER
+  bool udp_gso = true;            // OPTIREDUCE_UDP_GSO
+  bool udp_gro = true;            // OPTIREDUCE_UDP_GRO
+  std::string log = "warn";       // OPTIREDUCE_LOG
+
+  // --- reliable delivery, pacing
+  int64_t rto_min_us = 2000;      // OPTIREDUCE_RTO_MIN_US
+  int64_t rto_max_us = 200000;    // OPTIREDUCE_RTO_MAX_US
+  int64_t window_bytes = 4 << 20; // OPTIREDUCE_WINDOW_BYTES
+  double rate_gbps = 0;           // OPTIREDUCE_RATE_GBPS (0 = unpaced beyond the window)
+  int64_t progress_us = 1000;     // OPTIREDUCE_PROGRESS_US
+
+  // --- bounded mode
+  std::string mode = "exact";     // OPTIREDUCE_MODE
+  int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
+  std::string fill = "zero";      // OPTIREDUCE_FILL
+  int64_t calibration_steps = 20; // OPTIREDUCE_CALIBRATION_STEPS
+  double timeout_ms = 0;          // OPTIREDUCE_TIMEOUT_MS (0 = calibrate)
+  double early_fraction = 0.1;    // OPTIREDUCE_EARLY_FRACTION
+  int64_t stats_every = 0;        // OPTIREDUCE_STATS_EVERY
+
+  // --- fault injection (tests and benchmarks; all off by default)
+  uint64_t fault_seed = 1;        // OPTIREDUCE_FAULT_SEED
+  double fault_drop = 0;          // OPTIREDUCE_FAULT_DROP
+  double fault_burst = 1;         // OPTIREDUCE_FAULT_BURST
+  double fault_dup = 0;           // OPTIREDUCE_FAULT_DUP
+  double fault_reorder = 0;       // OPTIREDUCE_FAULT_REORDER
+  double fault_delay_us = 0;      // OPTIREDUCE_FAULT_DELAY_US
+  double fault_delay_alpha = 1.5; // OPTIREDUCE_FAULT_DELAY_ALPHA
+  double fault_delay_prob = 0;    // OPTIREDUCE_FAULT_DELAY_PROB
+
+  // --- collectives (liboptireduce)
+  std::string incast = "max";     // OPTIREDUCE_INCAST
+  bool hadamard = true;           // OPTIREDUCE_HADAMARD
+  int64_t hadamard_block = 4096;  // OPTIREDUCE_HADAMARD_BLOCK
+  double safeguard = 0.05;        // OPTIREDUCE_SAFEGUARD
+  bool safeguard_redo = false;    // OPTIREDUCE_SAFEGUARD_REDO
+  int64_t exact_below_bytes = 4096;  // OPTIREDUCE_EXACT_BELOW
+
+  bool fault_enabled() const {
+    return fault_drop > 0 || fault_dup > 0 || fault_reorder > 0 || fault_delay_prob > 0;
+  }
+};
+
+// Parses `getenv` (or `lookup` when given, for tests) into *out. On a bad value returns
+// kInvalidUsage and a message naming the variable, the value and what is allowed.
+// Unknown OPTIREDUCE_* variables in the environment are reported as warnings in *warnings.
+using EnvLookup = const char* (*)(const char* name);
+Status parse_config(Config* out, std::string* error, std::vector<std::string>* warnings = nullptr,
+                    EnvLookup lookup = nullptr);
+
+// The process-wide configuration, parsed from the environment on first use. A parse error is
+// sticky: global_config_status() keeps returning it (and its message).
+const Config& global_config();
+Status global_config_status(std::string* error = nullptr);
+// Tests only: re-reads the environment.
+void reload_global_config();
+
+// The README table (markdown), one row per variable, in table order.
+std::string params_markdown_table();
+
+}  // namespace optireduce

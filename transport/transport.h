@@ -1,0 +1,115 @@
+// The transport's public C++ API: connections that carry messages over datagrams, exactly
+// (reliable) or under a deadline (bounded). Used by the NCCL plugin (plugin/) and by the host
+// path of liboptireduce (collectives/). Knows nothing of NCCL or CUDA.
+//
+// Contract (mirrors what NCCL relies on; see docs/architecture.md):
+//  - A connection is one-way: a SendComm on one side, a RecvComm on the other. The k-th isend
+//    matches the k-th irecv (FIFO). At most kMaxRequests requests are in flight per comm.
+//  - No call blocks. connect/accept return ok with a null comm until the handshake finishes;
+//    isend/irecv return ok with a null request when the caller must retry (back-pressure).
+//  - test() may be called on any outstanding request, from the thread that owns the comm.
+//    After it reports done the request is gone.
+//  - A send is done when the transport no longer reads its buffer; a receive is done when the
+//    buffer holds its final contents (in bounded mode: missing bytes filled, never an error).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "transport/clock.h"
+#include "transport/datapath.h"
+#include "transport/params.h"
+#include "transport/stats.h"
+#include "transport/status.h"
+
+namespace optireduce {
+
+inline constexpr int kMaxRequests = 32;  // NCCL_NET_MAX_REQUESTS
+
+enum class Delivery : uint8_t { kExact = 0, kBounded = 1 };
+enum class Fill : uint8_t { kZero = 0, kMarker = 1 };  // what a bounded receive writes into holes
+
+// Per-connection behaviour chosen by the creator (the sender's choice is carried to the
+// receiver in the handshake, so both ends of a connection always agree).
+struct ConnOptions {
+  Delivery delivery = Delivery::kExact;
+  Fill fill = Fill::kZero;
+  // Bounded mode: the group that shares timeout estimates and statistics (a communicator).
+  // May be null: the connection then keeps its own.
+  class BoundedGroup* group = nullptr;
+};
+
+// The bytes a listener hands to its peer out of band (NCCL: the 128-byte handle). Pointer-free.
+struct ConnectionHandle {
+  static constexpr uint32_t kMagic = 0x4F505452;  // "OPTR"
+  uint32_t magic = kMagic;
+  uint16_t version = 1;
+  uint16_t datapath = 0;  // which datapath kind the address belongs to
+  uint64_t token = 0;     // random, echoed by every datagram of the connection
+  PeerAddress addr;       // the listener's endpoint
+};
+static_assert(sizeof(ConnectionHandle) == 56);
+
+class Engine;
+class SendComm;
+class RecvComm;
+struct Request;
+
+class ListenComm {
+ public:
+  virtual ~ListenComm() = default;
+  // Non-blocking: *out stays null until a peer's HELLO with our token arrived.
+  virtual Status accept(std::unique_ptr<RecvComm>* out) = 0;
+};
+
+class SendComm {
+ public:
+  virtual ~SendComm() = default;
+  // Queues a message. *req = nullptr means "not now, retry" (too many in flight).
+  virtual Status isend(const void* data, size_t size, Request** req) = 0;
+  // *done = true once the buffer is no longer read. *size gets the bytes sent.
+  virtual Status test(Request* req, bool* done, size_t* size) = 0;
+  virtual ConnStats stats() const = 0;
+  virtual Delivery delivery() const = 0;
+  // Switches a bounded connection back to exact delivery for the rest of its life (NCCL used
+  // LL/LL128 on it). Takes effect for messages not yet posted.
+  virtual void force_exact() = 0;
+};
+
+class RecvComm {
+ public:
+  virtual ~RecvComm() = default;
+  virtual Status irecv(void* data, size_t capacity, Request** req) = 0;
+  // *size gets the message's real size (<= capacity).
+  virtual Status test(Request* req, bool* done, size_t* size) = 0;
+  virtual ConnStats stats() const = 0;
+  virtual Delivery delivery() const = 0;
+  virtual void force_exact() = 0;
+};
+
+// Process-wide transport state: the devices, the background progress thread, the registry of
+// live connections. Reference counted: the last release stops and joins the thread.
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Gets the engine, creating it (device discovery, thread start) on the first acquire.
+  // `clock` null = the steady clock; a test may inject a FakeClock on the first acquire.
+  static Status acquire(std::shared_ptr<Engine>* out, const Clock* clock = nullptr);
+
+  virtual int device_count() const = 0;
+  virtual const DeviceInfo& device(int dev) const = 0;
+  virtual const Config& config() const = 0;
+  virtual const Clock& clock() const = 0;
+
+  virtual Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) = 0;
+  // Non-blocking: call again with the same arguments until *out is non-null. `state` is an
+  // opaque slot the caller keeps between calls (NCCL: inside its handle buffer); it must start
+  // as nullptr and is owned by the engine (freed when the connect completes or the engine ends).
+  virtual Status connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts,
+                         void** state, std::unique_ptr<SendComm>* out) = 0;
+};
+
+}  // namespace optireduce

@@ -1,0 +1,103 @@
+// The on-wire format, and nothing else. Every datagram starts with one fixed 48-byte header,
+// little-endian, encoded and decoded field by field (no struct is ever cast onto the wire).
+// Payload therefore starts 8-byte aligned relative to the datagram.
+//
+// Adding a packet type: (1) a value in PacketType below, (2) its rule in decode() (wire.cc),
+// (3) its handler in the connection's dispatch (conn.cc), (4) docs/architecture.md's table.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace optireduce {
+
+inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
+inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint32_t kHeaderBytes = 48;
+
+enum class PacketType : uint8_t {
+  kHello = 1,     // sender -> listener: open a connection; payload = HelloBody
+  kHelloAck = 2,  // listener -> sender: connection accepted; payload = HelloBody
+  kData = 3,      // sender -> receiver: bytes [offset, offset+payload_len) of message msg_seq
+  kCts = 4,       // receiver -> sender: clear to send msg_seq into a buffer of msg_size bytes
+  kAck = 5,       // receiver -> sender: packets of msg_seq received; payload = SACK bitmap
+  kClose = 6,     // either side: the connection is going away (advisory; lost CLOSE is harmless)
+};
+inline constexpr uint8_t kMaxPacketType = 6;
+
+// Flag bits.
+enum : uint16_t {
+  kFlagTail = 1u << 0,     // DATA: part of the last ~1% of the message (early-timeout hint)
+  kFlagBounded = 1u << 1,  // CTS/DATA: the message is delivered under a deadline
+  kFlagExpired = 1u << 2,  // DATA (0 bytes): the sender gave up on this message (bounded)
+  kFlagRetx = 1u << 3,     // DATA: a retransmission (for RTT sampling: Karn's rule)
+  kFlagFinal = 1u << 4,    // ACK: the message is complete at the receiver
+};
+inline constexpr uint16_t kKnownFlags = 0x1F;
+
+// The decoded header. Field meanings per type:
+//   token       random 64-bit connection identifier from the listen handle; every packet of the
+//               connection carries it, a mismatch is dropped as spoofed. Written by both sides.
+//   msg_seq     index of the message on this connection, from 0, the k-th isend/irecv.
+//               HELLO/HELLO_ACK/CLOSE: 0.
+//   payload_len bytes after the header; must equal datagram length - kHeaderBytes.
+//   msg_size    DATA: total bytes of the message. CTS: capacity of the posted buffer.
+//               ACK: number of packets of the message (0 if unknown). Others: 0.
+//   offset      DATA: byte offset of the payload in the message, a multiple of the
+//               connection's packet payload size. ACK: index of the first packet the SACK
+//               bitmap describes; every packet below it has arrived. Others: 0.
+//   msg_floor   CTS/ACK: every message below this sequence is complete at the receiver
+//               (repairs lost final ACKs). DATA: the sender's oldest unfinished message.
+//   timeout_us  the sender's current step-time estimate tC in microseconds (bounded mode;
+//               0 = none). Piggybacked so receivers can agree on a median.
+struct PacketHeader {
+  PacketType type = PacketType::kData;
+  uint16_t flags = 0;
+  uint64_t token = 0;
+  uint32_t msg_seq = 0;
+  uint32_t payload_len = 0;
+  uint64_t msg_size = 0;
+  uint64_t offset = 0;
+  uint32_t msg_floor = 0;
+  uint32_t timeout_us = 0;
+};
+
+// Why a datagram was rejected by decode().
+enum class DecodeError : uint8_t {
+  kNone = 0,
+  kTruncated,    // shorter than the header
+  kBadMagic,     // not ours
+  kBadVersion,   // ours, but a version we do not speak
+  kBadType,      // unknown type
+  kBadFlags,     // unknown flag bits or reserved bits set
+  kBadLength,    // payload_len disagrees with the datagram length, or a type's own limits
+  kBadField,     // a field outside its type's range (e.g. offset + len beyond msg_size)
+};
+const char* decode_error_name(DecodeError e);
+
+// Writes the header into buf[0, kHeaderBytes).
+void encode(const PacketHeader& h, uint8_t* buf);
+
+// Checks everything that can be checked without connection state: length, magic, version,
+// type, flags, reserved bytes, payload length, per-type field limits. Connection state
+// (token, sequence window, buffer bounds) is checked by the receiver.
+DecodeError decode(const uint8_t* buf, size_t len, PacketHeader* out);
+
+// HELLO/HELLO_ACK payload: what each side proposes; the connection uses the minimum.
+struct HelloBody {
+  uint32_t max_datagram_bytes = 0;  // largest datagram this side can receive
+  uint32_t window_bytes = 0;        // receive buffering this side offers
+  uint32_t features = 0;            // kFeature* bits
+  uint32_t reserved = 0;
+};
+inline constexpr uint32_t kHelloBodyBytes = 16;
+inline constexpr uint32_t kFeatureBounded = 1u << 0;
+void encode_hello(const HelloBody& b, uint8_t* buf);
+bool decode_hello(const uint8_t* buf, size_t len, HelloBody* out);
+
+// ACK payload: a bitmap of up to kSackBits packets starting at header.offset, bit i of byte
+// i/8 (LSB first) = packet offset+i arrived.
+inline constexpr uint32_t kSackBits = 1024;
+inline constexpr uint32_t kSackBytes = kSackBits / 8;
+
+}  // namespace optireduce
