@@ -55,7 +55,18 @@ static_assert(sizeof(ConnectionHandle) == 56);
 class Engine;
 class SendComm;
 class RecvComm;
+
+// An outstanding isend or irecv. Opaque; owned by its comm (a fixed slot, never allocated per
+// call). NCCL's test() sees only the request, so the request knows its comm.
 struct Request;
+
+// Tests a request of either kind; same contract as SendComm::test / RecvComm::test.
+Status test_request(Request* req, bool* done, size_t* size);
+
+// Opens the devices of the datapath OPTIREDUCE_DATAPATH selects (verbs where an RDMA port is
+// active, else UDP). Defined by the datapath layer (verbs/select.cc), not by transport/.
+using DeviceOpener = Status (*)(const Config&, std::vector<std::unique_ptr<Device>>*);
+Status open_datapath_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>* out);
 
 class ListenComm {
  public:
@@ -97,7 +108,9 @@ class Engine {
 
   // Gets the engine, creating it (device discovery, thread start) on the first acquire.
   // `clock` null = the steady clock; a test may inject a FakeClock on the first acquire.
-  static Status acquire(std::shared_ptr<Engine>* out, const Clock* clock = nullptr);
+  // `opener` null = open_datapath_devices; tests inject in-memory devices.
+  static Status acquire(std::shared_ptr<Engine>* out, const Clock* clock = nullptr,
+                        DeviceOpener opener = nullptr);
 
   virtual int device_count() const = 0;
   virtual const DeviceInfo& device(int dev) const = 0;

@@ -91,7 +91,8 @@ struct HelloBody {
   uint32_t reserved = 0;
 };
 inline constexpr uint32_t kHelloBodyBytes = 16;
-inline constexpr uint32_t kFeatureBounded = 1u << 0;
+inline constexpr uint32_t kFeatureBounded = 1u << 0;     // the sender asks for bounded delivery
+inline constexpr uint32_t kFeatureMarkerFill = 1u << 1;  // bounded holes get the erasure marker
 void encode_hello(const HelloBody& b, uint8_t* buf);
 bool decode_hello(const uint8_t* buf, size_t len, HelloBody* out);
 

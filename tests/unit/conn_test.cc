@@ -1,0 +1,381 @@
+// Protocol tests of SendConn/RecvConn over an in-memory link with a FakeClock: exact delivery
+// under loss, duplication and back-pressure; bounds checks on hostile datagrams; bounded-mode
+// deadlines, fills, expiry and late packets.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "tests/unit/mem_link.h"
+#include "transport/recv.h"
+#include "transport/send.h"
+#include "transport/wire.h"
+
+namespace optireduce {
+namespace {
+
+using testing::make_mem_pair;
+using testing::MemEndpoint;
+
+constexpr uint32_t kDgram = 1048;  // 1000-byte payloads: many packets from small messages
+
+struct Rig {
+  FakeClock clock;
+  Config cfg;
+  MemEndpoint* tx_ep = nullptr;  // the sender's endpoint (its policy shapes DATA)
+  MemEndpoint* rx_ep = nullptr;  // the receiver's endpoint (its policy shapes CTS/ACK)
+  std::shared_ptr<testing::MemQueue> to_rx;
+  std::unique_ptr<SendConn> s;
+  std::unique_ptr<RecvConn> r;
+
+  explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero) {
+    cfg.timeout_ms = 50;
+    auto p = make_mem_pair(kDgram);
+    tx_ep = p.a.get();
+    rx_ep = p.b.get();
+    to_rx = p.ab;
+    ConnParams cp;
+    cp.token = 0xABCDEF;
+    cp.pkt_payload = payload_for_datagram(kDgram);
+    cp.peer_window = 256 * 1024;
+    cp.delivery = d;
+    cp.fill = f;
+    s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr);
+    r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
+  }
+
+  // Tests both requests until both are done, advancing time by `step_us` per round.
+  bool run(Request* sr, Request* rr, size_t* rsize, int rounds = 20000, uint64_t step_us = 100) {
+    bool sd = sr == nullptr, rd = rr == nullptr;
+    for (int i = 0; i < rounds && !(sd && rd); ++i) {
+      size_t sz = 0;
+      if (!sd) {
+        EXPECT_TRUE(s->test(sr, &sd, &sz).is_ok());
+      }
+      if (!rd) {
+        EXPECT_TRUE(r->test(rr, &rd, rsize).is_ok());
+      }
+      // Both ends keep being served after their own request finished, as the engine's
+      // progress thread does (a lost final ACK is repaired that way).
+      s->poll();
+      r->poll();
+      clock.advance_us(step_us);
+    }
+    return sd && rd;
+  }
+};
+
+std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
+  std::vector<uint8_t> v(n);
+  uint32_t x = seed * 2654435761u + 1;
+  for (auto& b : v) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    b = static_cast<uint8_t>(x);
+  }
+  return v;
+}
+
+TEST(ExactTransfer, EverySizeArrivesByteExact) {
+  Rig rig;
+  for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{999}, size_t{1000}, size_t{1001},
+                      size_t{12345}, size_t{1} << 20}) {
+    auto src = pattern(size, static_cast<uint32_t>(size));
+    std::vector<uint8_t> dst(size + 64, 0xEE);
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    ASSERT_TRUE(rig.s->isend(src.data(), size, &sr).is_ok());
+    ASSERT_NE(sr, nullptr);
+    ASSERT_NE(rr, nullptr);
+    size_t got = 12345678;
+    ASSERT_TRUE(rig.run(sr, rr, &got)) << size;
+    EXPECT_EQ(got, size);
+    EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << size;
+    // Bytes past the message are untouched: the receive buffer is larger than the message.
+    for (size_t i = size; i < dst.size(); ++i) ASSERT_EQ(dst[i], 0xEE);
+  }
+  EXPECT_EQ(rig.r->stats().drop_bounds, 0u);
+}
+
+TEST(ExactTransfer, SendBeforeReceiveIsPosted) {
+  Rig rig;
+  auto src = pattern(5000, 3);
+  std::vector<uint8_t> dst(5000);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  size_t sz;
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);  // no CTS yet: nothing may be sprayed at an unposted buffer
+  EXPECT_TRUE(rig.to_rx->q.empty());
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr, &sz));
+  EXPECT_EQ(src, dst);
+}
+
+TEST(ExactTransfer, ThirtyTwoInFlightThenBackPressure) {
+  Rig rig;
+  std::vector<std::vector<uint8_t>> src, dst;
+  std::vector<Request*> sreq, rreq;
+  for (int k = 0; k < kMaxRequests; ++k) {
+    src.push_back(pattern(3000 + k, k));
+    dst.emplace_back(4000);
+  }
+  for (int k = 0; k < kMaxRequests; ++k) {
+    Request* r;
+    ASSERT_TRUE(rig.s->isend(src[k].data(), src[k].size(), &r).is_ok());
+    ASSERT_NE(r, nullptr);
+    sreq.push_back(r);
+    ASSERT_TRUE(rig.r->irecv(dst[k].data(), dst[k].size(), &r).is_ok());
+    ASSERT_NE(r, nullptr);
+    rreq.push_back(r);
+  }
+  Request* extra = reinterpret_cast<Request*>(0x1);
+  ASSERT_TRUE(rig.s->isend(src[0].data(), 10, &extra).is_ok());
+  EXPECT_EQ(extra, nullptr);
+  extra = reinterpret_cast<Request*>(0x1);
+  ASSERT_TRUE(rig.r->irecv(dst[0].data(), 10, &extra).is_ok());
+  EXPECT_EQ(extra, nullptr);
+  for (int k = 0; k < kMaxRequests; ++k) {
+    size_t sz = 0;
+    ASSERT_TRUE(rig.run(sreq[k], rreq[k], &sz));
+    EXPECT_EQ(sz, src[k].size());
+    EXPECT_TRUE(std::equal(src[k].begin(), src[k].end(), dst[k].begin())) << k;
+  }
+}
+
+TEST(ExactTransfer, LossAndDuplicationInBothDirections) {
+  Rig rig;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  auto lossy = [&](const std::vector<uint8_t>&) {
+    const double x = u(rng);
+    return x < 0.05 ? 0 : x < 0.07 ? 2 : 1;
+  };
+  rig.tx_ep->policy = lossy;
+  rig.rx_ep->policy = lossy;
+  for (int k = 0; k < 40; ++k) {
+    auto src = pattern(50'000 + 977 * k, k);
+    std::vector<uint8_t> dst(src.size());
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    size_t sz = 0;
+    ASSERT_TRUE(rig.run(sr, rr, &sz)) << k;
+    ASSERT_EQ(sz, src.size());
+    ASSERT_EQ(src, dst) << k;
+  }
+  const ConnStats ss = rig.s->stats(), rs = rig.r->stats();
+  EXPECT_GT(ss.retx_pkts, 0u);
+  EXPECT_GT(rs.drop_duplicate + rs.drop_stale, 0u);
+  EXPECT_EQ(rs.drop_bounds, 0u);
+  EXPECT_EQ(rs.drop_malformed, 0u);
+}
+
+TEST(ExactTransfer, LostFinalAckIsRepaired) {
+  Rig rig;
+  // Drop every ACK flagged final the first time: the sender must still complete.
+  int finals = 0;
+  rig.rx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    if (decode(d.data(), d.size(), &h) == DecodeError::kNone && h.type == PacketType::kAck &&
+        (h.flags & kFlagFinal) && finals++ == 0)
+      return 0;
+    return 1;
+  };
+  auto src = pattern(10'000, 1);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  size_t sz;
+  ASSERT_TRUE(rig.run(sr, rr, &sz));
+  EXPECT_GE(finals, 2);
+  EXPECT_EQ(src, dst);
+}
+
+TEST(ExactTransfer, SendLargerThanReceiveIsAnError) {
+  Rig rig;
+  auto src = pattern(5000, 1);
+  std::vector<uint8_t> dst(100, 0x11);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  size_t sz;
+  Status st;
+  for (int i = 0; i < 100 && st.is_ok(); ++i) st = rig.s->test(sr, &done, &sz);
+  EXPECT_EQ(st.code(), Errc::kInternal);
+  for (auto b : dst) ASSERT_EQ(b, 0x11);
+}
+
+// Hand-built hostile datagrams never write outside the posted buffer and are counted.
+TEST(ReceiverBounds, HostileDatagramsAreDroppedAndCounted) {
+  Rig rig;
+  std::vector<uint8_t> guard(3000, 0x5A);
+  uint8_t* buf = guard.data() + 1000;  // the posted buffer is the middle 1000 bytes
+  Request* rr;
+  ASSERT_TRUE(rig.r->irecv(buf, 1000, &rr).is_ok());
+  auto push = [&](PacketHeader h, size_t payload, size_t truncate_to = SIZE_MAX) {
+    std::vector<uint8_t> d(kHeaderBytes + payload, 0xC3);
+    h.payload_len = static_cast<uint32_t>(payload);
+    encode(h, d.data());
+    if (truncate_to < d.size()) d.resize(truncate_to);
+    rig.to_rx->q.push_back(d);
+  };
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.token = 0xABCDEF;
+  h.msg_seq = 0;
+  h.msg_size = 1000;
+  push(h, 1000, 20);  // truncated
+  PacketHeader bad = h;
+  bad.token = 0x1234;  // spoofed
+  push(bad, 1000);
+  bad = h;
+  bad.msg_size = 5000;  // larger than the posted buffer
+  push(bad, 1000);
+  bad = h;
+  bad.msg_seq = 7;  // not posted
+  push(bad, 1000);
+  bad = h;
+  bad.offset = 8;  // off the packet grid
+  bad.msg_size = 1008;
+  push(bad, 1000);
+  bool done = false;
+  size_t sz;
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  const ConnStats st = rig.r->stats();
+  EXPECT_EQ(st.drop_malformed, 1u);
+  EXPECT_EQ(st.drop_token, 1u);
+  EXPECT_EQ(st.drop_bounds, 2u);
+  EXPECT_EQ(st.drop_unexpected, 1u);
+  for (uint8_t b : guard) ASSERT_EQ(b, 0x5A);
+  // The real message then still arrives, once; a duplicate of it is counted.
+  push(h, 1000);
+  push(h, 1000);
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_TRUE(done);
+  EXPECT_EQ(sz, 1000u);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(buf[i], 0xC3);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(guard[i], 0x5A);
+  for (int i = 2000; i < 3000; ++i) ASSERT_EQ(guard[i], 0x5A);
+}
+
+TEST(Bounded, DeadlineFillsHolesWithMarkerAndCountsThem) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  int n = 0;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    return (h.type == PacketType::kData && n++ % 2 == 1) ? 0 : 1;  // every second DATA lost
+  };
+  auto src = pattern(10'000, 9);
+  std::vector<uint8_t> dst(src.size(), 0);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  size_t sz = 0;
+  bool done = false;
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  EXPECT_TRUE(done);  // bounded send: done once every packet left, no ACKs awaited
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  rig.clock.advance_ms(49);
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  rig.clock.advance_ms(2);  // past OPTIREDUCE_TIMEOUT_MS = 50
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  ASSERT_TRUE(done);
+  EXPECT_EQ(sz, src.size());
+  for (size_t p = 0; p < 10; ++p) {
+    const size_t off = p * 1000;
+    if (p % 2 == 0) {
+      EXPECT_TRUE(std::equal(src.begin() + off, src.begin() + off + 1000, dst.begin() + off));
+    } else {
+      for (size_t i = off; i < off + 1000; i += 2) {
+        ASSERT_EQ(dst[i], 0xF1);
+        ASSERT_EQ(dst[i + 1], 0x7F);
+      }
+    }
+  }
+  const ConnStats st = rig.r->stats();
+  EXPECT_EQ(st.deadline_hits, 1u);
+  EXPECT_EQ(st.bytes_expected, 10'000u);
+  EXPECT_EQ(st.bytes_lost, 5'000u);
+}
+
+TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {
+  Rig rig(Delivery::kBounded, Fill::kZero);
+  std::vector<std::vector<uint8_t>> held;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    if (h.type == PacketType::kData) {
+      held.push_back(d);  // all DATA delayed past the deadline
+      return 0;
+    }
+    return 1;
+  };
+  auto src = pattern(3000, 4);
+  std::vector<uint8_t> dst(src.size(), 0x77);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  size_t sz;
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  rig.clock.advance_ms(60);
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  ASSERT_TRUE(done);
+  for (uint8_t b : dst) ASSERT_EQ(b, 0);  // fully missing, zero-filled
+  std::fill(dst.begin(), dst.end(), 0x99);  // "NCCL reuses the slot at once"
+  for (auto& d : held) rig.to_rx->q.push_back(d);
+  Request* r2;
+  std::vector<uint8_t> next(10);
+  ASSERT_TRUE(rig.r->irecv(next.data(), next.size(), &r2).is_ok());  // progresses the queue
+  for (uint8_t b : dst) ASSERT_EQ(b, 0x99);
+  EXPECT_EQ(rig.r->stats().late_pkts, held.size());
+}
+
+TEST(Bounded, SendExpiresWithoutCtsAndReceiverCompletesAtOnce) {
+  Rig rig(Delivery::kBounded, Fill::kZero);
+  // First a normal bounded message so that the sender learns the receiver's budget.
+  auto src = pattern(2000, 5);
+  std::vector<uint8_t> dst(2000);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  size_t sz;
+  ASSERT_TRUE(rig.run(sr, rr, &sz, 10, 10));
+  EXPECT_EQ(src, dst);
+  // Now the receiver is late: the send must end by its deadline, not wait for the receiver.
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  rig.clock.advance_ms(51);
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  EXPECT_TRUE(done);
+  EXPECT_EQ(rig.s->stats().expired_sends, 1u);
+  // The receiver posts late and completes at once, fully missing, without waiting 50 ms.
+  std::fill(dst.begin(), dst.end(), 0x42);
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  if (!done) {
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  }
+  EXPECT_TRUE(done);
+  for (uint8_t b : dst) ASSERT_EQ(b, 0);
+  // And the next step is not confused with the expired one.
+  auto src3 = pattern(1500, 6);
+  std::vector<uint8_t> dst3(1500);
+  ASSERT_TRUE(rig.r->irecv(dst3.data(), dst3.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src3.data(), src3.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr, &sz, 10, 10));
+  EXPECT_EQ(src3, dst3);
+}
+
+}  // namespace
+}  // namespace optireduce

@@ -1,0 +1,88 @@
+// The parameter table: defaults, typed parsing, clear errors on bad values, and the README
+// table kept equal to the generated one (pass the README path as argv[1]).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+
+#include "transport/params.h"
+
+namespace optireduce {
+namespace {
+
+std::map<std::string, std::string> g_env;
+const char* lookup(const char* name) {
+  auto it = g_env.find(name);
+  return it == g_env.end() ? nullptr : it->second.c_str();
+}
+std::string g_readme;
+
+TEST(ParseConfig, DefaultsWithEmptyEnvironment) {
+  g_env.clear();
+  Config c;
+  std::string err;
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok());
+  EXPECT_EQ(c.mode, "exact");
+  EXPECT_EQ(c.calibration_steps, 20);
+  EXPECT_DOUBLE_EQ(c.early_fraction, 0.1);
+  EXPECT_FALSE(c.fault_enabled());
+}
+
+TEST(ParseConfig, TypedValues) {
+  g_env = {{"OPTIREDUCE_MODE", "bounded"},      {"OPTIREDUCE_UDP_GSO", "off"},
+           {"OPTIREDUCE_FAULT_DROP", "0.05"},    {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", "0x10"},
+           {"OPTIREDUCE_IFNAME", "lo"},          {"OPTIREDUCE_INCAST", "3"}};
+  Config c;
+  std::string err;
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.mode, "bounded");
+  EXPECT_FALSE(c.udp_gso);
+  EXPECT_DOUBLE_EQ(c.fault_drop, 0.05);
+  EXPECT_TRUE(c.fault_enabled());
+  EXPECT_EQ(c.bounded_traffic_class, 16);
+  EXPECT_EQ(c.ifname, "lo");
+}
+
+TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
+  const std::pair<const char*, const char*> bad[] = {
+      {"OPTIREDUCE_MODE", "fast"},          {"OPTIREDUCE_FAULT_DROP", "1.5"},
+      {"OPTIREDUCE_FAULT_DROP", "abc"},     {"OPTIREDUCE_RTO_MIN_US", "12x"},
+      {"OPTIREDUCE_UDP_GSO", "maybe"},      {"OPTIREDUCE_HADAMARD_BLOCK", "1000"},
+      {"OPTIREDUCE_MAX_DATAGRAM", "100"},   {"OPTIREDUCE_INCAST", "0"},
+      {"OPTIREDUCE_SOCKET_BUFFER", "-1"},
+  };
+  for (const auto& [name, value] : bad) {
+    g_env = {{name, value}};
+    Config c;
+    std::string err;
+    const Status st = parse_config(&c, &err, nullptr, lookup);
+    EXPECT_EQ(st.code(), Errc::kInvalidUsage) << name << "=" << value;
+    EXPECT_NE(err.find(name), std::string::npos) << err;
+  }
+}
+
+TEST(ParamsTable, ReadmeTableIsTheGeneratedOne) {
+  if (g_readme.empty()) GTEST_SKIP() << "README path not given";
+  std::ifstream in(g_readme);
+  ASSERT_TRUE(in) << g_readme;
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string text = ss.str();
+  const std::string begin = "<!-- params:begin -->\n", end = "<!-- params:end -->";
+  const auto b = text.find(begin), e = text.find(end);
+  ASSERT_NE(b, std::string::npos);
+  ASSERT_NE(e, std::string::npos);
+  EXPECT_EQ(text.substr(b + begin.size(), e - b - begin.size()), params_markdown_table())
+      << "README's variable table is stale: regenerate it with build/tests/unit/params_table";
+}
+
+}  // namespace
+}  // namespace optireduce
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  if (argc > 1) optireduce::g_readme = argv[1];
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,169 @@
+// Conn: the receive loop (validate, count, dispatch), control sends, the transmit batch, and
+// the registry the progress thread walks.
+#include "transport/conn.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/log.h"
+
+namespace optireduce {
+
+uint32_t payload_for_datagram(uint32_t max_datagram_bytes) {
+  return (max_datagram_bytes - kHeaderBytes) & ~7u;
+}
+
+Conn::Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
+           std::shared_ptr<Registry> registry)
+    : cfg_(cfg), clock_(clock), ep_(std::move(ep)), params_(p), registry_(std::move(registry)) {}
+
+Conn::~Conn() { deactivate(); }
+
+void Conn::activate() {
+  if (registry_) registry_->add(this);
+}
+
+void Conn::deactivate() {
+  if (registry_) registry_->remove(this);
+}
+
+void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
+  if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns) return;
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  progress_locked(now);
+}
+
+void Conn::progress_locked(uint64_t now) {
+  last_progress_ns_.store(now, std::memory_order_relaxed);
+  if (!fatal_.is_ok()) return;
+  drain_rx_locked(now);
+  on_timers_locked(now);
+  transmit_locked(now);
+}
+
+Status Conn::test_request(Request* req, bool* done, size_t* size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t now = clock_.now_ns();
+  progress_locked(now);
+  return test_locked(req, done, size, now);
+}
+
+void Conn::drain_rx_locked(uint64_t now) {
+  // Bounded per call so that one busy connection cannot starve the caller: a later call or the
+  // progress thread picks up the rest.
+  constexpr int kMaxBursts = 8;
+  RxPacket pkts[kBatch];
+  for (int b = 0; b < kMaxBursts; ++b) {
+    const int n = ep_->rx_burst(pkts, kBatch);
+    if (n < 0) {
+      fail_locked(Status(Errc::kSystem, -n), "receive failed");
+      return;
+    }
+    for (int i = 0; i < n; ++i) handle_datagram_locked(pkts[i].data, pkts[i].len, now);
+    if (n > 0) after_rx_burst_locked(now);
+    if (n < kBatch) return;
+  }
+}
+
+void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now) {
+  PacketHeader h;
+  const DecodeError e = decode(data, len, &h);
+  if (e != DecodeError::kNone) {
+    ++stats_.drop_malformed;
+    OR_TRACE("drop malformed datagram (%s, %u bytes)", decode_error_name(e), len);
+    return;
+  }
+  if (h.token != params_.token) {
+    ++stats_.drop_token;
+    return;
+  }
+  on_packet_locked(h, data + kHeaderBytes, now);
+}
+
+void Conn::poll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  progress_locked(clock_.now_ns());
+}
+
+void Conn::receive_datagram(const uint8_t* data, uint32_t len) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t now = clock_.now_ns();
+  handle_datagram_locked(data, len, now);
+  after_rx_burst_locked(now);
+}
+
+void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
+  uint8_t hdr[kHeaderBytes];
+  h.token = params_.token;
+  h.payload_len = len;
+  h.timeout_us = timeout_hint_us_;
+  encode(h, hdr);
+  TxPacket p;
+  p.hdr = hdr;
+  p.hdr_len = kHeaderBytes;
+  p.payload = payload;
+  p.payload_len = len;
+  const int n = ep_->tx_burst(&p, 1);
+  if (n < 0) {
+    fail_locked(Status(Errc::kSystem, -n), "send failed");
+    return;
+  }
+  // A full queue drops the control packet; the timers that made it will make it again.
+  if (n == 1) ++stats_.ctrl_pkts;
+}
+
+TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len) {
+  if (batch_n_ == kBatch) return nullptr;
+  PacketHeader hh = h;
+  hh.token = params_.token;
+  hh.payload_len = len;
+  hh.timeout_us = timeout_hint_us_;
+  encode(hh, batch_hdr_[batch_n_]);
+  TxPacket& p = batch_[batch_n_++];
+  p.hdr = batch_hdr_[batch_n_ - 1];
+  p.hdr_len = kHeaderBytes;
+  p.payload = payload;
+  p.payload_len = len;
+  return &p;
+}
+
+int Conn::flush_locked() {
+  if (batch_n_ == 0) return 0;
+  const int n = ep_->tx_burst(batch_, batch_n_);
+  batch_n_ = 0;
+  if (n < 0) {
+    fail_locked(Status(Errc::kSystem, -n), "send failed");
+    return 0;
+  }
+  return n;
+}
+
+void Conn::fail_locked(Status s, const char* why) {
+  if (!fatal_.is_ok()) return;
+  fatal_ = s;
+  OR_WARN("connection %016llx failed: %s (%s, errno %d)",
+          static_cast<unsigned long long>(params_.token), why, errc_name(s.code()), s.sys_errno());
+}
+
+ConnStats Conn::stats_snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void Registry::add(Conn* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.push_back(c);
+}
+
+void Registry::remove(Conn* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+}
+
+Status test_request(Request* req, bool* done, size_t* size) {
+  if (req == nullptr || req->conn == nullptr) return Status(Errc::kInternal);
+  return req->conn->test_request(req, done, size);
+}
+
+}  // namespace optireduce

@@ -1,0 +1,139 @@
+// What both ends of a connection share: the lock, the endpoint, the negotiated parameters,
+// the counters, the receive loop that validates and dispatches datagrams, and the transmit
+// batch. SendConn (send.h) and RecvConn (recv.h) add their side's state machine.
+//
+// Locking: every member below mu_ is guarded by mu_. The owning NCCL thread takes it in each
+// call; the engine's progress thread takes it with try_lock only, so it never makes NCCL wait.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "transport/clock.h"
+#include "transport/datapath.h"
+#include "transport/params.h"
+#include "transport/stats.h"
+#include "transport/status.h"
+#include "transport/transport.h"
+#include "transport/wire.h"
+
+namespace optireduce {
+
+class Conn;
+class Registry;
+
+// A request slot. Lives inside its message slot; never allocated per call.
+struct Request {
+  Conn* conn = nullptr;
+  uint32_t seq = 0;
+};
+
+// Negotiated at the handshake; constant for the connection's life.
+struct ConnParams {
+  uint64_t token = 0;
+  uint32_t pkt_payload = 0;   // payload bytes per DATA packet, a multiple of 8
+  uint64_t peer_window = 0;   // bytes the receiving side can buffer
+  Delivery delivery = Delivery::kExact;
+  Fill fill = Fill::kZero;
+};
+
+// Derives the payload per packet from the smaller of both sides' datagram limits. A multiple of
+// 8 keeps every packet boundary (and so every erasure-marker run) 8-byte aligned.
+uint32_t payload_for_datagram(uint32_t max_datagram_bytes);
+
+class Conn {
+ public:
+  Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
+       std::shared_ptr<Registry> registry);
+  virtual ~Conn();
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+
+  // Makes the connection visible to the progress thread. Called by its creator once the
+  // object is fully constructed; deactivate() is the first thing a derived destructor does,
+  // so the thread never runs a hook on a half-built or half-destroyed object.
+  void activate();
+  void deactivate();
+
+  // The progress thread's entry: serve the connection unless its owner holds it right now or
+  // served it within the last `idle_ns`.
+  void background_progress(uint64_t now, uint64_t idle_ns);
+
+  Status test_request(Request* req, bool* done, size_t* size);
+
+  // Serves the connection now (what the progress thread does for idle connections).
+  void poll();
+
+  // Feeds one datagram that arrived before the connection existed (the handshake read it in
+  // the same burst as the HELLO_ACK).
+  void receive_datagram(const uint8_t* data, uint32_t len);
+
+  const ConnParams& params() const { return params_; }
+  ConnStats stats_snapshot() const;
+
+ protected:
+  // Drain, run timers, transmit. Caller holds mu_.
+  void progress_locked(uint64_t now);
+
+  // Side-specific hooks, all called with mu_ held.
+  virtual void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) = 0;
+  virtual void after_rx_burst_locked(uint64_t now) = 0;
+  virtual void on_timers_locked(uint64_t now) = 0;
+  virtual void transmit_locked(uint64_t now) = 0;
+  virtual Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) = 0;
+
+  // Sends one control datagram at once (control packets are never paced: they are small and
+  // they are what unblocks the peer). Loss of one is repaired by the protocol's timers.
+  void send_ctrl_locked(PacketHeader h, const void* payload = nullptr, uint32_t len = 0);
+
+  // Transmit batch: the side fills up to kBatch entries, then flush_locked() hands them to the
+  // endpoint and returns how many were taken (the rest must be treated as never sent).
+  static constexpr int kBatch = 32;
+  TxPacket* batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len);
+  int batch_size() const { return batch_n_; }
+  int flush_locked();
+
+  void fail_locked(Status s, const char* why);
+
+  mutable std::mutex mu_;
+  const Config cfg_;  // a copy: a connection may outlive the engine that made it
+  const Clock& clock_;
+  std::unique_ptr<Endpoint> ep_;
+  const ConnParams params_;
+  ConnStats stats_;
+  Status fatal_;  // sticky: the first fatal error fails every later call
+  uint32_t timeout_hint_us_ = 0;  // tC piggybacked on outgoing packets (bounded mode)
+
+ private:
+  void drain_rx_locked(uint64_t now);
+  void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
+
+  std::shared_ptr<Registry> registry_;
+  std::atomic<uint64_t> last_progress_ns_{0};
+  TxPacket batch_[kBatch];
+  uint8_t batch_hdr_[kBatch][kHeaderBytes];
+  int batch_n_ = 0;
+};
+
+// The live connections the progress thread serves. Outlives the engine while any connection
+// exists, so a connection closed after finalize never touches freed memory.
+class Registry {
+ public:
+  void add(Conn* c);
+  void remove(Conn* c);
+  // Calls fn(conn) for each live connection while holding the registry lock (so a connection
+  // cannot be destroyed under it).
+  template <typename Fn>
+  void for_each(Fn&& fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Conn* c : conns_) fn(c);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Conn*> conns_;
+};
+
+}  // namespace optireduce

@@ -1,0 +1,147 @@
+// EngineImpl: acquire/release of the process-wide state, listen/connect, the progress thread.
+#include "transport/engine.h"
+
+#include <sys/random.h>
+
+#include <chrono>
+
+#include "transport/log.h"
+
+namespace optireduce {
+
+namespace {
+std::mutex g_engine_mu;
+std::weak_ptr<EngineImpl> g_engine;
+}  // namespace
+
+uint64_t random_token() {
+  uint64_t t = 0;
+  // getrandom never fails for 8 bytes once the pool is initialised; fall back to time-based
+  // bits rather than to a constant if it does, since tokens separate connections.
+  if (getrandom(&t, sizeof(t), 0) != sizeof(t)) {
+    t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) *
+        0x9E3779B97F4A7C15ull;
+  }
+  return t | 1;  // never 0: a zeroed header must not match
+}
+
+Status Engine::acquire(std::shared_ptr<Engine>* out, const Clock* clock, DeviceOpener opener) {
+  std::lock_guard<std::mutex> lock(g_engine_mu);
+  if (auto e = g_engine.lock()) {
+    *out = e;
+    return Status::ok();
+  }
+  std::string err;
+  Status st = global_config_status(&err);
+  if (!st) {
+    OR_WARN("%s", err.c_str());
+    return st;
+  }
+  const Config& cfg = global_config();
+  std::vector<std::unique_ptr<Device>> devices;
+  st = (opener ? opener : &open_datapath_devices)(cfg, &devices);
+  if (!st) return st;
+  if (devices.empty()) {
+    OR_WARN("no usable network device (OPTIREDUCE_IFNAME=%s)", cfg.ifname.c_str());
+    return Status(Errc::kSystem);
+  }
+  auto e = std::make_shared<EngineImpl>(cfg, clock ? *clock : SteadyClock::instance(),
+                                        std::move(devices));
+  g_engine = e;
+  *out = e;
+  return Status::ok();
+}
+
+EngineImpl::EngineImpl(const Config& cfg, const Clock& clock,
+                       std::vector<std::unique_ptr<Device>> devices)
+    : cfg_(cfg), clock_(clock), devices_(std::move(devices)),
+      registry_(std::make_shared<Registry>()) {
+  thread_ = std::thread([this] { progress_loop(); });
+}
+
+EngineImpl::~EngineImpl() {
+  {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    stop_ = true;
+  }
+  thread_cv_.notify_all();
+  thread_.join();
+}
+
+EndpointOptions EngineImpl::endpoint_options() const {
+  EndpointOptions o;
+  o.socket_buffer_bytes = static_cast<uint32_t>(cfg_.socket_buffer_bytes);
+  o.max_datagram_bytes = static_cast<uint32_t>(cfg_.max_datagram_bytes);
+  o.gso = cfg_.udp_gso;
+  o.gro = cfg_.udp_gro;
+  return o;
+}
+
+uint32_t EngineImpl::window_bytes() const {
+  return static_cast<uint32_t>(cfg_.socket_buffer_bytes / 2);
+}
+
+Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
+  std::unique_ptr<Endpoint> ep;
+  Status st = devices_[dev]->open_endpoint(endpoint_options(), &ep);
+  if (!st) return st;
+  *handle = ConnectionHandle();
+  handle->token = random_token();
+  handle->addr = ep->local_address();
+  handle->datapath = handle->addr.kind;
+  *out = std::make_unique<ListenCommImpl>(this, std::move(ep), handle->token);
+  return Status::ok();
+}
+
+Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts,
+                           void** state, std::unique_ptr<SendComm>* out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
+  if (handle.magic != ConnectionHandle::kMagic || handle.version != 1 || handle.addr.empty()) {
+    OR_WARN("connect: the handle is not an OptiReduce handle (magic %08x)", handle.magic);
+    return Status(Errc::kInternal);
+  }
+  PendingConnect* pc = static_cast<PendingConnect*>(*state);
+  if (pc == nullptr) {
+    std::unique_ptr<Endpoint> ep;
+    Status st = devices_[dev]->open_endpoint(endpoint_options(), &ep);
+    if (!st) return st;
+    st = ep->set_peer(handle.addr);
+    if (!st) return st;
+    auto owned = std::make_unique<PendingConnect>(std::move(ep), handle, opts);
+    pc = owned.get();
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    pending_.push_back(std::move(owned));
+    *state = pc;
+  }
+  Status st = pc->poll(this, out);
+  if (*out != nullptr || !st) {
+    std::lock_guard<std::mutex> lock(pending_mu_);
+    for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+      if (it->get() == pc) {
+        pending_.erase(it);
+        break;
+      }
+    }
+    *state = nullptr;
+  }
+  return st;
+}
+
+void EngineImpl::progress_loop() {
+  const auto period = std::chrono::microseconds(cfg_.progress_us);
+  const uint64_t idle_ns = static_cast<uint64_t>(cfg_.progress_us) * 500;
+  std::unique_lock<std::mutex> lock(thread_mu_);
+  while (!stop_) {
+    thread_cv_.wait_for(lock, period, [this] { return stop_; });
+    if (stop_) break;
+    lock.unlock();
+    const uint64_t now = clock_.now_ns();
+    registry_->for_each([&](Conn* c) { c->background_progress(now, idle_ns); });
+    lock.lock();
+  }
+}
+
+}  // namespace optireduce

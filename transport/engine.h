@@ -1,0 +1,53 @@
+// The process-wide transport state behind Engine (transport.h): devices, the registry of live
+// connections, the progress thread, connects in progress.
+#pragma once
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "transport/conn.h"
+#include "transport/handshake.h"
+
+namespace optireduce {
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(const Config& cfg, const Clock& clock, std::vector<std::unique_ptr<Device>> devices);
+  ~EngineImpl() override;
+
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  const DeviceInfo& device(int dev) const override { return devices_[dev]->info(); }
+  const Config& config() const override { return cfg_; }
+  const Clock& clock() const override { return clock_; }
+  Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) override;
+  Status connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts, void** state,
+                 std::unique_ptr<SendComm>* out) override;
+
+  const std::shared_ptr<Registry>& registry() const { return registry_; }
+  EndpointOptions endpoint_options() const;
+  // Bytes of receive buffering this side promises a sender (half the socket buffer: the
+  // kernel charges per-datagram overhead against the same budget).
+  uint32_t window_bytes() const;
+
+ private:
+  void progress_loop();
+
+  const Config cfg_;
+  const Clock& clock_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::shared_ptr<Registry> registry_;
+
+  std::mutex pending_mu_;
+  std::vector<std::unique_ptr<PendingConnect>> pending_;
+
+  std::mutex thread_mu_;
+  std::condition_variable thread_cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+uint64_t random_token();
+
+}  // namespace optireduce

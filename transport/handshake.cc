@@ -1,0 +1,127 @@
+// Handshake state machines: HELLO / HELLO_ACK with token checks and retransmission.
+#include "transport/handshake.h"
+
+#include <algorithm>
+
+#include "transport/engine.h"
+#include "transport/log.h"
+#include "transport/recv.h"
+#include "transport/send.h"
+
+namespace optireduce {
+
+namespace {
+constexpr uint64_t kHelloFirstRetryNs = 10'000'000;  // well above any LAN RTT, well below NCCL's patience
+constexpr uint64_t kHelloMaxRetryNs = 500'000'000;
+}  // namespace
+
+ListenCommImpl::ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token)
+    : engine_(engine), ep_(std::move(ep)), token_(token) {}
+
+Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
+  *out = nullptr;
+  if (!ep_) return Status(Errc::kInternal);  // one accept per listen comm
+  RxPacket pkts[16];
+  const int n = ep_->rx_burst(pkts, 16);
+  if (n < 0) return Status(Errc::kSystem, -n);
+  for (int i = 0; i < n; ++i) {
+    PacketHeader h;
+    HelloBody peer;
+    if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
+        h.type != PacketType::kHello || h.token != token_ ||
+        !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, &peer)) {
+      ++dropped_;  // a stray, stale or spoofed datagram on a fresh port
+      continue;
+    }
+    Status st = ep_->set_peer(pkts[i].from);
+    if (!st) return st;
+    const Config& cfg = engine_->config();
+    HelloBody mine;
+    mine.max_datagram_bytes = ep_->max_datagram_bytes();
+    mine.window_bytes = engine_->window_bytes();
+    mine.features = peer.features;
+    uint8_t body[kHelloBodyBytes];
+    encode_hello(mine, body);
+    PacketHeader a;
+    a.type = PacketType::kHelloAck;
+    a.token = token_;
+    a.payload_len = kHelloBodyBytes;
+    uint8_t hdr[kHeaderBytes];
+    encode(a, hdr);
+    TxPacket p{hdr, kHeaderBytes, kHelloBodyBytes, body};
+    if (ep_->tx_burst(&p, 1) < 0) return Status(Errc::kSystem);
+    ConnParams params;
+    params.token = token_;
+    params.pkt_payload =
+        payload_for_datagram(std::min(mine.max_datagram_bytes, peer.max_datagram_bytes));
+    params.peer_window = peer.window_bytes;
+    params.delivery = (peer.features & kFeatureBounded) ? Delivery::kBounded : Delivery::kExact;
+    params.fill = (peer.features & kFeatureMarkerFill) ? Fill::kMarker : Fill::kZero;
+    auto conn = std::make_unique<RecvConn>(cfg, engine_->clock(), std::move(ep_), params,
+                                           engine_->registry());
+    conn->set_hello_ack(body);
+    conn->activate();
+    if (dropped_) OR_INFO("listen: %llu stray datagrams dropped before accept",
+                          static_cast<unsigned long long>(dropped_));
+    *out = std::move(conn);
+    return Status::ok();
+  }
+  return Status::ok();
+}
+
+PendingConnect::PendingConnect(std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
+                               const ConnOptions& opts)
+    : ep_(std::move(ep)), handle_(h), opts_(opts), backoff_ns_(kHelloFirstRetryNs) {}
+
+Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) {
+  *out = nullptr;
+  const uint64_t now = engine->clock().now_ns();
+  RxPacket pkts[16];
+  const int n = ep_->rx_burst(pkts, 16);
+  if (n < 0) return Status(Errc::kSystem, -n);
+  for (int i = 0; i < n; ++i) {
+    PacketHeader h;
+    HelloBody peer;
+    if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
+        h.type != PacketType::kHelloAck || h.token != handle_.token ||
+        !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, &peer))
+      continue;
+    ConnParams params;
+    params.token = handle_.token;
+    params.pkt_payload =
+        payload_for_datagram(std::min(ep_->max_datagram_bytes(), peer.max_datagram_bytes));
+    params.peer_window = peer.window_bytes;
+    params.delivery = opts_.delivery;
+    params.fill = opts_.fill;
+    auto conn = std::make_unique<SendConn>(engine->config(), engine->clock(), std::move(ep_),
+                                           params, engine->registry());
+    // A CTS can follow the HELLO_ACK in the same burst; it belongs to the new connection.
+    for (int j = i + 1; j < n; ++j) conn->receive_datagram(pkts[j].data, pkts[j].len);
+    conn->activate();
+    *out = std::move(conn);
+    return Status::ok();
+  }
+  if (now >= next_hello_ns_) {
+    HelloBody mine;
+    mine.max_datagram_bytes = ep_->max_datagram_bytes();
+    mine.window_bytes = engine->window_bytes();
+    mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
+                    (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0);
+    uint8_t body[kHelloBodyBytes];
+    encode_hello(mine, body);
+    PacketHeader hh;
+    hh.type = PacketType::kHello;
+    hh.token = handle_.token;
+    hh.payload_len = kHelloBodyBytes;
+    uint8_t hdr[kHeaderBytes];
+    encode(hh, hdr);
+    TxPacket p{hdr, kHeaderBytes, kHelloBodyBytes, body};
+    const int sent = ep_->tx_burst(&p, 1);
+    if (sent < 0) return Status(Errc::kSystem, -sent);
+    next_hello_ns_ = now + backoff_ns_;
+    backoff_ns_ = std::min(backoff_ns_ * 2, kHelloMaxRetryNs);
+  }
+  return Status::ok();
+}
+
+}  // namespace optireduce

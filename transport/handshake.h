@@ -1,0 +1,45 @@
+// Connection set-up: the listen side (ListenCommImpl) and a connect in progress
+// (PendingConnect). Both are non-blocking state machines polled by NCCL's repeated calls:
+//
+//   sender (connect)                          receiver (listen/accept)
+//   Idle --send HELLO--> WaitAck              Listening
+//        (HELLO again every 10 ms, doubling)   --HELLO with our token--> make RecvConn,
+//   WaitAck --HELLO_ACK with token--> make       answer HELLO_ACK, Accepted
+//        SendConn, Done                        (a repeated HELLO is answered by the RecvConn)
+#pragma once
+
+#include <memory>
+
+#include "transport/conn.h"
+
+namespace optireduce {
+
+class EngineImpl;
+
+class ListenCommImpl final : public ListenComm {
+ public:
+  ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token);
+  Status accept(std::unique_ptr<RecvComm>* out) override;
+
+ private:
+  EngineImpl* engine_;
+  std::unique_ptr<Endpoint> ep_;  // handed to the RecvConn on accept
+  uint64_t token_;
+  uint64_t dropped_ = 0;
+};
+
+class PendingConnect {
+ public:
+  PendingConnect(std::unique_ptr<Endpoint> ep, const ConnectionHandle& h, const ConnOptions& opts);
+  // Advances the handshake; *out becomes non-null once it completed.
+  Status poll(EngineImpl* engine, std::unique_ptr<SendComm>* out);
+
+ private:
+  std::unique_ptr<Endpoint> ep_;
+  ConnectionHandle handle_;
+  ConnOptions opts_;
+  uint64_t next_hello_ns_ = 0;
+  uint64_t backoff_ns_;
+};
+
+}  // namespace optireduce

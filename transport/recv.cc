@@ -1,0 +1,358 @@
+// RecvConn: CTS, placement by offset with every bounds check, SACK generation, completion
+// (exact or bounded), hole filling.
+#include "transport/recv.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/deadline.h"
+#include "transport/log.h"
+
+namespace optireduce {
+
+namespace {
+// The erasure marker: 0x7FF1 repeated is a NaN read as fp16, bf16, fp32 or fp64 at any even
+// offset, so liboptireduce can find every lost element in its own buffers.
+constexpr uint16_t kMarker16 = 0x7FF1;
+// Without a policy, a bounded receive gets this budget (OPTIREDUCE_TIMEOUT_MS overrides).
+constexpr uint64_t kDefaultBudgetNs = 1'000'000'000;
+// First CTS resend after this long without DATA, doubling up to the RTO maximum.
+constexpr uint64_t kCtsRtoMinNs = 5'000'000;
+}  // namespace
+
+RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
+                   const ConnParams& p, std::shared_ptr<Registry> registry)
+    : Conn(cfg, clock, std::move(ep), p, std::move(registry)),
+      cts_rto_ns_(std::max<uint64_t>(kCtsRtoMinNs, static_cast<uint64_t>(cfg.rto_min_us) * 2000)) {
+  for (auto& m : msgs_) m.req.conn = this;
+}
+
+RecvConn::~RecvConn() { deactivate(); }
+
+Delivery RecvConn::delivery() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return force_exact_ ? Delivery::kExact : params_.delivery;
+}
+
+void RecvConn::force_exact() {
+  std::lock_guard<std::mutex> lock(mu_);
+  force_exact_ = true;
+}
+
+void RecvConn::set_deadline_policy(DeadlinePolicy* policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  policy_ = policy;
+}
+
+void RecvConn::set_hello_ack(const uint8_t* body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::memcpy(hello_ack_, body, kHelloBodyBytes);
+  have_hello_ack_ = true;
+}
+
+Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *req = nullptr;
+  if (!fatal_.is_ok()) return fatal_;
+  if (data == nullptr && capacity != 0) return Status(Errc::kInternal);
+  const uint64_t now = clock_.now_ns();
+  if (next_seq_ - oldest_ >= static_cast<uint32_t>(kMaxRequests)) {
+    progress_locked(now);
+    return Status::ok();
+  }
+  Msg& m = slot(next_seq_);
+  m.req.seq = next_seq_;
+  m.state = State::kPosted;
+  m.bounded = params_.delivery == Delivery::kBounded && !force_exact_ &&
+              !(policy_ != nullptr && policy_->calibrating());
+  m.started = m.tail_seen = false;
+  m.buf = static_cast<uint8_t*>(data);
+  m.capacity = capacity;
+  m.size = 0;
+  m.npkts = 0;
+  m.cum = 0;
+  m.bytes_got = 0;
+  m.posted_ns = now;
+  m.head_ns = m.deadline_ns = m.early_ns = 0;
+  m.pkts_since_ack = 0;
+  m.cts_backoff_ns = cts_rto_ns_;
+  ++next_seq_;
+  *req = &m.req;
+  // The sender told us it gave up on this message before we posted it: done, fully missing.
+  if (m.bounded && m.req.seq - expired_base_ < 64 && (expired_mask_ >> (m.req.seq % 64) & 1)) {
+    complete_locked(m, End::kExpired, now);
+    advance_floor_locked(now);
+    return Status::ok();
+  }
+  if (m.req.seq == floor_) arm_deadline_locked(m, now);
+  send_cts_locked(m, now);
+  progress_locked(now);
+  return Status::ok();
+}
+
+void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
+  if (!m.bounded || m.deadline_ns != 0) return;
+  m.head_ns = now;
+  const uint64_t bytes = m.started ? m.size : m.capacity;
+  uint64_t budget = kDefaultBudgetNs;
+  if (policy_ != nullptr) budget = policy_->budget_ns(bytes);
+  else if (cfg_.timeout_ms > 0) budget = static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
+  m.deadline_ns = now + budget;
+}
+
+void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
+  PacketHeader h;
+  h.type = PacketType::kCts;
+  h.msg_seq = m.req.seq;
+  h.msg_size = m.capacity;
+  h.msg_floor = floor_;
+  if (m.bounded) h.flags = kFlagBounded;
+  // The sender learns from this how long it may wait for a CTS before expiring a message.
+  if (m.bounded) {
+    const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
+                            : policy_ ? policy_->budget_ns(m.capacity)
+                                      : kDefaultBudgetNs;
+    timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(budget / 1000, UINT32_MAX));
+  }
+  send_ctrl_locked(h);
+  m.cts_ns = now;
+}
+
+void RecvConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
+  switch (h.type) {
+    case PacketType::kData:
+      on_data_locked(h, payload, now);
+      break;
+    case PacketType::kHello:
+      // Our HELLO_ACK was lost and the sender asks again.
+      if (have_hello_ack_) {
+        PacketHeader a;
+        a.type = PacketType::kHelloAck;
+        send_ctrl_locked(a, hello_ack_, kHelloBodyBytes);
+      }
+      break;
+    case PacketType::kClose:
+      break;
+    default:
+      ++stats_.drop_unexpected;
+      break;
+  }
+}
+
+void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
+  const uint32_t s = h.msg_seq;
+  if (policy_ != nullptr && h.timeout_us != 0) policy_->on_peer_estimate(h.timeout_us);
+  if (static_cast<int32_t>(s - floor_) < 0 ||
+      (s - floor_ < next_seq_ - floor_ && slot(s).state != State::kPosted)) {
+    // For a message already complete: a late bounded packet, or an exact retransmission
+    // whose final ACK was lost (answer it so the sender can finish).
+    if (h.flags & kFlagBounded) {
+      ++stats_.late_pkts;
+    } else {
+      ++stats_.drop_stale;
+      if (!(h.flags & kFlagExpired)) send_final_for_locked(s);
+    }
+    return;
+  }
+  if (s - floor_ >= next_seq_ - floor_) {
+    // Not posted yet. Only an expiry notice may legitimately come this early.
+    if ((h.flags & kFlagExpired) && s - floor_ < 2 * kMaxRequests) {
+      if (s - expired_base_ >= 64) {
+        expired_base_ = floor_;
+        expired_mask_ = 0;
+      }
+      if (s - expired_base_ < 64) expired_mask_ |= uint64_t{1} << (s % 64);
+    } else {
+      ++stats_.drop_unexpected;
+    }
+    return;
+  }
+  Msg& m = slot(s);
+  if (h.flags & kFlagExpired) {
+    if (m.bounded) complete_locked(m, End::kExpired, now), advance_floor_locked(now);
+    else ++stats_.drop_unexpected;
+    return;
+  }
+  if (!m.started) {
+    if (h.msg_size > m.capacity) {
+      ++stats_.drop_bounds;
+      return;
+    }
+    const uint64_t npkts =
+        std::max<uint64_t>(1, (h.msg_size + params_.pkt_payload - 1) / params_.pkt_payload);
+    m.started = true;
+    m.size = h.msg_size;
+    m.npkts = static_cast<uint32_t>(npkts);
+    m.got.reset(m.npkts);
+  } else if (h.msg_size != m.size) {
+    ++stats_.drop_bounds;
+    return;
+  }
+  if (h.offset % params_.pkt_payload != 0) {
+    ++stats_.drop_bounds;
+    return;
+  }
+  const uint64_t idx = h.offset / params_.pkt_payload;
+  const uint64_t expect =
+      idx + 1 < m.npkts ? params_.pkt_payload : m.size - idx * params_.pkt_payload;
+  if (idx >= m.npkts || h.payload_len != expect) {
+    ++stats_.drop_bounds;
+    return;
+  }
+  if (!m.got.set(static_cast<uint32_t>(idx))) {
+    ++stats_.drop_duplicate;
+    // A retransmission of something we hold means our ACK was lost: acknowledge again.
+    if (!m.bounded) dirty_ |= 1u << (s % kMaxRequests);
+    return;
+  }
+  // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
+  if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
+  m.bytes_got += h.payload_len;
+  ++stats_.data_pkts;
+  ++m.pkts_since_ack;
+  m.cum = m.got.first_clear(m.cum);
+  if ((h.flags & kFlagTail) && m.bounded && !m.tail_seen) {
+    m.tail_seen = true;
+    const uint64_t early = policy_ ? policy_->early_ns(m.size)
+                                   : static_cast<uint64_t>(cfg_.early_fraction * 1e6);
+    m.early_ns = now + early;
+  }
+  if (m.got.full()) {
+    complete_locked(m, End::kAll, now);
+    advance_floor_locked(now);
+    return;
+  }
+  if (!m.bounded) dirty_ |= 1u << (s % kMaxRequests);
+}
+
+void RecvConn::after_rx_burst_locked(uint64_t) {
+  // One SACK per message per received burst: enough feedback for loss detection without an
+  // ACK per packet.
+  while (dirty_) {
+    const int k = __builtin_ctz(dirty_);
+    dirty_ &= dirty_ - 1;
+    Msg& m = msgs_[k];
+    if (m.state == State::kPosted && m.started) send_ack_locked(m, false);
+  }
+}
+
+void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
+  PacketHeader h;
+  h.type = PacketType::kAck;
+  h.msg_seq = m.req.seq;
+  h.msg_floor = floor_;
+  if (final_ack) {
+    h.flags = kFlagFinal;
+    h.msg_size = m.npkts;
+    h.offset = m.npkts;
+    send_ctrl_locked(h);
+    return;
+  }
+  uint8_t sack[kSackBytes];
+  h.msg_size = m.npkts;
+  h.offset = m.cum;
+  const uint32_t used = m.got.export_bits(m.cum, kSackBits, sack);
+  send_ctrl_locked(h, sack, used);
+  m.pkts_since_ack = 0;
+}
+
+void RecvConn::send_final_for_locked(uint32_t seq) {
+  PacketHeader h;
+  h.type = PacketType::kAck;
+  h.flags = kFlagFinal;
+  h.msg_seq = seq;
+  h.msg_floor = floor_;
+  send_ctrl_locked(h);
+}
+
+void RecvConn::fill_holes_locked(Msg& m) {
+  const uint64_t size = m.started ? m.size : m.capacity;
+  auto fill = [&](uint64_t off, uint64_t len) {
+    if (params_.fill == Fill::kZero) {
+      std::memset(m.buf + off, 0, len);
+      return;
+    }
+    // Offsets are multiples of 8 (packet grid), so the pattern starts on an even byte.
+    uint8_t* p = m.buf + off;
+    for (uint64_t i = 0; i + 1 < len; i += 2) std::memcpy(p + i, &kMarker16, 2);
+    if (len & 1) p[len - 1] = static_cast<uint8_t>(kMarker16 & 0xFF);
+  };
+  if (!m.started) {
+    if (size) fill(0, size);
+    return;
+  }
+  for (uint32_t i = m.got.first_clear(0); i < m.npkts; i = m.got.first_clear(i + 1)) {
+    const uint64_t off = uint64_t{i} * params_.pkt_payload;
+    fill(off, std::min<uint64_t>(params_.pkt_payload, size - off));
+  }
+}
+
+void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
+  if (m.state != State::kPosted) return;
+  const uint64_t size = m.started ? m.size : m.capacity;
+  if (how != End::kAll) fill_holes_locked(m);
+  if (!m.started) m.size = size;
+  m.state = State::kComplete;
+  ++stats_.msgs;
+  stats_.bytes += m.bytes_got;
+  if (m.bounded) {
+    stats_.bytes_expected += size;
+    stats_.bytes_lost += size - std::min(size, m.bytes_got);
+    if (how == End::kDeadline) ++stats_.deadline_hits;
+    if (how == End::kEarly) ++stats_.early_timeouts;
+  } else {
+    send_ack_locked(m, true);
+  }
+  if (policy_ != nullptr) {
+    const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
+    policy_->on_complete(size, m.bytes_got, now - start, static_cast<RecvEnd>(how), m.bounded);
+  }
+  dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
+}
+
+void RecvConn::advance_floor_locked(uint64_t now) {
+  while (floor_ != next_seq_ && slot(floor_).state != State::kPosted) ++floor_;
+  if (floor_ != next_seq_) arm_deadline_locked(slot(floor_), now);
+}
+
+void RecvConn::on_timers_locked(uint64_t now) {
+  bool completed = false;
+  for (uint32_t s = floor_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kPosted) continue;
+    if (m.bounded && m.deadline_ns != 0 && now >= m.deadline_ns) {
+      complete_locked(m, End::kDeadline, now);
+      completed = true;
+      continue;
+    }
+    if (m.bounded && m.early_ns != 0 && now >= m.early_ns) {
+      complete_locked(m, End::kEarly, now);
+      completed = true;
+      continue;
+    }
+    // No DATA since the CTS: the CTS may be lost; say it again (backing off).
+    if (!m.started && now - m.cts_ns >= m.cts_backoff_ns) {
+      ++stats_.cts_resent;
+      m.cts_backoff_ns = std::min<uint64_t>(m.cts_backoff_ns * 2,
+                                            static_cast<uint64_t>(cfg_.rto_max_us) * 1000);
+      send_cts_locked(m, now);
+    }
+  }
+  if (completed) advance_floor_locked(now);
+}
+
+Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
+  *done = false;
+  const uint32_t s = req->seq;
+  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
+  if (!fatal_.is_ok()) return fatal_;
+  Msg& m = slot(s);
+  if (m.state != State::kComplete) return Status::ok();
+  *done = true;
+  if (size) *size = m.size;
+  m.state = State::kFree;
+  while (oldest_ != next_seq_ && slot(oldest_).state == State::kFree) ++oldest_;
+  return Status::ok();
+}
+
+}  // namespace optireduce

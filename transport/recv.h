@@ -1,0 +1,97 @@
+// The receiving side of a connection. irecv posts a buffer and sends a clear-to-send (CTS) for
+// its sequence; DATA is placed by offset after every bounds check, duplicates and stale
+// packets are counted and dropped, and SACKs go back once per received burst. Exact mode: done
+// when every packet arrived. Bounded mode: done when every packet arrived, when the deadline
+// passes, when the early timeout after the tail packets passes, or at once when the sender
+// says it expired; missing bytes are then filled (zeros or the erasure marker) and counted.
+//
+// Message slot states (legal orders: Free -> Posted -> Complete -> Free):
+//   Free      unused
+//   Posted    irecv called, CTS sent; DATA accepted while here
+//   Complete  buffer final; test() reports it and frees the slot. DATA for it is stale.
+#pragma once
+
+#include "transport/conn.h"
+#include "transport/sack.h"
+
+namespace optireduce {
+
+class DeadlinePolicy;
+
+class RecvConn final : public Conn, public RecvComm {
+ public:
+  RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
+           const ConnParams& p, std::shared_ptr<Registry> registry);
+  ~RecvConn() override;
+
+  Status irecv(void* data, size_t capacity, Request** req) override;
+  Status test(Request* req, bool* done, size_t* size) override {
+    return test_request(req, done, size);
+  }
+  ConnStats stats() const override { return stats_snapshot(); }
+  Delivery delivery() const override;
+  void force_exact() override;
+
+  // Bounded mode: where deadlines come from. Null = a fixed budget from OPTIREDUCE_TIMEOUT_MS
+  // (or 1 s when that is 0). Not owned; must outlive the connection.
+  void set_deadline_policy(DeadlinePolicy* policy);
+
+  // Repeats HELLO_ACK when the sender's HELLO is repeated (its first answer was lost).
+  void set_hello_ack(const uint8_t* body);
+
+ private:
+  enum class State : uint8_t { kFree, kPosted, kComplete };
+  enum class End : uint8_t { kAll, kDeadline, kEarly, kExpired };
+  struct Msg {
+    Request req;
+    State state = State::kFree;
+    bool bounded = false;
+    bool started = false;   // first DATA seen: size and packet count known
+    bool tail_seen = false; // a tail-flagged packet arrived (bounded early timeout)
+    uint8_t* buf = nullptr;
+    uint64_t capacity = 0;
+    uint64_t size = 0;
+    uint32_t npkts = 0;
+    uint32_t cum = 0;  // packets below it have all arrived
+    PacketBitmap got;
+    uint64_t bytes_got = 0;
+    uint64_t posted_ns = 0;
+    uint64_t cts_ns = 0;        // last CTS sent
+    uint64_t cts_backoff_ns = 0;
+    uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
+    uint64_t deadline_ns = 0;   // 0 = not yet armed
+    uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
+    uint32_t pkts_since_ack = 0;
+  };
+
+  void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) override;
+  void after_rx_burst_locked(uint64_t now) override;
+  void on_timers_locked(uint64_t now) override;
+  void transmit_locked(uint64_t) override {}
+  Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) override;
+
+  void on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now);
+  void send_cts_locked(Msg& m, uint64_t now);
+  void send_ack_locked(Msg& m, bool final_ack);
+  void send_final_for_locked(uint32_t seq);
+  void complete_locked(Msg& m, End how, uint64_t now);
+  void fill_holes_locked(Msg& m);
+  void advance_floor_locked(uint64_t now);
+  void arm_deadline_locked(Msg& m, uint64_t now);
+  Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
+
+  Msg msgs_[kMaxRequests];
+  uint32_t next_seq_ = 0;   // sequence of the next irecv
+  uint32_t floor_ = 0;      // every message below it is complete
+  uint32_t oldest_ = 0;     // oldest sequence not yet reported done
+  uint32_t dirty_ = 0;      // bit k: slot k received DATA since its last ACK
+  uint64_t expired_mask_ = 0;   // bit (seq % 64): the sender said seq expired before we posted it
+  uint32_t expired_base_ = 0;   // expired_mask_ is valid for seq in [expired_base_, +64)
+  DeadlinePolicy* policy_ = nullptr;
+  bool force_exact_ = false;
+  bool have_hello_ack_ = false;
+  uint8_t hello_ack_[kHelloBodyBytes] = {};
+  uint64_t cts_rto_ns_;
+};
+
+}  // namespace optireduce

@@ -1,0 +1,23 @@
+// RttEstimator implementation.
+#include "transport/rtt.h"
+
+#include <algorithm>
+
+namespace optireduce {
+
+void RttEstimator::sample(uint64_t r) {
+  if (r == 0) r = 1;
+  if (srtt_ns_ == 0) {
+    srtt_ns_ = r;
+    rttvar_ns_ = r / 2;
+  } else {
+    const uint64_t err = srtt_ns_ > r ? srtt_ns_ - r : r - srtt_ns_;
+    rttvar_ns_ = (3 * rttvar_ns_ + err) / 4;  // beta = 1/4
+    srtt_ns_ = (7 * srtt_ns_ + r) / 8;        // alpha = 1/8
+  }
+  rto_ns_ = std::clamp(srtt_ns_ + 4 * rttvar_ns_, rto_min_ns_, rto_max_ns_);
+}
+
+void RttEstimator::backoff() { rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_); }
+
+}  // namespace optireduce

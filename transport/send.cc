@@ -1,0 +1,423 @@
+// SendConn: CTS matching, packetisation, SACK processing, loss recovery, bounded expiry.
+#include "transport/send.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "transport/log.h"
+
+namespace optireduce {
+
+namespace {
+// A hole is declared lost once this many packets above it have been acknowledged (TCP's
+// duplicate-ACK threshold: tolerates mild reordering without spurious retransmissions).
+constexpr uint32_t kDupThresh = 3;
+// Before the first RTT sample, retransmit after this long.
+constexpr uint64_t kInitialRtoNs = 20'000'000;
+}  // namespace
+
+SendConn::SendConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
+                   const ConnParams& p, std::shared_ptr<Registry> registry)
+    : Conn(cfg, clock, std::move(ep), p, std::move(registry)),
+      rtt_(static_cast<uint64_t>(cfg.rto_min_us) * 1000, static_cast<uint64_t>(cfg.rto_max_us) * 1000,
+           std::max<uint64_t>(kInitialRtoNs, static_cast<uint64_t>(cfg.rto_min_us) * 1000)),
+      cwnd_(p.pkt_payload,
+            std::min<uint64_t>(static_cast<uint64_t>(cfg.window_bytes), p.peer_window)) {
+  retx_.reserve(kRetxCap);
+  for (auto& m : msgs_) m.req.conn = this;
+  if (cfg.rate_gbps > 0) pacer_.set_rate(cfg.rate_gbps / 8.0, 16 * uint64_t{p.pkt_payload});
+}
+
+SendConn::~SendConn() {
+  deactivate();
+  // Advisory: lets the receiver stop serving us. Harmless if lost.
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fatal_.is_ok()) {
+    PacketHeader h;
+    h.type = PacketType::kClose;
+    send_ctrl_locked(h);
+  }
+}
+
+Delivery SendConn::delivery() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return force_exact_ ? Delivery::kExact : params_.delivery;
+}
+
+void SendConn::force_exact() {
+  std::lock_guard<std::mutex> lock(mu_);
+  force_exact_ = true;
+}
+
+uint64_t SendConn::inflight_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return inflight_;
+}
+
+uint64_t SendConn::cwnd_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cwnd_.cwnd();
+}
+
+uint32_t SendConn::pkt_len(const Msg& m, uint32_t i) const {
+  if (i + 1 < m.npkts) return params_.pkt_payload;
+  return static_cast<uint32_t>(m.size - uint64_t{i} * params_.pkt_payload);
+}
+
+Status SendConn::isend(const void* data, size_t size, Request** req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *req = nullptr;
+  if (!fatal_.is_ok()) return fatal_;
+  if (data == nullptr && size != 0) return Status(Errc::kInternal);
+  const uint64_t now = clock_.now_ns();
+  if (next_seq_ - oldest_ >= static_cast<uint32_t>(kMaxRequests)) {
+    progress_locked(now);
+    return Status::ok();  // back-pressure: NCCL retries
+  }
+  const uint64_t npkts64 = std::max<uint64_t>(1, (size + params_.pkt_payload - 1) / params_.pkt_payload);
+  if (npkts64 > UINT32_MAX) return Status(Errc::kInternal);
+  Msg& m = slot(next_seq_);
+  m.req.seq = next_seq_;
+  m.state = State::kWaitCts;
+  m.bounded = false;  // decided by the receiver's CTS
+  m.expired = false;
+  m.error = Status::ok();
+  m.data = static_cast<const uint8_t*>(data);
+  m.size = size;
+  m.npkts = static_cast<uint32_t>(npkts64);
+  m.next_new = m.cum = m.high = 0;
+  m.posted_ns = now;
+  ++next_seq_;
+  CtsRecord& c = cts_[m.req.seq % kCtsRing];
+  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded);
+  progress_locked(now);
+  *req = &m.req;
+  return Status::ok();
+}
+
+void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded) {
+  m.bounded = bounded && params_.delivery == Delivery::kBounded && !force_exact_;
+  if (m.size > capacity) {
+    // Never truncate silently: NCCL posted a receive smaller than the send, a caller bug.
+    m.error = Status(Errc::kInternal);
+    m.state = State::kDone;
+    OR_WARN("message %u of %llu bytes is larger than the posted receive (%llu bytes)",
+            m.req.seq, static_cast<unsigned long long>(m.size),
+            static_cast<unsigned long long>(capacity));
+    return;
+  }
+  m.state = State::kSending;
+  if (!m.bounded) {
+    m.acked.reset(m.npkts);
+    m.resent.reset(m.npkts);
+    if (m.sent_ns.size() < m.npkts) m.sent_ns.resize(m.npkts);
+    std::fill(m.sent_ns.begin(), m.sent_ns.begin() + m.npkts, 0);
+  }
+}
+
+void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
+  switch (h.type) {
+    case PacketType::kCts:
+      on_cts_locked(h, now);
+      break;
+    case PacketType::kAck:
+      on_ack_locked(h, payload, now);
+      break;
+    case PacketType::kHelloAck:
+    case PacketType::kClose:
+      break;  // a repeated handshake answer, or the peer leaving: nothing to do
+    default:
+      ++stats_.drop_unexpected;
+      break;
+  }
+}
+
+void SendConn::on_cts_locked(const PacketHeader& h, uint64_t) {
+  const uint32_t s = h.msg_seq;
+  const bool bounded = (h.flags & kFlagBounded) != 0;
+  if (bounded && params_.delivery == Delivery::kBounded) {
+    peer_bounded_ = true;
+    if (h.timeout_us) expiry_budget_ns_ = uint64_t{h.timeout_us} * 1000;
+  }
+  // Valid CTS sequences: not older than our oldest live message, and at most one receive
+  // window (kMaxRequests) beyond the newest message the receiver may have seen completed.
+  if (static_cast<int32_t>(s - oldest_) < 0) {
+    // For a message we already finished. In bounded mode, answer a late CTS for an expired
+    // message so that the receiver completes it at once instead of waiting for its deadline.
+    if (oldest_ - s <= 64 && (expired_mask_ >> (s % 64) & 1)) send_expired_notice_locked(s);
+    else ++stats_.drop_stale;
+    return;
+  }
+  if (s - oldest_ >= kCtsRing) {
+    ++stats_.drop_bounds;
+    return;
+  }
+  if (s < next_seq_) {
+    Msg& m = slot(s);
+    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded);
+    else if (m.state == State::kDone && m.expired) send_expired_notice_locked(s);
+    // else: a repeated CTS for a message already under way.
+    return;
+  }
+  CtsRecord& c = cts_[s % kCtsRing];
+  c.seq = s;
+  c.capacity = h.msg_size;
+  c.bounded = bounded;
+  c.valid = true;
+}
+
+void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent) {
+  if (!m.acked.set(i)) return;
+  const uint32_t len = pkt_len(m, i);
+  inflight_ -= std::min<uint64_t>(inflight_, len);
+  cwnd_.on_ack(len);
+  if (!m.resent.test(i) && m.sent_ns[i] != UINT64_MAX)
+    *newest_sent = std::max(*newest_sent, m.sent_ns[i]);
+  m.high = std::max(m.high, i + 1);
+  (void)now;
+}
+
+void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
+  const uint32_t s = h.msg_seq;
+  if (static_cast<int32_t>(s - oldest_) < 0) {
+    ++stats_.drop_stale;
+    return;
+  }
+  if (s - oldest_ >= static_cast<uint32_t>(kMaxRequests) || s >= next_seq_) {
+    ++stats_.drop_unexpected;
+    return;
+  }
+  Msg& m = slot(s);
+  if (m.state != State::kSending || m.bounded) {
+    if (m.state == State::kDone) ++stats_.drop_stale;
+    else ++stats_.drop_unexpected;
+    return;
+  }
+  uint64_t newest_sent = 0;
+  if (h.flags & kFlagFinal) {
+    if (m.next_new < m.npkts) {
+      // Acknowledging packets we never sent is a protocol violation; refuse it.
+      ++stats_.drop_bounds;
+      return;
+    }
+    // The receiver holds the whole message; packets we never saw acknowledged arrived anyway.
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.npkts; i = m.acked.first_clear(i + 1))
+      ack_packet_locked(m, i, now, &newest_sent);
+  } else {
+    if (h.msg_size != m.npkts || h.offset > m.next_new) {
+      ++stats_.drop_bounds;
+      return;
+    }
+    for (uint32_t i = m.acked.first_clear(m.cum); i < h.offset; i = m.acked.first_clear(i + 1))
+      ack_packet_locked(m, i, now, &newest_sent);
+    const uint32_t nbytes = std::min(h.payload_len, kSackBytes);
+    for (uint32_t byte = 0; byte < nbytes; ++byte) {
+      if (sack[byte] == 0) continue;
+      for (uint32_t bit = 0; bit < 8; ++bit) {
+        if (!(sack[byte] >> bit & 1)) continue;
+        const uint64_t i = uint64_t{h.offset} + byte * 8 + bit;
+        if (i >= m.next_new) {
+          ++stats_.drop_bounds;
+          break;
+        }
+        ack_packet_locked(m, static_cast<uint32_t>(i), now, &newest_sent);
+      }
+    }
+  }
+  const uint32_t old_cum = m.cum;
+  m.cum = m.acked.first_clear(m.cum);
+  if (newest_sent != 0) rtt_.sample(now - newest_sent);
+  if (m.cum != old_cum || newest_sent != 0) rto_deadline_ = now + rtt_.rto_ns();
+  if (m.acked.full()) {
+    finish_locked(m);
+    return;
+  }
+  detect_losses_locked(m, now);
+}
+
+void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
+  if (m.high < kDupThresh + 1) return;
+  const uint32_t limit = m.high - kDupThresh;
+  // A packet resent less than one smoothed RTT ago cannot have been acknowledged yet.
+  const uint64_t min_age = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns();
+  for (uint32_t i = m.acked.first_clear(m.cum); i < limit; i = m.acked.first_clear(i + 1)) {
+    if (m.sent_ns[i] == UINT64_MAX || now - m.sent_ns[i] < min_age) continue;
+    if (retx_.size() >= kRetxCap) break;  // the RTO will find the rest
+    cwnd_.on_loss(now, m.sent_ns[i]);
+    m.sent_ns[i] = UINT64_MAX;  // queued: not again until it has left
+    retx_.push_back({m.req.seq, i});
+  }
+}
+
+void SendConn::finish_locked(Msg& m) {
+  m.state = State::kDone;
+  ++stats_.msgs;
+  stats_.bytes += m.size;
+}
+
+void SendConn::send_expired_notice_locked(uint32_t seq) {
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.flags = kFlagExpired | kFlagBounded;
+  h.msg_seq = seq;
+  send_ctrl_locked(h);
+}
+
+void SendConn::on_timers_locked(uint64_t now) {
+  // Bounded sends that never got a CTS expire at their deadline.
+  if (peer_bounded_ && !force_exact_ && expiry_budget_ns_ != 0) {
+    for (uint32_t s = oldest_; s != next_seq_; ++s) {
+      Msg& m = slot(s);
+      if (m.state != State::kWaitCts || now - m.posted_ns < expiry_budget_ns_) continue;
+      m.state = State::kDone;
+      m.expired = true;
+      expired_mask_ |= uint64_t{1} << (s % 64);
+      ++stats_.expired_sends;
+      send_expired_notice_locked(s);
+    }
+  }
+  if (rto_deadline_ == 0 || now < rto_deadline_) return;
+  if (inflight_ == 0) {  // everything was acknowledged meanwhile: nothing to time out
+    rto_deadline_ = 0;
+    return;
+  }
+  // Retransmission timeout: the oldest unacknowledged packets of every message under way go
+  // again, up to one (shrunken) window.
+  ++stats_.rto_events;
+  rtt_.backoff();
+  cwnd_.on_timeout();
+  rto_deadline_ = 0;
+  uint64_t budget = std::max<uint64_t>(cwnd_.cwnd(), params_.pkt_payload);
+  for (uint32_t s = oldest_; s != next_seq_ && budget > 0; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kSending || m.bounded) continue;
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new && budget > 0;
+         i = m.acked.first_clear(i + 1)) {
+      if (m.sent_ns[i] == UINT64_MAX) continue;  // already queued
+      if (retx_.size() >= kRetxCap) break;
+      m.sent_ns[i] = UINT64_MAX;
+      retx_.push_back({s, i});
+      budget -= std::min<uint64_t>(budget, pkt_len(m, i));
+    }
+  }
+}
+
+void SendConn::transmit_locked(uint64_t now) {
+  // Exactly one of these three records what a batch entry is, so that a short send (the
+  // datapath's queue full) can be rolled back precisely.
+  struct Pending {
+    uint32_t seq, pkt;
+    bool retx;
+  } pend[kBatch];
+  for (;;) {
+    uint64_t tokens = pacer_.available(now);
+    int n = 0;
+    // Retransmissions first: they unblock the receiver's oldest message.
+    while (retx_head_ < retx_.size() && n < kBatch) {
+      const Retx r = retx_[retx_head_];
+      Msg& m = slot(r.seq);
+      if (m.req.seq != r.seq || m.state != State::kSending || m.acked.test(r.pkt)) {
+        ++retx_head_;  // finished meanwhile
+        continue;
+      }
+      const uint32_t len = pkt_len(m, r.pkt);
+      if (len > tokens) break;
+      PacketHeader h;
+      h.type = PacketType::kData;
+      h.flags = kFlagRetx;
+      h.msg_seq = r.seq;
+      h.msg_size = m.size;
+      h.offset = uint64_t{r.pkt} * params_.pkt_payload;
+      h.msg_floor = oldest_;
+      batch_slot_locked(h, m.data + h.offset, len);
+      pend[n++] = {r.seq, r.pkt, true};
+      tokens -= len;
+      ++retx_head_;
+    }
+    // New packets, oldest message first, within the window.
+    uint64_t inflight = inflight_;
+    for (uint32_t s = oldest_; s != next_seq_ && n < kBatch; ++s) {
+      Msg& m = slot(s);
+      if (m.state != State::kSending) continue;
+      while (m.next_new < m.npkts && n < kBatch) {
+        const uint32_t i = m.next_new;
+        const uint32_t len = pkt_len(m, i);
+        if (len > tokens) break;
+        if (!m.bounded) {
+          // The window counts bytes; the SACK range limits how far past the first hole we go.
+          if (inflight + len > cwnd_.cwnd() && inflight > 0) break;
+          if (i >= m.cum + kSackBits) break;
+        }
+        PacketHeader h;
+        h.type = PacketType::kData;
+        h.flags = m.bounded ? kFlagBounded : 0;
+        // The last ~1% of a message carries the tail flag (early-timeout hint).
+        if (uint64_t{i} * 100 >= uint64_t{m.npkts} * 99) h.flags |= kFlagTail;
+        h.msg_seq = s;
+        h.msg_size = m.size;
+        h.offset = uint64_t{i} * params_.pkt_payload;
+        h.msg_floor = oldest_;
+        batch_slot_locked(h, m.data + h.offset, len);
+        pend[n++] = {s, i, false};
+        tokens -= len;
+        if (!m.bounded) inflight += len;
+        ++m.next_new;
+      }
+      if (m.next_new < m.npkts) break;  // keep message order on the wire
+    }
+    if (n == 0) return;
+    const int sent = flush_locked();
+    // Roll back what the datapath did not take (in reverse, so next_new rewinds correctly).
+    for (int k = n - 1; k >= sent; --k) {
+      Msg& m = slot(pend[k].seq);
+      if (pend[k].retx) {
+        --retx_head_;
+      } else {
+        m.next_new = pend[k].pkt;
+      }
+    }
+    for (int k = 0; k < sent; ++k) {
+      Msg& m = slot(pend[k].seq);
+      const uint32_t len = pkt_len(m, pend[k].pkt);
+      pacer_.consume(len);
+      ++stats_.data_pkts;
+      ++send_count_;
+      if (m.bounded) continue;
+      if (pend[k].retx) {
+        ++stats_.retx_pkts;
+        m.resent.set(pend[k].pkt);
+      } else {
+        inflight_ += len;
+      }
+      m.sent_ns[pend[k].pkt] = now;
+      if (rto_deadline_ == 0) rto_deadline_ = now + rtt_.rto_ns();
+    }
+    // A bounded message is done once all of its packets have left.
+    for (uint32_t s = oldest_; s != next_seq_; ++s) {
+      Msg& m = slot(s);
+      if (m.state == State::kSending && m.bounded && m.next_new == m.npkts) finish_locked(m);
+    }
+    if (retx_head_ == retx_.size()) {
+      retx_.clear();
+      retx_head_ = 0;
+    }
+    if (sent < n) return;  // the datapath is full; try again on the next call
+  }
+}
+
+Status SendConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
+  *done = false;
+  const uint32_t s = req->seq;
+  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
+  Msg& m = slot(s);
+  if (!fatal_.is_ok()) return fatal_;
+  if (m.state != State::kDone) return Status::ok();
+  if (!m.error.is_ok()) return m.error;
+  *done = true;
+  if (size) *size = m.size;
+  m.state = State::kFree;
+  while (oldest_ != next_seq_ && slot(oldest_).state == State::kFree) ++oldest_;
+  return Status::ok();
+}
+
+}  // namespace optireduce
