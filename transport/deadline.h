@@ -22,10 +22,10 @@ class DeadlinePolicy {
   // A receive finished: `elapsed_ns` from head to end, `received` of `bytes` arrived.
   virtual void on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd how,
                            bool bounded) = 0;
-  // A peer's piggybacked estimate tC (microseconds; 0 = none).
-  virtual void on_peer_estimate(uint32_t tc_us) = 0;
-  // Our current estimate tC to piggyback (microseconds).
-  virtual uint32_t estimate_us() = 0;
+  // A peer's piggybacked estimate tC (microseconds; 0 = none) for messages of `bytes`.
+  virtual void on_peer_estimate(uint32_t tc_us, uint64_t bytes) = 0;
+  // Our current estimate tC for messages of `bytes`, to piggyback (microseconds).
+  virtual uint32_t estimate_us(uint64_t bytes) = 0;
 };
 
 }  // namespace optireduce

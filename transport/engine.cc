@@ -81,7 +81,8 @@ uint32_t EngineImpl::window_bytes() const {
   return static_cast<uint32_t>(cfg_.socket_buffer_bytes / 2);
 }
 
-Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) {
+Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out,
+                          BoundedGroup* group) {
   *out = nullptr;
   if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
   std::unique_ptr<Endpoint> ep;
@@ -91,7 +92,7 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
   handle->token = random_token();
   handle->addr = ep->local_address();
   handle->datapath = handle->addr.kind;
-  *out = std::make_unique<ListenCommImpl>(this, std::move(ep), handle->token);
+  *out = std::make_unique<ListenCommImpl>(this, std::move(ep), handle->token, group);
   return Status::ok();
 }
 

@@ -21,7 +21,8 @@ class EngineImpl final : public Engine {
   const DeviceInfo& device(int dev) const override { return devices_[dev]->info(); }
   const Config& config() const override { return cfg_; }
   const Clock& clock() const override { return clock_; }
-  Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) override;
+  Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out,
+                BoundedGroup* group) override;
   Status connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts, void** state,
                  std::unique_ptr<SendComm>* out) override;
 

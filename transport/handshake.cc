@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "transport/bounded.h"
 #include "transport/engine.h"
 #include "transport/log.h"
 #include "transport/recv.h"
@@ -15,8 +16,9 @@ constexpr uint64_t kHelloFirstRetryNs = 10'000'000;  // well above any LAN RTT, 
 constexpr uint64_t kHelloMaxRetryNs = 500'000'000;
 }  // namespace
 
-ListenCommImpl::ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token)
-    : engine_(engine), ep_(std::move(ep)), token_(token) {}
+ListenCommImpl::ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token,
+                               BoundedGroup* group)
+    : engine_(engine), ep_(std::move(ep)), token_(token), group_(group) {}
 
 Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
   *out = nullptr;
@@ -60,6 +62,7 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     auto conn = std::make_unique<RecvConn>(cfg, engine_->clock(), std::move(ep_), params,
                                            engine_->registry());
     conn->set_hello_ack(body);
+    if (group_ != nullptr) conn->set_deadline_policy(group_);
     conn->activate();
     if (dropped_) OR_INFO("listen: %llu stray datagrams dropped before accept",
                           static_cast<unsigned long long>(dropped_));
@@ -95,6 +98,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     params.fill = opts_.fill;
     auto conn = std::make_unique<SendConn>(engine->config(), engine->clock(), std::move(ep_),
                                            params, engine->registry());
+    if (opts_.group != nullptr) conn->set_group(opts_.group);
     // A CTS can follow the HELLO_ACK in the same burst; it belongs to the new connection.
     for (int j = i + 1; j < n; ++j) conn->receive_datagram(pkts[j].data, pkts[j].len);
     conn->activate();

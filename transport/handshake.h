@@ -18,13 +18,15 @@ class EngineImpl;
 
 class ListenCommImpl final : public ListenComm {
  public:
-  ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token);
+  ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token,
+                 BoundedGroup* group);
   Status accept(std::unique_ptr<RecvComm>* out) override;
 
  private:
   EngineImpl* engine_;
   std::unique_ptr<Endpoint> ep_;  // handed to the RecvConn on accept
   uint64_t token_;
+  BoundedGroup* group_;
   uint64_t dropped_ = 0;
 };
 

@@ -91,8 +91,10 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
 }
 
 void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
+  // Every receive's step time is measured from here (calibration needs exact ones too); only
+  // bounded ones get a deadline.
+  if (m.head_ns == 0) m.head_ns = now;
   if (!m.bounded || m.deadline_ns != 0) return;
-  m.head_ns = now;
   const uint64_t bytes = m.started ? m.size : m.capacity;
   uint64_t budget = kDefaultBudgetNs;
   if (policy_ != nullptr) budget = policy_->budget_ns(bytes);
@@ -141,7 +143,7 @@ void RecvConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
 
 void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
   const uint32_t s = h.msg_seq;
-  if (policy_ != nullptr && h.timeout_us != 0) policy_->on_peer_estimate(h.timeout_us);
+  if (policy_ != nullptr && h.timeout_us != 0) policy_->on_peer_estimate(h.timeout_us, h.msg_size);
   if (static_cast<int32_t>(s - floor_) < 0 ||
       (s - floor_ < next_seq_ - floor_ && slot(s).state != State::kPosted)) {
     // For a message already complete: a late bounded packet, or an exact retransmission

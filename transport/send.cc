@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "transport/deadline.h"
 #include "transport/log.h"
 
 namespace optireduce {
@@ -47,6 +48,11 @@ Delivery SendConn::delivery() const {
 void SendConn::force_exact() {
   std::lock_guard<std::mutex> lock(mu_);
   force_exact_ = true;
+}
+
+void SendConn::set_group(DeadlinePolicy* group) {
+  std::lock_guard<std::mutex> lock(mu_);
+  group_ = group;
 }
 
 uint64_t SendConn::inflight_bytes() const {
@@ -339,6 +345,7 @@ void SendConn::transmit_locked(uint64_t now) {
     for (uint32_t s = oldest_; s != next_seq_ && n < kBatch; ++s) {
       Msg& m = slot(s);
       if (m.state != State::kSending) continue;
+      if (m.bounded && group_ != nullptr) timeout_hint_us_ = group_->estimate_us(m.size);
       while (m.next_new < m.npkts && n < kBatch) {
         const uint32_t i = m.next_new;
         const uint32_t len = pkt_len(m, i);

@@ -22,7 +22,7 @@
 
 namespace optireduce {
 
-class BoundedClock;
+class DeadlinePolicy;
 
 class SendConn final : public Conn, public SendComm {
  public:
@@ -37,6 +37,9 @@ class SendConn final : public Conn, public SendComm {
   ConnStats stats() const override { return stats_snapshot(); }
   Delivery delivery() const override;
   void force_exact() override;
+
+  // Bounded mode: whose tC estimate DATA packets carry to the receiver (null: none).
+  void set_group(DeadlinePolicy* group);
 
   // For tests: bytes sent but not yet acknowledged, and the congestion window.
   uint64_t inflight_bytes() const;
@@ -112,6 +115,7 @@ class SendConn final : public Conn, public SendComm {
   bool peer_bounded_ = false;
   uint64_t expiry_budget_ns_ = 0;
   bool force_exact_ = false;
+  DeadlinePolicy* group_ = nullptr;
 };
 
 }  // namespace optireduce

@@ -28,6 +28,8 @@ namespace optireduce {
 
 inline constexpr int kMaxRequests = 32;  // NCCL_NET_MAX_REQUESTS
 
+class BoundedGroup;
+
 enum class Delivery : uint8_t { kExact = 0, kBounded = 1 };
 enum class Fill : uint8_t { kZero = 0, kMarker = 1 };  // what a bounded receive writes into holes
 
@@ -36,9 +38,9 @@ enum class Fill : uint8_t { kZero = 0, kMarker = 1 };  // what a bounded receive
 struct ConnOptions {
   Delivery delivery = Delivery::kExact;
   Fill fill = Fill::kZero;
-  // Bounded mode: the group that shares timeout estimates and statistics (a communicator).
-  // May be null: the connection then keeps its own.
-  class BoundedGroup* group = nullptr;
+  // Bounded mode: the group that shares timeout estimates (a communicator; see bounded.h).
+  // May be null: deadlines are then a fixed budget (OPTIREDUCE_TIMEOUT_MS, else 1 s).
+  BoundedGroup* group = nullptr;
 };
 
 // The bytes a listener hands to its peer out of band (NCCL: the 128-byte handle). Pointer-free.
@@ -117,7 +119,10 @@ class Engine {
   virtual const Config& config() const = 0;
   virtual const Clock& clock() const = 0;
 
-  virtual Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out) = 0;
+  // `group`: where bounded receives accepted on this listen comm take their deadlines from
+  // (null: a fixed budget). Whether a connection is bounded is the sender's choice.
+  virtual Status listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out,
+                        BoundedGroup* group = nullptr) = 0;
   // Non-blocking: call again with the same arguments until *out is non-null. `state` is an
   // opaque slot the caller keeps between calls (NCCL: inside its handle buffer); it must start
   // as nullptr and is owned by the engine (freed when the connect completes or the engine ends).

@@ -1,0 +1,215 @@
+// BoundedGroup: calibration of tB, adaptation of tC both ways, size scaling, the peers'
+// median, early timeout; and the policy driving real connections (early timeout, calibration
+// steps running exact).
+#include <gtest/gtest.h>
+
+#include "tests/unit/mem_link.h"
+#include "transport/bounded.h"
+#include "transport/recv.h"
+#include "transport/send.h"
+
+namespace optireduce {
+namespace {
+
+constexpr uint64_t kMs = 1'000'000;
+constexpr uint64_t kMiB = 1 << 20;
+
+Config calib(int steps) {
+  Config c;
+  c.calibration_steps = steps;
+  return c;
+}
+
+TEST(BoundedGroup, CalibratesTbAsP95OfExactSteps) {
+  BoundedGroup g(calib(20));
+  EXPECT_TRUE(g.calibrating());
+  for (int i = 1; i <= 20; ++i) g.on_complete(kMiB, kMiB, i * kMs, RecvEnd::kAll, false);
+  EXPECT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs);  // P95 of 1..20 ms
+  EXPECT_EQ(g.budget_ns(kMiB), 19 * kMs);  // tC (smoothed, capped) x headroom stays under tB
+}
+
+TEST(BoundedGroup, FixedTimeoutSkipsCalibration) {
+  Config c;
+  c.timeout_ms = 7;
+  BoundedGroup g(c);
+  EXPECT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(4096), 7 * kMs);
+  EXPECT_EQ(g.tb_ns(64 * kMiB), 7 * kMs);
+}
+
+TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(kMiB, kMiB, 40 * kMs, RecvEnd::kAll, false);
+  ASSERT_EQ(g.tb_ns(kMiB), 40 * kMs);
+  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, kMiB, 4 * kMs, RecvEnd::kAll, true);
+  const uint64_t quiet = g.tc_ns(kMiB);
+  EXPECT_LT(quiet, 5 * kMs);
+  EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);  // the deadline follows the network down
+  // Busy: half the bytes in 10 ms projects 20 ms for the whole step.
+  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true);
+  EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 20.0 * kMs, 0.5 * kMs);
+  // ... but never beyond the hard bound.
+  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true);
+  EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 40.0 * kMs, 0.1 * kMs);
+  EXPECT_LE(g.tc_ns(kMiB), 40 * kMs);
+  EXPECT_EQ(g.budget_ns(kMiB), 40 * kMs);
+}
+
+TEST(BoundedGroup, DeadlinesScaleWithMessageSize) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 10; ++i) g.on_complete(4096, 4096, kMs / 2, RecvEnd::kAll, false);
+  for (int i = 0; i < 10; ++i) g.on_complete(kMiB, kMiB, 20 * kMs, RecvEnd::kAll, false);
+  EXPECT_EQ(g.tb_ns(4096), kMs / 2);
+  EXPECT_EQ(g.tb_ns(kMiB), 20 * kMs);
+  // An uncalibrated larger class scales from the nearest smaller one.
+  EXPECT_EQ(g.tb_ns(4 * kMiB), 80 * kMs);
+  EXPECT_LT(g.budget_ns(4096), g.budget_ns(kMiB));
+}
+
+TEST(BoundedGroup, AgreesOnTheMedianOfPeers) {
+  BoundedGroup g(calib(1));
+  g.on_complete(kMiB, kMiB, 100 * kMs, RecvEnd::kAll, false);  // tB = 100 ms
+  for (int i = 0; i < 20; ++i) g.on_complete(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true);
+  const uint64_t own = g.tc_ns(kMiB);
+  g.on_peer_estimate(50'000, kMiB);  // two slow peers and one fast one
+  g.on_peer_estimate(60'000, kMiB);
+  g.on_peer_estimate(1'000, kMiB);
+  // median of {own ~10 ms, 50, 60, 1} = the upper middle = own or 50 ms
+  EXPECT_GE(g.tc_ns(kMiB), own);
+  EXPECT_LE(g.tc_ns(kMiB), 50 * kMs);
+  EXPECT_EQ(g.estimate_us(kMiB), static_cast<uint32_t>(own / 1000));  // we send our own
+}
+
+TEST(BoundedGroup, EarlyTimeoutIsAFractionOfTheEstimate) {
+  Config c = calib(1);
+  c.early_fraction = 0.1;
+  BoundedGroup g(c);
+  g.on_complete(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false);
+  for (int i = 0; i < 40; ++i) g.on_complete(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true);
+  EXPECT_NEAR(static_cast<double>(g.early_ns(kMiB)), 1.0 * kMs, 0.05 * kMs);
+}
+
+TEST(BoundedGroup, ExpiredStepsDoNotMoveTheEstimate) {
+  BoundedGroup g(calib(1));
+  g.on_complete(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false);
+  const uint64_t before = g.tc_ns(kMiB);
+  for (int i = 0; i < 10; ++i) g.on_complete(kMiB, 0, 0, RecvEnd::kExpired, true);
+  EXPECT_EQ(g.tc_ns(kMiB), before);
+  EXPECT_EQ(g.stats().expired, 10u);
+}
+
+// The policy on real connections over the in-memory link.
+struct Rig {
+  FakeClock clock;
+  Config cfg;
+  std::unique_ptr<BoundedGroup> group;
+  testing::MemEndpoint* tx_ep;
+  std::unique_ptr<SendConn> s;
+  std::unique_ptr<RecvConn> r;
+  explicit Rig(int calibration_steps) {
+    cfg.calibration_steps = calibration_steps;
+    group = std::make_unique<BoundedGroup>(cfg);
+    auto p = testing::make_mem_pair(1048);
+    tx_ep = p.a.get();
+    ConnParams cp;
+    cp.token = 99;
+    cp.pkt_payload = payload_for_datagram(1048);
+    cp.peer_window = 1 << 20;
+    cp.delivery = Delivery::kBounded;
+    s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr);
+    r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
+    r->set_deadline_policy(group.get());
+    s->set_group(group.get());
+  }
+};
+
+TEST(BoundedConn, CalibrationStepsRunExactThenBounded) {
+  Rig rig(3);
+  int drop_next = 0;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    return (h.type == PacketType::kData && !(h.flags & kFlagRetx) && drop_next++ % 3 == 0) ? 0 : 1;
+  };
+  std::vector<uint8_t> src(20'000, 0xAB);
+  for (int step = 0; step < 5; ++step) {
+    std::vector<uint8_t> dst(src.size(), 0);
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    bool sd = false, rd = false;
+    size_t sz;
+    for (int i = 0; i < 100000 && !(sd && rd); ++i) {
+      if (!sd) {
+        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+      }
+      if (!rd) {
+        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+      }
+      rig.s->poll();
+      rig.clock.advance_us(100);
+    }
+    ASSERT_TRUE(sd && rd) << step;
+    if (step < 3) {
+      EXPECT_EQ(src, dst) << "calibration steps are exact despite loss, step " << step;
+    } else {
+      EXPECT_NE(src, dst) << "bounded steps do not retransmit, step " << step;
+    }
+  }
+  EXPECT_FALSE(rig.group->calibrating());
+  EXPECT_GT(rig.r->stats().bytes_lost, 0u);
+  EXPECT_EQ(rig.group->stats().bounded_steps, 2u);
+}
+
+TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
+  Rig rig(1);
+  std::vector<uint8_t> src(100'000, 0x11);
+  {  // one exact calibration step of 50 ms
+    std::vector<uint8_t> dst(src.size());
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    rig.clock.advance_ms(50);
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    bool sd = false, rd = false;
+    size_t sz;
+    for (int i = 0; i < 100 && !(sd && rd); ++i) {
+      if (!sd) {
+        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+      }
+      if (!rd) {
+        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+      }
+    }
+    ASSERT_TRUE(sd && rd);
+  }
+  ASSERT_FALSE(rig.group->calibrating());
+  // Lose one packet in the middle; the tail arrives, so the step closes after
+  // early_fraction x tC (0.1 x 50 ms = 5 ms), well before the 50 ms deadline.
+  int k = 0;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    return (h.type == PacketType::kData && k++ == 40) ? 0 : 1;
+  };
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  size_t sz;
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  rig.clock.advance_ms(4);
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_FALSE(done);
+  rig.clock.advance_ms(2);
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_TRUE(done);
+  EXPECT_EQ(rig.r->stats().early_timeouts, 1u);
+  EXPECT_EQ(rig.r->stats().bytes_lost, 1000u);
+}
+
+}  // namespace
+}  // namespace optireduce

@@ -1,0 +1,153 @@
+// BoundedGroup implementation.
+#include "transport/bounded.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "transport/log.h"
+
+namespace optireduce {
+
+BoundedGroup::BoundedGroup(const Config& cfg)
+    : fixed_tb_ns_(cfg.timeout_ms * 1e6),
+      calibration_steps_(static_cast<uint64_t>(cfg.calibration_steps)),
+      early_fraction_(cfg.early_fraction),
+      calibrating_(cfg.timeout_ms <= 0 && cfg.calibration_steps > 0) {
+  stats_.calibrating = calibrating_;
+}
+
+int BoundedGroup::size_class(uint64_t bytes) {
+  if (bytes <= 1) return 0;
+  return std::min(kClasses - 1, 63 - __builtin_clzll(bytes));
+}
+
+bool BoundedGroup::calibrating() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return calibrating_;
+}
+
+uint64_t BoundedGroup::tb_locked(int c) const {
+  if (fixed_tb_ns_ > 0) return static_cast<uint64_t>(fixed_tb_ns_);
+  if (classes_[c].tb_ns) return classes_[c].tb_ns;
+  // No calibration in this class: scale from the nearest calibrated class. Larger messages
+  // take proportionally longer (bandwidth-bound); smaller ones are bounded by the smaller
+  // class's latency-dominated figure (never scaled below it).
+  for (int d = 1; d < kClasses; ++d) {
+    if (c - d >= 0 && classes_[c - d].tb_ns)
+      return classes_[c - d].tb_ns << std::min(d, 20);
+    if (c + d < kClasses && classes_[c + d].tb_ns) return classes_[c + d].tb_ns;
+  }
+  return 1'000'000'000;  // nothing calibrated at all (calibration disabled): one second
+}
+
+uint64_t BoundedGroup::agreed_tc_locked(int c) const {
+  const Class& k = classes_[c];
+  const uint64_t tb = tb_locked(c);
+  uint64_t vals[kPeerRing + 1];
+  int n = 0;
+  vals[n++] = k.tc_ns > 0 ? static_cast<uint64_t>(k.tc_ns) : tb;
+  for (uint32_t i = 0; i < std::min<uint32_t>(k.npeer, kPeerRing); ++i)
+    vals[n++] = uint64_t{k.peer_us[i]} * 1000;
+  std::nth_element(vals, vals + n / 2, vals + n);
+  return std::min(vals[n / 2], tb);
+}
+
+uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int c = size_class(bytes);
+  ++classes_[c].uses;
+  const uint64_t tb = tb_locked(c);
+  const auto adaptive = static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(c)));
+  return std::max(kMinBudgetNs, std::min(tb, adaptive));
+}
+
+uint64_t BoundedGroup::early_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<uint64_t>(early_fraction_ *
+                               static_cast<double>(agreed_tc_locked(size_class(bytes))));
+}
+
+void BoundedGroup::on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns,
+                               RecvEnd how, bool bounded) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int c = size_class(bytes);
+  Class& k = classes_[c];
+  ++stats_.steps;
+  if (bounded) {
+    ++stats_.bounded_steps;
+    stats_.bytes_expected += bytes;
+    stats_.bytes_delivered += std::min(received, bytes);
+    if (how == RecvEnd::kDeadline) ++stats_.deadline_hits;
+    if (how == RecvEnd::kEarly) ++stats_.early_timeouts;
+    if (how == RecvEnd::kExpired) ++stats_.expired;
+  }
+  if (how == RecvEnd::kExpired) return;  // says nothing about the network
+  if (calibrating_ && !bounded) {
+    if (k.nsamples < kMaxSamples) k.samples[k.nsamples] = elapsed_ns;
+    ++k.nsamples;
+    uint64_t total = 0;
+    for (const Class& x : classes_) total += x.nsamples;
+    if (total >= calibration_steps_) finish_calibration_locked();
+  }
+  // The projected time to receive 100%: elapsed / fraction received. With nothing received
+  // the projection is unbounded, so it counts as the hard bound.
+  const uint64_t tb = tb_locked(c);
+  double projected = static_cast<double>(tb);
+  if (bytes == 0 || received >= bytes) {
+    projected = static_cast<double>(elapsed_ns);
+  } else if (received > 0) {
+    projected = static_cast<double>(elapsed_ns) * static_cast<double>(bytes) /
+                static_cast<double>(received);
+  }
+  projected = std::min(projected, static_cast<double>(tb));
+  k.tc_ns = k.tc_ns == 0 ? projected : (1 - kAlpha) * k.tc_ns + kAlpha * projected;
+  stats_.tb_us = static_cast<uint32_t>(tb / 1000);
+  stats_.tc_us = static_cast<uint32_t>(agreed_tc_locked(c) / 1000);
+}
+
+void BoundedGroup::finish_calibration_locked() {
+  calibrating_ = false;
+  stats_.calibrating = false;
+  for (int c = 0; c < kClasses; ++c) {
+    Class& k = classes_[c];
+    const uint32_t n = std::min<uint32_t>(k.nsamples, kMaxSamples);
+    if (n == 0) continue;
+    std::sort(k.samples.begin(), k.samples.begin() + n);
+    const uint32_t idx = std::min<uint32_t>(n - 1, static_cast<uint32_t>(std::ceil(0.95 * n)) - 1);
+    k.tb_ns = std::max(kMinBudgetNs, k.samples[idx]);
+    OR_INFO("bounded: calibrated tB = %.3f ms for %llu-byte messages from %u steps",
+            static_cast<double>(k.tb_ns) / 1e6, 1ull << c, n);
+  }
+}
+
+void BoundedGroup::on_peer_estimate(uint32_t tc_us, uint64_t bytes) {
+  if (tc_us == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Class& k = classes_[size_class(bytes)];
+  k.peer_us[k.npeer % kPeerRing] = tc_us;
+  ++k.npeer;
+}
+
+uint32_t BoundedGroup::estimate_us(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Class& k = classes_[size_class(bytes)];
+  if (k.tc_ns <= 0) return 0;
+  return static_cast<uint32_t>(std::min(k.tc_ns / 1000, 4e9));
+}
+
+uint64_t BoundedGroup::tb_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tb_locked(size_class(bytes));
+}
+
+uint64_t BoundedGroup::tc_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return agreed_tc_locked(size_class(bytes));
+}
+
+GroupStats BoundedGroup::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace optireduce

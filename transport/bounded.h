@@ -1,0 +1,87 @@
+// BoundedGroup: the deadline policy of one communicator's bounded connections. It measures the
+// hard bound tB (P95 of the first calibration steps, which run exact; or OPTIREDUCE_TIMEOUT_MS),
+// keeps the adaptive estimate tC (smoothed projected time to receive 100% of a step), agrees
+// with the peers on the median of their piggybacked tC, and turns both into per-step budgets
+// that scale with message size. See docs/architecture.md, "Deadlines", for why per group.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+
+#include "transport/deadline.h"
+#include "transport/params.h"
+
+namespace optireduce {
+
+struct GroupStats {
+  uint64_t steps = 0;            // receives completed (exact and bounded)
+  uint64_t bounded_steps = 0;
+  uint64_t bytes_expected = 0;   // of bounded receives
+  uint64_t bytes_delivered = 0;
+  uint64_t deadline_hits = 0;
+  uint64_t early_timeouts = 0;
+  uint64_t expired = 0;          // receives completed because the sender gave up
+  bool calibrating = true;
+  uint32_t tb_us = 0;            // hard bound of the most used size class
+  uint32_t tc_us = 0;            // agreed estimate of that class
+};
+
+class BoundedGroup final : public DeadlinePolicy {
+ public:
+  explicit BoundedGroup(const Config& cfg);
+
+  bool calibrating() override;
+  uint64_t budget_ns(uint64_t bytes) override;
+  uint64_t early_ns(uint64_t bytes) override;
+  void on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd how,
+                   bool bounded) override;
+  void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
+  uint32_t estimate_us(uint64_t bytes) override;
+
+  GroupStats stats() const;
+  // For tests and logs: the current bound and estimate for messages of `bytes`.
+  uint64_t tb_ns(uint64_t bytes);
+  uint64_t tc_ns(uint64_t bytes);
+
+  // Messages are grouped by size into power-of-two classes (class k: [2^k, 2^(k+1)) bytes).
+  static constexpr int kClasses = 41;  // up to 1 TiB, NCCL's largest message
+  static int size_class(uint64_t bytes);
+
+ private:
+  // Smallest budget ever given: scheduling noise on a loaded host alone is this large.
+  static constexpr uint64_t kMinBudgetNs = 200'000;
+  // tC is a central estimate; a step somewhat slower than usual should still complete.
+  static constexpr double kHeadroom = 1.5;
+  // Smoothing of tC: a quarter of each new projection, so a burst of congestion shows within a
+  // few steps and a single outlier does not dominate.
+  static constexpr double kAlpha = 0.25;
+  // Calibration samples kept per class (P95 of at most this many).
+  static constexpr int kMaxSamples = 256;
+  // Peer estimates remembered per class for the median.
+  static constexpr int kPeerRing = 15;
+
+  struct Class {
+    uint32_t nsamples = 0;
+    std::array<uint64_t, kMaxSamples> samples{};  // calibration completion times
+    uint64_t tb_ns = 0;       // 0 = not calibrated in this class
+    double tc_ns = 0;         // 0 = no estimate yet
+    std::array<uint32_t, kPeerRing> peer_us{};
+    uint32_t npeer = 0;
+    uint64_t uses = 0;
+  };
+
+  uint64_t tb_locked(int c) const;
+  uint64_t agreed_tc_locked(int c) const;
+  void finish_calibration_locked();
+
+  mutable std::mutex mu_;
+  const double fixed_tb_ns_;  // OPTIREDUCE_TIMEOUT_MS in ns; 0 = calibrate
+  const uint64_t calibration_steps_;
+  const double early_fraction_;
+  bool calibrating_;
+  std::array<Class, kClasses> classes_{};
+  GroupStats stats_;
+};
+
+}  // namespace optireduce
