@@ -12,6 +12,7 @@ BoundedGroup::BoundedGroup(const Config& cfg)
     : fixed_tb_ns_(cfg.timeout_ms * 1e6),
       calibration_steps_(static_cast<uint64_t>(cfg.calibration_steps)),
       early_fraction_(cfg.early_fraction),
+      stats_every_(static_cast<uint64_t>(cfg.stats_every)),
       calibrating_(cfg.timeout_ms <= 0 && cfg.calibration_steps > 0) {
   stats_.calibrating = calibrating_;
 }
@@ -67,37 +68,47 @@ uint64_t BoundedGroup::early_ns(uint64_t bytes) {
                                static_cast<double>(agreed_tc_locked(size_class(bytes))));
 }
 
-void BoundedGroup::on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns,
-                               RecvEnd how, bool bounded) {
+void BoundedGroup::on_complete(const StepReport& st) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int c = size_class(bytes);
+  const int c = size_class(st.bytes);
   Class& k = classes_[c];
   ++stats_.steps;
-  if (bounded) {
+  log_every_locked();
+  if (st.bounded) {
     ++stats_.bounded_steps;
-    stats_.bytes_expected += bytes;
-    stats_.bytes_delivered += std::min(received, bytes);
-    if (how == RecvEnd::kDeadline) ++stats_.deadline_hits;
-    if (how == RecvEnd::kEarly) ++stats_.early_timeouts;
-    if (how == RecvEnd::kExpired) ++stats_.expired;
+    stats_.bytes_expected += st.bytes;
+    stats_.bytes_delivered += std::min(st.received, st.bytes);
+    if (st.how == RecvEnd::kDeadline) ++stats_.deadline_hits;
+    if (st.how == RecvEnd::kEarly) ++stats_.early_timeouts;
+    if (st.how == RecvEnd::kExpired) ++stats_.expired;
   }
-  if (how == RecvEnd::kExpired) return;  // says nothing about the network
-  if (calibrating_ && !bounded) {
-    if (k.nsamples < kMaxSamples) k.samples[k.nsamples] = elapsed_ns;
-    ++k.nsamples;
-    uint64_t total = 0;
-    for (const Class& x : classes_) total += x.nsamples;
-    if (total >= calibration_steps_) finish_calibration_locked();
+  if (st.how == RecvEnd::kExpired) return;  // says nothing about the network
+  if (calibrating_ && !st.bounded) {
+    if (st.pipelined) {
+      if (k.nall < kMaxSamples) k.all[k.nall] = st.elapsed_ns;
+      ++k.nall;
+    } else {
+      if (k.nsamples < kMaxSamples) k.samples[k.nsamples] = st.elapsed_ns;
+      ++k.nsamples;
+    }
+    uint64_t whole = 0, total = 0;
+    for (const Class& x : classes_) {
+      whole += x.nsamples;
+      total += x.nsamples + x.nall;
+    }
+    if (whole >= calibration_steps_ || total >= kCalibrationPatience * calibration_steps_)
+      finish_calibration_locked();
   }
+  if (st.pipelined) return;
   // The projected time to receive 100%: elapsed / fraction received. With nothing received
   // the projection is unbounded, so it counts as the hard bound.
   const uint64_t tb = tb_locked(c);
   double projected = static_cast<double>(tb);
-  if (bytes == 0 || received >= bytes) {
-    projected = static_cast<double>(elapsed_ns);
-  } else if (received > 0) {
-    projected = static_cast<double>(elapsed_ns) * static_cast<double>(bytes) /
-                static_cast<double>(received);
+  if (st.bytes == 0 || st.received >= st.bytes) {
+    projected = static_cast<double>(st.elapsed_ns);
+  } else if (st.received > 0) {
+    projected = static_cast<double>(st.elapsed_ns) * static_cast<double>(st.bytes) /
+                static_cast<double>(st.received);
   }
   projected = std::min(projected, static_cast<double>(tb));
   k.tc_ns = k.tc_ns == 0 ? projected : (1 - kAlpha) * k.tc_ns + kAlpha * projected;
@@ -105,16 +116,41 @@ void BoundedGroup::on_complete(uint64_t bytes, uint64_t received, uint64_t elaps
   stats_.tc_us = static_cast<uint32_t>(agreed_tc_locked(c) / 1000);
 }
 
+void BoundedGroup::log_every_locked() {
+  if (stats_every_ == 0 || stats_.steps % stats_every_ != 0) return;
+  const GroupStats& s = stats_;
+  const double lost = s.bytes_expected
+                          ? 100.0 * static_cast<double>(s.bytes_expected - s.bytes_delivered) /
+                                static_cast<double>(s.bytes_expected)
+                          : 0.0;
+  OR_INFO("bounded group %016llx: steps %llu (bounded %llu) lost %.4f%% deadline %llu early %llu "
+          "expired %llu tB %u us tC %u us%s",
+          static_cast<unsigned long long>(label_), static_cast<unsigned long long>(s.steps),
+          static_cast<unsigned long long>(s.bounded_steps), lost,
+          static_cast<unsigned long long>(s.deadline_hits),
+          static_cast<unsigned long long>(s.early_timeouts),
+          static_cast<unsigned long long>(s.expired), s.tb_us, s.tc_us,
+          s.calibrating ? " (calibrating)" : "");
+}
+
+void BoundedGroup::set_label(uint64_t label) {
+  std::lock_guard<std::mutex> lock(mu_);
+  label_ = label;
+}
+
 void BoundedGroup::finish_calibration_locked() {
   calibrating_ = false;
   stats_.calibrating = false;
   for (int c = 0; c < kClasses; ++c) {
     Class& k = classes_[c];
-    const uint32_t n = std::min<uint32_t>(k.nsamples, kMaxSamples);
+    // Whole steps define the bound; a class that only ever saw pipelined ones uses those.
+    const bool whole = k.nsamples > 0;
+    auto& v = whole ? k.samples : k.all;
+    const uint32_t n = std::min<uint32_t>(whole ? k.nsamples : k.nall, kMaxSamples);
     if (n == 0) continue;
-    std::sort(k.samples.begin(), k.samples.begin() + n);
+    std::sort(v.begin(), v.begin() + n);
     const uint32_t idx = std::min<uint32_t>(n - 1, static_cast<uint32_t>(std::ceil(0.95 * n)) - 1);
-    k.tb_ns = std::max(kMinBudgetNs, k.samples[idx]);
+    k.tb_ns = std::max(kMinBudgetNs, v[idx]);
     OR_INFO("bounded: calibrated tB = %.3f ms for %llu-byte messages from %u steps",
             static_cast<double>(k.tb_ns) / 1e6, 1ull << c, n);
   }

@@ -34,23 +34,28 @@ class BoundedGroup final : public DeadlinePolicy {
   bool calibrating() override;
   uint64_t budget_ns(uint64_t bytes) override;
   uint64_t early_ns(uint64_t bytes) override;
-  void on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd how,
-                   bool bounded) override;
+  void on_complete(const StepReport& step) override;
   void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
   uint32_t estimate_us(uint64_t bytes) override;
 
+  uint64_t tb_ns(uint64_t bytes) override;
+  uint64_t tc_ns(uint64_t bytes) override;
+
   GroupStats stats() const;
-  // For tests and logs: the current bound and estimate for messages of `bytes`.
-  uint64_t tb_ns(uint64_t bytes);
-  uint64_t tc_ns(uint64_t bytes);
+  // Names the group in its periodic log line (OPTIREDUCE_STATS_EVERY), e.g. a comm id.
+  void set_label(uint64_t label);
 
   // Messages are grouped by size into power-of-two classes (class k: [2^k, 2^(k+1)) bytes).
   static constexpr int kClasses = 41;  // up to 1 TiB, NCCL's largest message
   static int size_class(uint64_t bytes);
 
  private:
-  // Smallest budget ever given: scheduling noise on a loaded host alone is this large.
-  static constexpr uint64_t kMinBudgetNs = 200'000;
+  // Smallest budget ever given: a descheduled thread on a loaded host alone costs this much,
+  // and cutting a step for scheduling noise loses data for nothing.
+  static constexpr uint64_t kMinBudgetNs = 1'000'000;
+  // Calibration also ends after this many times the configured steps even if few of them
+  // were whole steps (a fully pipelined stream); tB then comes from every sample.
+  static constexpr uint64_t kCalibrationPatience = 10;
   // tC is a central estimate; a step somewhat slower than usual should still complete.
   static constexpr double kHeadroom = 1.5;
   // Smoothing of tC: a quarter of each new projection, so a burst of congestion shows within a
@@ -63,7 +68,9 @@ class BoundedGroup final : public DeadlinePolicy {
 
   struct Class {
     uint32_t nsamples = 0;
-    std::array<uint64_t, kMaxSamples> samples{};  // calibration completion times
+    std::array<uint64_t, kMaxSamples> samples{};  // calibration completion times (whole steps)
+    uint32_t nall = 0;                            // ... and of pipelined ones
+    std::array<uint64_t, kMaxSamples> all{};
     uint64_t tb_ns = 0;       // 0 = not calibrated in this class
     double tc_ns = 0;         // 0 = no estimate yet
     std::array<uint32_t, kPeerRing> peer_us{};
@@ -74,11 +81,14 @@ class BoundedGroup final : public DeadlinePolicy {
   uint64_t tb_locked(int c) const;
   uint64_t agreed_tc_locked(int c) const;
   void finish_calibration_locked();
+  void log_every_locked();
 
   mutable std::mutex mu_;
   const double fixed_tb_ns_;  // OPTIREDUCE_TIMEOUT_MS in ns; 0 = calibrate
   const uint64_t calibration_steps_;
   const double early_fraction_;
+  const uint64_t stats_every_;
+  uint64_t label_ = 0;
   bool calibrating_;
   std::array<Class, kClasses> classes_{};
   GroupStats stats_;

@@ -9,6 +9,18 @@ namespace optireduce {
 
 enum class RecvEnd : uint8_t { kAll, kDeadline, kEarly, kExpired };
 
+// What one finished receive tells the policy.
+struct StepReport {
+  uint64_t bytes = 0;       // message size (capacity when nothing arrived)
+  uint64_t received = 0;    // bytes that arrived
+  uint64_t elapsed_ns = 0;  // from becoming the oldest incomplete receive to the end
+  RecvEnd how = RecvEnd::kAll;
+  bool bounded = false;
+  // Data was already arriving when the receive became the oldest: the elapsed time then
+  // covers only the end of the transfer, not a whole step, and must not feed the estimates.
+  bool pipelined = false;
+};
+
 class DeadlinePolicy {
  public:
   virtual ~DeadlinePolicy() = default;
@@ -19,13 +31,15 @@ class DeadlinePolicy {
   virtual uint64_t budget_ns(uint64_t bytes) = 0;
   // Early timeout: how long to wait after the tail packets arrived.
   virtual uint64_t early_ns(uint64_t bytes) = 0;
-  // A receive finished: `elapsed_ns` from head to end, `received` of `bytes` arrived.
-  virtual void on_complete(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd how,
-                           bool bounded) = 0;
+  // A receive finished.
+  virtual void on_complete(const StepReport& step) = 0;
   // A peer's piggybacked estimate tC (microseconds; 0 = none) for messages of `bytes`.
   virtual void on_peer_estimate(uint32_t tc_us, uint64_t bytes) = 0;
   // Our current estimate tC for messages of `bytes`, to piggyback (microseconds).
   virtual uint32_t estimate_us(uint64_t bytes) = 0;
+  // The current hard bound tB and the agreed estimate tC for messages of `bytes`.
+  virtual uint64_t tb_ns(uint64_t bytes) = 0;
+  virtual uint64_t tc_ns(uint64_t bytes) = 0;
 };
 
 }  // namespace optireduce

@@ -5,6 +5,7 @@
 
 #include <chrono>
 
+#include "transport/fault.h"
 #include "transport/log.h"
 
 namespace optireduce {
@@ -77,6 +78,17 @@ EndpointOptions EngineImpl::endpoint_options() const {
   return o;
 }
 
+Status EngineImpl::open_endpoint(int dev, std::unique_ptr<Endpoint>* out) {
+  Status st = devices_[dev]->open_endpoint(endpoint_options(), out);
+  if (!st || !cfg_.fault_enabled()) return st;
+  // Each endpoint gets its own stream of faults (seed + index), reproducible for a given
+  // OPTIREDUCE_FAULT_SEED and order of connection set-up.
+  FaultPlan plan = FaultPlan::from_config(cfg_);
+  plan.seed += endpoints_opened_.fetch_add(1);
+  *out = make_faulty_endpoint(std::move(*out), plan, clock_);
+  return st;
+}
+
 uint32_t EngineImpl::window_bytes() const {
   return static_cast<uint32_t>(cfg_.socket_buffer_bytes / 2);
 }
@@ -86,7 +98,7 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
   *out = nullptr;
   if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
   std::unique_ptr<Endpoint> ep;
-  Status st = devices_[dev]->open_endpoint(endpoint_options(), &ep);
+  Status st = open_endpoint(dev, &ep);
   if (!st) return st;
   *handle = ConnectionHandle();
   handle->token = random_token();
@@ -107,7 +119,7 @@ Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOp
   PendingConnect* pc = static_cast<PendingConnect*>(*state);
   if (pc == nullptr) {
     std::unique_ptr<Endpoint> ep;
-    Status st = devices_[dev]->open_endpoint(endpoint_options(), &ep);
+    Status st = open_endpoint(dev, &ep);
     if (!st) return st;
     st = ep->set_peer(handle.addr);
     if (!st) return st;

@@ -2,6 +2,7 @@
 // connections, the progress thread, connects in progress.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -28,6 +29,8 @@ class EngineImpl final : public Engine {
 
   const std::shared_ptr<Registry>& registry() const { return registry_; }
   EndpointOptions endpoint_options() const;
+  // Opens an endpoint on `dev`, behind the fault injector when OPTIREDUCE_FAULT_* asks.
+  Status open_endpoint(int dev, std::unique_ptr<Endpoint>* out);
   // Bytes of receive buffering this side promises a sender (half the socket buffer: the
   // kernel charges per-datagram overhead against the same budget).
   uint32_t window_bytes() const;
@@ -39,6 +42,7 @@ class EngineImpl final : public Engine {
   const Clock& clock_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::shared_ptr<Registry> registry_;
+  std::atomic<uint64_t> endpoints_opened_{0};
 
   std::mutex pending_mu_;
   std::vector<std::unique_ptr<PendingConnect>> pending_;

@@ -18,6 +18,7 @@ constexpr uint16_t kMarker16 = 0x7FF1;
 constexpr uint64_t kDefaultBudgetNs = 1'000'000'000;
 // First CTS resend after this long without DATA, doubling up to the RTO maximum.
 constexpr uint64_t kCtsRtoMinNs = 5'000'000;
+constexpr uint32_t kAckEveryPkts = 16;
 }  // namespace
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
@@ -74,6 +75,7 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   m.bytes_got = 0;
   m.posted_ns = now;
   m.head_ns = m.deadline_ns = m.early_ns = 0;
+  m.pipelined = false;
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_rto_ns_;
   ++next_seq_;
@@ -93,7 +95,10 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
 void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
   // Every receive's step time is measured from here (calibration needs exact ones too); only
   // bounded ones get a deadline.
-  if (m.head_ns == 0) m.head_ns = now;
+  if (m.head_ns == 0) {
+    m.head_ns = now;
+    m.pipelined = m.bytes_got > 0;
+  }
   if (!m.bounded || m.deadline_ns != 0) return;
   const uint64_t bytes = m.started ? m.size : m.capacity;
   uint64_t budget = kDefaultBudgetNs;
@@ -224,7 +229,11 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     advance_floor_locked(now);
     return;
   }
-  if (!m.bounded) dirty_ |= 1u << (s % kMaxRequests);
+  if (m.bounded) return;
+  // Normally one SACK per burst (after_rx_burst_locked); within a long burst also every
+  // kAckEveryPkts packets, so that one lost ACK never hides a whole window.
+  if (m.pkts_since_ack >= kAckEveryPkts) send_ack_locked(m, false);
+  else dirty_ |= 1u << (s % kMaxRequests);
 }
 
 void RecvConn::after_rx_burst_locked(uint64_t) {
@@ -307,7 +316,16 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   }
   if (policy_ != nullptr) {
     const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
-    policy_->on_complete(size, m.bytes_got, now - start, static_cast<RecvEnd>(how), m.bounded);
+    StepReport st;
+    st.bytes = size;
+    st.received = m.bytes_got;
+    st.elapsed_ns = now - start;
+    st.how = static_cast<RecvEnd>(how);
+    st.bounded = m.bounded;
+    st.pipelined = m.pipelined;
+    policy_->on_complete(st);
+    stats_.tb_us = static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
+    stats_.tc_us = static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
   }
   dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
 }

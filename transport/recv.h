@@ -59,6 +59,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t cts_ns = 0;        // last CTS sent
     uint64_t cts_backoff_ns = 0;
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
+    bool pipelined = false;     // data had already arrived by then (see StepReport)
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
     uint32_t pkts_since_ack = 0;

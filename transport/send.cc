@@ -15,6 +15,8 @@ namespace {
 constexpr uint32_t kDupThresh = 3;
 // Before the first RTT sample, retransmit after this long.
 constexpr uint64_t kInitialRtoNs = 20'000'000;
+// Shortest tail-loss-probe delay: below this a probe mostly duplicates packets still in flight.
+constexpr uint64_t kMinProbeNs = 100'000;
 }  // namespace
 
 SendConn::SendConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
@@ -175,7 +177,8 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t) {
 void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent) {
   if (!m.acked.set(i)) return;
   const uint32_t len = pkt_len(m, i);
-  inflight_ -= std::min<uint64_t>(inflight_, len);
+  // A packet queued for retransmission was already taken out of the bytes in flight.
+  if (m.sent_ns[i] != UINT64_MAX) inflight_ -= std::min<uint64_t>(inflight_, len);
   cwnd_.on_ack(len);
   if (!m.resent.test(i) && m.sent_ns[i] != UINT64_MAX)
     *newest_sent = std::max(*newest_sent, m.sent_ns[i]);
@@ -233,7 +236,10 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
   if (newest_sent != 0) rtt_.sample(now - newest_sent);
-  if (m.cum != old_cum || newest_sent != 0) rto_deadline_ = now + rtt_.rto_ns();
+  if (m.cum != old_cum || newest_sent != 0) {
+    rto_deadline_ = now + rtt_.rto_ns();
+    arm_probe_locked(now);  // progress: push the probe out again
+  }
   if (m.acked.full()) {
     finish_locked(m);
     return;
@@ -242,17 +248,28 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
 }
 
 void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
-  if (m.high < kDupThresh + 1) return;
-  const uint32_t limit = m.high - kDupThresh;
+  // Holes with kDupThresh acknowledged packets above them are lost. Once the whole message
+  // has left, nothing more can arrive to push `high` up, so every aged hole below it counts.
+  uint32_t limit = m.high >= kDupThresh + 1 ? m.high - kDupThresh : 0;
+  if (m.next_new == m.npkts) limit = m.high;
+  if (limit == 0) return;
   // A packet resent less than one smoothed RTT ago cannot have been acknowledged yet.
   const uint64_t min_age = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns();
   for (uint32_t i = m.acked.first_clear(m.cum); i < limit; i = m.acked.first_clear(i + 1)) {
     if (m.sent_ns[i] == UINT64_MAX || now - m.sent_ns[i] < min_age) continue;
     if (retx_.size() >= kRetxCap) break;  // the RTO will find the rest
     cwnd_.on_loss(now, m.sent_ns[i]);
-    m.sent_ns[i] = UINT64_MAX;  // queued: not again until it has left
-    retx_.push_back({m.req.seq, i});
+    mark_lost_locked(m, i);
   }
+}
+
+// A packet believed lost leaves the bytes in flight (so the window does not stay shut on
+// packets that are no longer in the network: new packets keep ACKs, and so loss detection,
+// flowing) and waits in the retransmission queue. sent_ns = UINT64_MAX marks it queued.
+void SendConn::mark_lost_locked(Msg& m, uint32_t i) {
+  inflight_ -= std::min<uint64_t>(inflight_, pkt_len(m, i));
+  m.sent_ns[i] = UINT64_MAX;
+  retx_.push_back({m.req.seq, i});
 }
 
 void SendConn::finish_locked(Msg& m) {
@@ -282,6 +299,10 @@ void SendConn::on_timers_locked(uint64_t now) {
       send_expired_notice_locked(s);
     }
   }
+  if (probe_deadline_ != 0 && now >= probe_deadline_) {
+    if (inflight_ > 0) send_probe_locked(now);
+    else probe_deadline_ = 0;
+  }
   if (rto_deadline_ == 0 || now < rto_deadline_) return;
   if (inflight_ == 0) {  // everything was acknowledged meanwhile: nothing to time out
     rto_deadline_ = 0;
@@ -301,11 +322,39 @@ void SendConn::on_timers_locked(uint64_t now) {
          i = m.acked.first_clear(i + 1)) {
       if (m.sent_ns[i] == UINT64_MAX) continue;  // already queued
       if (retx_.size() >= kRetxCap) break;
-      m.sent_ns[i] = UINT64_MAX;
-      retx_.push_back({s, i});
+      mark_lost_locked(m, i);
       budget -= std::min<uint64_t>(budget, pkt_len(m, i));
     }
   }
+}
+
+// Loss probe: when nothing has been acknowledged for about two RTTs although packets are in
+// flight, either the last packets or the ACKs for a whole burst were lost. No later packet
+// will reveal it, and the RTO would collapse the window, so resend the highest outstanding
+// packet of the oldest message: the receiver answers any packet with a complete SACK, which
+// exposes every hole at once.
+void SendConn::send_probe_locked(uint64_t now) {
+  probe_deadline_ = 0;
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kSending || m.bounded || m.acked.full()) continue;
+    uint32_t last = m.next_new;
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
+      last = i;
+    if (last == m.next_new) continue;  // nothing outstanding in this message
+    if (m.sent_ns[last] != UINT64_MAX && retx_.size() < kRetxCap) {
+      mark_lost_locked(m, last);
+      ++stats_.probes;
+    }
+    break;
+  }
+  (void)now;
+}
+
+void SendConn::arm_probe_locked(uint64_t now) {
+  const uint64_t srtt = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns() / 2;
+  // Always before the RTO would fire, so a lost burst costs a probe, not a window collapse.
+  probe_deadline_ = now + std::max(kMinProbeNs, std::min(2 * srtt, rtt_.rto_ns() * 3 / 4));
 }
 
 void SendConn::transmit_locked(uint64_t now) {
@@ -314,6 +363,7 @@ void SendConn::transmit_locked(uint64_t now) {
   struct Pending {
     uint32_t seq, pkt;
     bool retx;
+    size_t retx_index;  // position in retx_ (retransmissions only)
   } pend[kBatch];
   for (;;) {
     uint64_t tokens = pacer_.available(now);
@@ -336,7 +386,7 @@ void SendConn::transmit_locked(uint64_t now) {
       h.offset = uint64_t{r.pkt} * params_.pkt_payload;
       h.msg_floor = oldest_;
       batch_slot_locked(h, m.data + h.offset, len);
-      pend[n++] = {r.seq, r.pkt, true};
+      pend[n++] = {r.seq, r.pkt, true, retx_head_};
       tokens -= len;
       ++retx_head_;
     }
@@ -365,7 +415,7 @@ void SendConn::transmit_locked(uint64_t now) {
         h.offset = uint64_t{i} * params_.pkt_payload;
         h.msg_floor = oldest_;
         batch_slot_locked(h, m.data + h.offset, len);
-        pend[n++] = {s, i, false};
+        pend[n++] = {s, i, false, 0};
         tokens -= len;
         if (!m.bounded) inflight += len;
         ++m.next_new;
@@ -378,7 +428,7 @@ void SendConn::transmit_locked(uint64_t now) {
     for (int k = n - 1; k >= sent; --k) {
       Msg& m = slot(pend[k].seq);
       if (pend[k].retx) {
-        --retx_head_;
+        retx_head_ = pend[k].retx_index;  // still queued (sent_ns stays UINT64_MAX)
       } else {
         m.next_new = pend[k].pkt;
       }
@@ -393,11 +443,11 @@ void SendConn::transmit_locked(uint64_t now) {
       if (pend[k].retx) {
         ++stats_.retx_pkts;
         m.resent.set(pend[k].pkt);
-      } else {
-        inflight_ += len;
       }
+      inflight_ += len;
       m.sent_ns[pend[k].pkt] = now;
       if (rto_deadline_ == 0) rto_deadline_ = now + rtt_.rto_ns();
+      if (probe_deadline_ == 0) arm_probe_locked(now);
     }
     // A bounded message is done once all of its packets have left.
     for (uint32_t s = oldest_; s != next_seq_; ++s) {

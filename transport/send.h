@@ -84,8 +84,11 @@ class SendConn final : public Conn, public SendComm {
   void start_locked(Msg& m, uint64_t capacity, bool bounded);
   void ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent);
   void finish_locked(Msg& m);
+  void mark_lost_locked(Msg& m, uint32_t i);
   void detect_losses_locked(Msg& m, uint64_t now);
   void send_expired_notice_locked(uint32_t seq);
+  void send_probe_locked(uint64_t now);
+  void arm_probe_locked(uint64_t now);
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
@@ -108,7 +111,8 @@ class SendConn final : public Conn, public SendComm {
   Pacer pacer_;
   uint64_t inflight_ = 0;      // bytes sent at least once and not acknowledged (exact mode)
   uint64_t send_count_ = 0;    // packets transmitted, for loss epochs
-  uint64_t rto_deadline_ = 0;  // 0 = disarmed
+  uint64_t rto_deadline_ = 0;    // 0 = disarmed
+  uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
   // tells us its budget; a posted send that waits longer than that for its CTS expires. Until
   // the first bounded CTS (the receiver still calibrating) nothing expires.

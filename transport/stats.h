@@ -14,6 +14,7 @@ struct ConnStats {
   uint64_t ctrl_pkts = 0;     // CTS/ACK/HELLO datagrams sent
   uint64_t retx_pkts = 0;     // DATA datagrams sent again (reliable mode)
   uint64_t rto_events = 0;    // retransmission timer expiries
+  uint64_t probes = 0;        // tail loss probes sent
   uint64_t cts_resent = 0;    // CTS repeated because no DATA followed in time
   // Drops by reason (receiver of the bad datagram counts it)
   uint64_t drop_malformed = 0;  // failed decode(): truncated, bad magic/version/type/length

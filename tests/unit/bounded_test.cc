@@ -14,6 +14,16 @@ namespace {
 constexpr uint64_t kMs = 1'000'000;
 constexpr uint64_t kMiB = 1 << 20;
 
+StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd how, bool bounded) {
+  StepReport s;
+  s.bytes = bytes;
+  s.received = received;
+  s.elapsed_ns = elapsed_ns;
+  s.how = how;
+  s.bounded = bounded;
+  return s;
+}
+
 Config calib(int steps) {
   Config c;
   c.calibration_steps = steps;
@@ -23,7 +33,7 @@ Config calib(int steps) {
 TEST(BoundedGroup, CalibratesTbAsP95OfExactSteps) {
   BoundedGroup g(calib(20));
   EXPECT_TRUE(g.calibrating());
-  for (int i = 1; i <= 20; ++i) g.on_complete(kMiB, kMiB, i * kMs, RecvEnd::kAll, false);
+  for (int i = 1; i <= 20; ++i) g.on_complete(step(kMiB, kMiB, i * kMs, RecvEnd::kAll, false));
   EXPECT_FALSE(g.calibrating());
   EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs);  // P95 of 1..20 ms
   EXPECT_EQ(g.budget_ns(kMiB), 19 * kMs);  // tC (smoothed, capped) x headroom stays under tB
@@ -40,17 +50,17 @@ TEST(BoundedGroup, FixedTimeoutSkipsCalibration) {
 
 TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
   BoundedGroup g(calib(20));
-  for (int i = 0; i < 20; ++i) g.on_complete(kMiB, kMiB, 40 * kMs, RecvEnd::kAll, false);
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 40 * kMs, RecvEnd::kAll, false));
   ASSERT_EQ(g.tb_ns(kMiB), 40 * kMs);
-  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, kMiB, 4 * kMs, RecvEnd::kAll, true);
+  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, kMiB, 4 * kMs, RecvEnd::kAll, true));
   const uint64_t quiet = g.tc_ns(kMiB);
   EXPECT_LT(quiet, 5 * kMs);
   EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);  // the deadline follows the network down
   // Busy: half the bytes in 10 ms projects 20 ms for the whole step.
-  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true);
+  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 20.0 * kMs, 0.5 * kMs);
   // ... but never beyond the hard bound.
-  for (int i = 0; i < 30; ++i) g.on_complete(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true);
+  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true));
   EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 40.0 * kMs, 0.1 * kMs);
   EXPECT_LE(g.tc_ns(kMiB), 40 * kMs);
   EXPECT_EQ(g.budget_ns(kMiB), 40 * kMs);
@@ -58,9 +68,9 @@ TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
 
 TEST(BoundedGroup, DeadlinesScaleWithMessageSize) {
   BoundedGroup g(calib(20));
-  for (int i = 0; i < 10; ++i) g.on_complete(4096, 4096, kMs / 2, RecvEnd::kAll, false);
-  for (int i = 0; i < 10; ++i) g.on_complete(kMiB, kMiB, 20 * kMs, RecvEnd::kAll, false);
-  EXPECT_EQ(g.tb_ns(4096), kMs / 2);
+  for (int i = 0; i < 10; ++i) g.on_complete(step(4096, 4096, 2 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 10; ++i) g.on_complete(step(kMiB, kMiB, 20 * kMs, RecvEnd::kAll, false));
+  EXPECT_EQ(g.tb_ns(4096), 2 * kMs);
   EXPECT_EQ(g.tb_ns(kMiB), 20 * kMs);
   // An uncalibrated larger class scales from the nearest smaller one.
   EXPECT_EQ(g.tb_ns(4 * kMiB), 80 * kMs);
@@ -69,8 +79,8 @@ TEST(BoundedGroup, DeadlinesScaleWithMessageSize) {
 
 TEST(BoundedGroup, AgreesOnTheMedianOfPeers) {
   BoundedGroup g(calib(1));
-  g.on_complete(kMiB, kMiB, 100 * kMs, RecvEnd::kAll, false);  // tB = 100 ms
-  for (int i = 0; i < 20; ++i) g.on_complete(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true);
+  g.on_complete(step(kMiB, kMiB, 100 * kMs, RecvEnd::kAll, false));  // tB = 100 ms
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true));
   const uint64_t own = g.tc_ns(kMiB);
   g.on_peer_estimate(50'000, kMiB);  // two slow peers and one fast one
   g.on_peer_estimate(60'000, kMiB);
@@ -85,16 +95,40 @@ TEST(BoundedGroup, EarlyTimeoutIsAFractionOfTheEstimate) {
   Config c = calib(1);
   c.early_fraction = 0.1;
   BoundedGroup g(c);
-  g.on_complete(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false);
-  for (int i = 0; i < 40; ++i) g.on_complete(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true);
+  g.on_complete(step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 40; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true));
   EXPECT_NEAR(static_cast<double>(g.early_ns(kMiB)), 1.0 * kMs, 0.05 * kMs);
+}
+
+TEST(BoundedGroup, PipelinedStepsNeitherCalibrateNorMoveTheEstimate) {
+  BoundedGroup g(calib(2));
+  StepReport p = step(kMiB, kMiB, kMs / 10, RecvEnd::kAll, false);
+  p.pipelined = true;  // its data arrived before it became the oldest receive
+  for (int i = 0; i < 5; ++i) g.on_complete(p);
+  EXPECT_TRUE(g.calibrating());
+  g.on_complete(step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false));
+  g.on_complete(step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false));
+  ASSERT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 30 * kMs);
+  p.bounded = true;
+  for (int i = 0; i < 50; ++i) g.on_complete(p);
+  EXPECT_EQ(g.tc_ns(kMiB), 30 * kMs);  // near-zero tails of pipelined steps are not step times
+}
+
+TEST(BoundedGroup, AFullyPipelinedStreamStillEndsCalibration) {
+  BoundedGroup g(calib(2));
+  StepReport p = step(kMiB, kMiB, 3 * kMs, RecvEnd::kAll, false);
+  p.pipelined = true;
+  for (int i = 0; i < 20; ++i) g.on_complete(p);
+  EXPECT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 3 * kMs);
 }
 
 TEST(BoundedGroup, ExpiredStepsDoNotMoveTheEstimate) {
   BoundedGroup g(calib(1));
-  g.on_complete(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false);
+  g.on_complete(step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false));
   const uint64_t before = g.tc_ns(kMiB);
-  for (int i = 0; i < 10; ++i) g.on_complete(kMiB, 0, 0, RecvEnd::kExpired, true);
+  for (int i = 0; i < 10; ++i) g.on_complete(step(kMiB, 0, 0, RecvEnd::kExpired, true));
   EXPECT_EQ(g.tc_ns(kMiB), before);
   EXPECT_EQ(g.stats().expired, 10u);
 }

@@ -1,0 +1,336 @@
+// Point-to-point throughput and latency through the plugin's NCCL ABI on loopback (two
+// processes, loaded as NCCL loads it), side by side with a plain blocking TCP stream of the same
+// sizes (how NCCL's Socket transport moves data). Prints figures; it is not a test.
+//
+// Throughput: `--bytes` per size, up to 8 messages in flight (NCCL's proxy keeps at most 8 per
+// connection), timed at the receiver from a common start to the last completion.
+// Latency: round trip of one `size`-byte message and a 1-byte reply, no other traffic; p50.
+//
+//   p2p_bench [--plugin PATH] [--version 8..11] [--min BYTES] [--max BYTES] [--bytes BYTES]
+// OPTIREDUCE_* variables (faults, rates, datagram size) apply to the plugin as usual.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "tests/plugin/plugin_loader.h"
+#include "tests/plugin/two_procs.h"
+
+namespace optireduce::testing {
+namespace {
+
+struct Options {
+  std::string plugin = PLUGIN_PATH;
+  int version = 11;
+  size_t min_bytes = size_t{4} << 10;
+  size_t max_bytes = size_t{64} << 20;
+  size_t bytes_per_size = size_t{512} << 20;
+};
+
+constexpr int kWindow = 8;
+// Memory per side for in-flight buffers; above it the in-flight messages share buffers (the
+// contents are then not meaningful, only the timing is).
+constexpr size_t kBufferBudget = size_t{256} << 20;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+int iterations(const Options& o, size_t size) {
+  return static_cast<int>(std::clamp<size_t>(o.bytes_per_size / size, 8, 100000));
+}
+int latency_iterations(size_t size) {
+  return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / size, 10, 300));
+}
+
+double p50(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+struct Row {
+  size_t size;
+  double plugin_gbps, tcp_gbps, plugin_p50_us, tcp_p50_us;
+};
+
+// ---- Plugin side.
+
+struct PluginLink {
+  std::unique_ptr<NetApi> net;
+  void* ctx = nullptr;
+  void* send = nullptr;
+  void* recv = nullptr;
+};
+
+PluginLink plugin_connect(const Options& o, Channel& ch) {
+  PluginLink l;
+  std::string err;
+  l.net = NetApi::load(o.plugin, o.version, &err);
+  HCHECK(l.net != nullptr, "%s", err.c_str());
+  HCHECK_OK(l.net->init(&l.ctx, 0xBE4C, -1));
+  uint8_t mine[nccl::NCCL_NET_HANDLE_MAXSIZE];
+  uint8_t theirs[nccl::NCCL_NET_HANDLE_MAXSIZE];
+  void* lc = nullptr;
+  HCHECK_OK(l.net->listen(l.ctx, 0, mine, &lc));
+  ch.send_bytes(mine, sizeof(mine));
+  ch.recv_bytes(theirs, sizeof(theirs));
+  const double deadline = now_s() + 30;
+  while (l.send == nullptr || l.recv == nullptr) {
+    if (l.send == nullptr) HCHECK_OK(l.net->connect(l.ctx, 0, theirs, &l.send));
+    if (l.recv == nullptr) HCHECK_OK(l.net->accept(lc, &l.recv));
+    HCHECK(now_s() < deadline, "connection set-up timed out");
+  }
+  HCHECK_OK(l.net->close_listen(lc));
+  return l;
+}
+
+void wait_done(NetApi& net, void* req) {
+  int done = 0;
+  while (!done) HCHECK_OK(net.test(req, &done, nullptr));
+}
+
+// Posts `n` messages with up to kWindow in flight, testing the oldest. Returns the time the
+// last one completed.
+double plugin_stream(NetApi& net, void* comm, bool sending, std::vector<std::vector<uint8_t>>& bufs,
+                     size_t size, int n) {
+  std::deque<void*> inflight;
+  int posted = 0;
+  int done_count = 0;
+  while (done_count < n) {
+    while (posted < n && inflight.size() < kWindow) {
+      void* buf = bufs[posted % bufs.size()].data();
+      void* req = nullptr;
+      HCHECK_OK(sending ? net.isend(comm, buf, size, 0, nullptr, &req)
+                        : net.irecv(comm, buf, size, 0, nullptr, &req));
+      if (req == nullptr) break;
+      inflight.push_back(req);
+      ++posted;
+    }
+    int done = 0;
+    HCHECK_OK(net.test(inflight.front(), &done, nullptr));
+    if (done) {
+      inflight.pop_front();
+      ++done_count;
+    }
+  }
+  return now_s();
+}
+
+std::vector<std::vector<uint8_t>> make_buffers(size_t size) {
+  const size_t n = std::clamp<size_t>(kBufferBudget / size, 1, kWindow);
+  std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(size));
+  for (auto& b : bufs) fill_pattern(b.data(), size, 1, 0);  // identical: any may be checked
+  return bufs;
+}
+
+// rank 0 sends, rank 1 receives and reports GB/s; then rank 0 measures round trips.
+void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t size, Row* row) {
+  NetApi& net = *l.net;
+  auto bufs = make_buffers(size);
+  if (rank == 1) {
+    for (auto& b : bufs) std::fill(b.begin(), b.end(), 0);
+  }
+  const int n = iterations(o, size);
+  ch.barrier();
+  const double t0 = now_s();
+  const double t1 = plugin_stream(net, rank == 0 ? l.send : l.recv, rank == 0, bufs, size, n);
+  if (rank == 1) {
+    HCHECK(find_mismatch(bufs[0].data(), size, 1, 0) < 0, "plugin delivered wrong bytes");
+    ch.send<double>(static_cast<double>(size) * n / (t1 - t0) / 1e9);
+  } else {
+    row->plugin_gbps = ch.recv<double>();
+  }
+
+  // Latency: ping (size bytes) and a 1-byte pong.
+  std::vector<uint8_t> pong(1);
+  std::vector<double> rtts;
+  ch.barrier();
+  for (int i = 0; i < latency_iterations(size); ++i) {
+    void* req = nullptr;
+    if (rank == 0) {
+      void* rreq = nullptr;
+      while (rreq == nullptr) HCHECK_OK(net.irecv(l.recv, pong.data(), 1, 0, nullptr, &rreq));
+      const double s = now_s();
+      while (req == nullptr) HCHECK_OK(net.isend(l.send, bufs[0].data(), size, 0, nullptr, &req));
+      wait_done(net, rreq);
+      rtts.push_back((now_s() - s) * 1e6);
+      wait_done(net, req);
+    } else {
+      while (req == nullptr) HCHECK_OK(net.irecv(l.recv, bufs[0].data(), size, 0, nullptr, &req));
+      wait_done(net, req);
+      void* sreq = nullptr;
+      while (sreq == nullptr) HCHECK_OK(net.isend(l.send, pong.data(), 1, 0, nullptr, &sreq));
+      wait_done(net, sreq);
+    }
+  }
+  if (rank == 0) row->plugin_p50_us = p50(rtts);
+}
+
+// ---- TCP side: one blocking stream per direction pair, TCP_NODELAY as NCCL sets it.
+
+int tcp_connect(int rank, Channel& ch) {
+  int fd = -1;
+  if (rank == 1) {
+    int lfd = socket(AF_INET, SOCK_STREAM, 0);
+    HCHECK(lfd >= 0, "socket");
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    HCHECK(bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, "bind");
+    HCHECK(::listen(lfd, 1) == 0, "listen");
+    socklen_t len = sizeof(a);
+    getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+    ch.send<uint16_t>(a.sin_port);
+    fd = accept(lfd, nullptr, nullptr);
+    close(lfd);
+  } else {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = ch.recv<uint16_t>();
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    HCHECK(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0, "tcp connect");
+  }
+  HCHECK(fd >= 0, "tcp accept");
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return fd;
+}
+
+void tcp_all(int fd, void* p, size_t n, bool sending) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t k = sending ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
+    HCHECK(k > 0 || (k < 0 && errno == EINTR), "tcp %s failed", sending ? "send" : "recv");
+    if (k > 0) {
+      b += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+}
+
+void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row* row) {
+  std::vector<uint8_t> buf(size);
+  if (rank == 0) fill_pattern(buf.data(), size, 1, 0);
+  const int n = iterations(o, size);
+  ch.barrier();
+  const double t0 = now_s();
+  for (int i = 0; i < n; ++i) tcp_all(fd, buf.data(), size, rank == 0);
+  const double t1 = now_s();
+  if (rank == 1) {
+    HCHECK(find_mismatch(buf.data(), size, 1, 0) < 0, "tcp delivered wrong bytes");
+    ch.send<double>(static_cast<double>(size) * n / (t1 - t0) / 1e9);
+  } else {
+    row->tcp_gbps = ch.recv<double>();
+  }
+  uint8_t pong = 0;
+  std::vector<double> rtts;
+  ch.barrier();
+  for (int i = 0; i < latency_iterations(size); ++i) {
+    if (rank == 0) {
+      const double s = now_s();
+      tcp_all(fd, buf.data(), size, true);
+      tcp_all(fd, &pong, 1, false);
+      rtts.push_back((now_s() - s) * 1e6);
+    } else {
+      tcp_all(fd, buf.data(), size, false);
+      tcp_all(fd, &pong, 1, true);
+    }
+  }
+  if (rank == 0) row->tcp_p50_us = p50(rtts);
+}
+
+void print_counters(const char* who, const optireduceNetCounters& c) {
+  std::printf("  %-14s msgs %" PRIu64 "  bytes %" PRIu64 "  data pkts %" PRIu64 "  retx %" PRIu64
+              "  rto %" PRIu64 "  probes %" PRIu64 "  drops dup/stale/bounds %" PRIu64 "/%" PRIu64
+              "/%" PRIu64 "\n",
+              who, c.msgs, c.bytes, c.dataPkts, c.retxPkts, c.rtoEvents, c.probes, c.dropDuplicate,
+              c.dropStale, c.dropBounds);
+}
+
+void rank_main(int rank, const Options& o, Channel& ch) {
+  PluginLink l = plugin_connect(o, ch);
+  const int fd = tcp_connect(rank, ch);
+  std::vector<Row> rows;
+  for (size_t size = o.min_bytes; size <= o.max_bytes; size *= 2) {
+    Row row{size, 0, 0, 0, 0};
+    plugin_size(rank, o, l, ch, size, &row);
+    tcp_size(rank, o, fd, ch, size, &row);
+    rows.push_back(row);
+    if (rank == 0) {
+      std::printf("%10zu  %9.2f  %9.2f  %6.2f  %10.1f  %10.1f\n", row.size, row.plugin_gbps,
+                  row.tcp_gbps, row.plugin_gbps / row.tcp_gbps, row.plugin_p50_us, row.tcp_p50_us);
+      std::fflush(stdout);
+    }
+  }
+  optireduceNetStats st{};
+  l.net->get_stats(0xBE4C, &st);
+  if (rank == 1) {
+    ch.send(st);
+  } else {
+    const auto peer = ch.recv<optireduceNetStats>();
+    std::printf("\nconnection counters (rank 0 -> rank 1):\n");
+    print_counters("sender", st.send);
+    print_counters("receiver", peer.recv);
+  }
+  close(fd);
+  ch.barrier();
+  HCHECK_OK(l.net->close_send(l.send));
+  HCHECK_OK(l.net->close_recv(l.recv));
+  HCHECK_OK(l.net->finalize(l.ctx));
+}
+
+int run(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--plugin") {
+      o.plugin = v;
+    } else if (k == "--version") {
+      o.version = std::atoi(v);
+    } else if (k == "--min") {
+      o.min_bytes = std::strtoull(v, nullptr, 0);
+    } else if (k == "--max") {
+      o.max_bytes = std::strtoull(v, nullptr, 0);
+    } else if (k == "--bytes") {
+      o.bytes_per_size = std::strtoull(v, nullptr, 0);
+    } else {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
+    std::fprintf(stderr, "need 0 < --min <= --max\n");
+    return 2;
+  }
+  std::printf("p2p through %s (ABI v%d) vs TCP, loopback, %d in flight\n", o.plugin.c_str(),
+              o.version, kWindow);
+  std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "bytes", "plugin", "tcp", "ratio", "plugin p50",
+              "tcp p50");
+  std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "", "GB/s", "GB/s", "", "RTT us", "RTT us");
+  std::fflush(stdout);
+  const std::string failure = run_pair([&](Channel& ch) { rank_main(0, o, ch); },
+                                       [&](Channel& ch) { rank_main(1, o, ch); }, {}, 580);
+  if (!failure.empty()) {
+    std::fprintf(stderr, "benchmark failed: %s\n", failure.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace optireduce::testing
+
+int main(int argc, char** argv) {
+  return optireduce::testing::run(argc, argv);
+}

@@ -1,0 +1,71 @@
+/* The plugin's C query API: per-communicator and process-wide connection counters of
+ * libnccl-net-optireduce.so, for a library in the same process (liboptireduce, a training
+ * framework) that reaches them with dlsym. C89-compatible so that any caller can include it. */
+#ifndef OPTIREDUCE_NET_H_
+#define OPTIREDUCE_NET_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
+#define OPTIREDUCE_NET_STATS_VERSION 1
+
+/* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
+ * Every counter only grows over the life of the set, except tbUs/tcUs. Meanings as in
+ * transport/stats.h (ConnStats). */
+struct optireduceNetCounters {
+  uint64_t msgs;           /* messages completed (a bounded receive = one step) */
+  uint64_t bytes;          /* payload bytes completed: sent, or delivered */
+  uint64_t dataPkts;       /* DATA datagrams sent (send side) or accepted (receive side) */
+  uint64_t ctrlPkts;       /* control datagrams sent */
+  uint64_t retxPkts;       /* DATA datagrams sent again (exact mode) */
+  uint64_t rtoEvents;      /* retransmission timer expiries */
+  uint64_t ctsResent;      /* clear-to-send repeated */
+  uint64_t dropMalformed;  /* datagrams dropped: failed to decode */
+  uint64_t dropToken;      /* ... carried another connection's token */
+  uint64_t dropStale;      /* ... for a message already completed */
+  uint64_t dropDuplicate;  /* ... payload already received */
+  uint64_t dropBounds;     /* ... outside the posted buffer */
+  uint64_t dropUnexpected; /* ... valid but unexpected in the current state */
+  uint64_t bytesExpected;  /* bounded receives: bytes of the messages */
+  uint64_t bytesLost;      /* bounded receives: bytes missing at completion (filled) */
+  uint64_t deadlineHits;   /* bounded receives ended by their deadline */
+  uint64_t earlyTimeouts;  /* bounded receives ended by the early timeout */
+  uint64_t latePkts;       /* DATA dropped because its bounded receive had completed */
+  uint64_t expiredSends;   /* bounded sends given up for want of a clear-to-send */
+  uint64_t tbUs;           /* hard bound tB, microseconds */
+  uint64_t tcUs;           /* adaptive estimate tC, microseconds */
+  uint64_t probes;         /* tail-loss probes sent (exact mode) */
+};
+
+struct optireduceNetStats {
+  uint32_t version; /* OPTIREDUCE_NET_STATS_VERSION of the library that filled it */
+  uint32_t bounded; /* 1 if the communicator runs bounded */
+  uint64_t commId;  /* as asked */
+  uint32_t liveSendComms;
+  uint32_t liveRecvComms;
+  /* This communicator: connections alive now plus every connection already closed. */
+  struct optireduceNetCounters send;
+  struct optireduceNetCounters recv;
+  /* The whole process: every communicator of this library instance, alive or finalized. */
+  struct optireduceNetCounters processSend;
+  struct optireduceNetCounters processRecv;
+};
+
+/* Returns OPTIREDUCE_NET_STATS_VERSION. Check it before calling optireduceNetGetStats. */
+int optireduceNetStatsVersion(void);
+
+/* Fills *out for the communicator with this commId (the id NCCL passes to the v11 init; 0 for
+ * connections made through the v8/v9/v10 tables, which carry no id). Returns 0 on success,
+ * 1 if no live communicator has that id (the process totals are still filled, the rest is 0),
+ * -1 if out is NULL. Thread-safe; cheap enough to call once per training step. */
+int optireduceNetGetStats(uint64_t commId, struct optireduceNetStats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPTIREDUCE_NET_H_ */

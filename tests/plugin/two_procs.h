@@ -1,0 +1,201 @@
+// Two-process scaffolding for driving the plugin as two NCCL ranks would: fork before any
+// dlopen, a socketpair for out-of-band handle exchange, alarm()-bounded children, fail-fast
+// checks that end the child, and the byte pattern every transfer is checked against.
+#pragma once
+
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace optireduce::testing {
+
+// In a child: print where and why, then leave at once (no destructors: the other child may be
+// blocked on us, and the parent reports the exit status).
+#define HCHECK(cond, ...)                                                                          \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      std::fprintf(stderr, "[%d] %s:%d: check failed: %s: ", getpid(), __FILE__, __LINE__, #cond); \
+      std::fprintf(stderr, __VA_ARGS__);                                                           \
+      std::fputc('\n', stderr);                                                                    \
+      std::fflush(stderr);                                                                         \
+      _exit(1);                                                                                    \
+    }                                                                                              \
+  } while (0)
+#define HCHECK_OK(expr)                                                      \
+  do {                                                                       \
+    const int hcheck_r_ = static_cast<int>(expr);                            \
+    HCHECK(hcheck_r_ == 0, "%s returned ncclResult_t %d", #expr, hcheck_r_); \
+  } while (0)
+
+// The out-of-band channel between the two ranks (NCCL uses its bootstrap network for this).
+class Channel {
+ public:
+  explicit Channel(int fd) : fd_(fd) {}
+  void send_bytes(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    while (n > 0) {
+      ssize_t k = ::send(fd_, b, n, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      HCHECK(k > 0, "channel send: %s", std::strerror(errno));
+      b += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+  void recv_bytes(void* p, size_t n) {
+    auto* b = static_cast<uint8_t*>(p);
+    while (n > 0) {
+      ssize_t k = ::recv(fd_, b, n, 0);
+      if (k < 0 && errno == EINTR) continue;
+      HCHECK(k > 0, "channel recv: %s", k == 0 ? "peer exited" : std::strerror(errno));
+      b += k;
+      n -= static_cast<size_t>(k);
+    }
+  }
+  template <typename T>
+  void send(const T& v) {
+    send_bytes(&v, sizeof(v));
+  }
+  template <typename T>
+  T recv() {
+    T v;
+    recv_bytes(&v, sizeof(v));
+    return v;
+  }
+  // Both sides call it; returns once both reached it.
+  void barrier() {
+    send<uint32_t>(0xBA77);
+    HCHECK(recv<uint32_t>() == 0xBA77, "barrier out of step");
+  }
+
+ private:
+  int fd_;
+};
+
+using Env = std::vector<std::pair<std::string, std::string>>;
+
+// Runs `a` and `b` in two forked children joined by a Channel, each with `env` applied (plus
+// OPTIREDUCE_IFNAME=lo) and killed by SIGALRM after `timeout_s`. Returns "" when both exited 0,
+// else what went wrong. When one child fails the other is killed at once.
+inline std::string run_pair(const std::function<void(Channel&)>& a,
+                            const std::function<void(Channel&)>& b, const Env& env = {},
+                            unsigned timeout_s = 60) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return "socketpair failed";
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pids[2];
+  const std::function<void(Channel&)>* fns[2] = {&a, &b};
+  for (int i = 0; i < 2; ++i) {
+    pids[i] = fork();
+    if (pids[i] < 0) return "fork failed";
+    if (pids[i] == 0) {
+      close(sv[1 - i]);
+      alarm(timeout_s);
+      setenv("OPTIREDUCE_IFNAME", "lo", 1);
+      for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+      Channel ch(sv[i]);
+      (*fns[i])(ch);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      _exit(0);
+    }
+  }
+  close(sv[0]);
+  close(sv[1]);
+  std::string failure;
+  int alive = 2;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 10);
+  while (alive > 0) {
+    int status = 0;
+    pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t q : pids) {
+          if (q > 0) kill(q, SIGKILL);
+        }
+        if (failure.empty()) failure = "children did not exit in time";
+      }
+      struct timespec ts = {0, 5'000'000};
+      nanosleep(&ts, nullptr);
+      continue;
+    }
+    if (p < 0) break;
+    const int idx = p == pids[0] ? 0 : p == pids[1] ? 1 : -1;
+    if (idx < 0) continue;
+    pids[idx] = -1;
+    --alive;
+    std::string what;
+    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      what = "exited with status " + std::to_string(WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+      what = "killed by signal " + std::to_string(WTERMSIG(status)) +
+             (WTERMSIG(status) == SIGALRM ? " (timeout: hung)" : "");
+    }
+    if (!what.empty()) {
+      if (failure.empty()) failure = std::string(idx == 0 ? "rank 0 " : "rank 1 ") + what;
+      const pid_t other = pids[1 - idx];
+      if (other > 0) kill(other, SIGKILL);
+    }
+  }
+  return failure;
+}
+
+// ---- The byte pattern: every byte depends on (seed, message index, offset), so a misplaced,
+// stale, duplicated or foreign packet shows up as a mismatch.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline uint64_t pattern_word(uint64_t seed, uint64_t msg, uint64_t word) {
+  return mix64(seed * 0x100000001B3ull ^ (msg << 40) ^ word);
+}
+inline void fill_pattern(void* buf, size_t n, uint64_t seed, uint64_t msg) {
+  auto* p = static_cast<uint8_t*>(buf);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t w = pattern_word(seed, msg, i / 8);
+    std::memcpy(p + i, &w, 8);
+  }
+  if (i < n) {
+    const uint64_t w = pattern_word(seed, msg, i / 8);
+    std::memcpy(p + i, &w, n - i);
+  }
+}
+// Offset of the first byte that differs from the pattern, or -1.
+inline long long find_mismatch(const void* buf, size_t n, uint64_t seed, uint64_t msg) {
+  const auto* p = static_cast<const uint8_t*>(buf);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const uint64_t w = pattern_word(seed, msg, i / 8);
+    if (std::memcmp(p + i, &w, 8) != 0) {
+      for (size_t j = 0; j < 8; ++j) {
+        if (p[i + j] != reinterpret_cast<const uint8_t*>(&w)[j])
+          return static_cast<long long>(i + j);
+      }
+    }
+  }
+  if (i < n) {
+    const uint64_t w = pattern_word(seed, msg, i / 8);
+    for (size_t j = 0; i + j < n; ++j) {
+      if (p[i + j] != reinterpret_cast<const uint8_t*>(&w)[j]) return static_cast<long long>(i + j);
+    }
+  }
+  return -1;
+}
+
+}  // namespace optireduce::testing

@@ -1,0 +1,505 @@
+// Tests of udp/endpoint.cc on loopback (127.0.0.1, ::1): bursts both ways, GSO on and off, GRO
+// splitting, back-pressure, truncation, peer filtering, unreachable peers, size limits.
+#include "udp/endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace optireduce {
+namespace {
+
+constexpr uint32_t kLoMtu = 65536;
+
+std::unique_ptr<UdpEndpoint> open_v4(EndpointOptions opts = {}, uint32_t mtu = kLoMtu) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::unique_ptr<UdpEndpoint> ep;
+  const Status s = UdpEndpoint::open(reinterpret_cast<const sockaddr*>(&a), mtu, opts, &ep);
+  EXPECT_TRUE(s) << errc_name(s.code()) << " errno " << s.sys_errno();
+  return ep;
+}
+
+std::unique_ptr<UdpEndpoint> open_v6(EndpointOptions opts = {}, uint32_t mtu = kLoMtu) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_addr = in6addr_loopback;
+  std::unique_ptr<UdpEndpoint> ep;
+  if (!UdpEndpoint::open(reinterpret_cast<const sockaddr*>(&a), mtu, opts, &ep)) return nullptr;
+  return ep;
+}
+
+void pair_up(UdpEndpoint& a, UdpEndpoint& b) {
+  ASSERT_TRUE(a.set_peer(b.local_address()));
+  ASSERT_TRUE(b.set_peer(a.local_address()));
+}
+
+// A datagram of the tests: a 16-byte header (sequence number, total length, salt) and a
+// payload whose every byte is a function of (sequence, position), so that any misplaced or
+// reassembled byte shows.
+struct TestHeader {
+  uint32_t seq;
+  uint32_t total_len;
+  uint64_t salt;
+};
+
+uint8_t pattern(uint32_t seq, uint32_t i) {
+  return static_cast<uint8_t>(seq * 131u + i * 7u + 1u);
+}
+
+class Outbox {
+ public:
+  // Adds a datagram of `len` bytes in all (len >= sizeof(TestHeader)).
+  void add(uint32_t len) {
+    const uint32_t seq = static_cast<uint32_t>(hdrs_.size());
+    hdrs_.push_back(TestHeader{seq, len, 0x5A5A5A5A5A5A5A5Aull});
+    std::vector<uint8_t> payload(len - sizeof(TestHeader));
+    for (uint32_t i = 0; i < payload.size(); ++i) payload[i] = pattern(seq, i);
+    payloads_.push_back(std::move(payload));
+  }
+  std::vector<TxPacket> packets() const {
+    std::vector<TxPacket> out;
+    for (size_t i = 0; i < hdrs_.size(); ++i)
+      out.push_back(TxPacket{&hdrs_[i], sizeof(TestHeader),
+                             static_cast<uint32_t>(payloads_[i].size()), payloads_[i].data()});
+    return out;
+  }
+  size_t size() const { return hdrs_.size(); }
+
+ private:
+  std::vector<TestHeader> hdrs_;
+  std::vector<std::vector<uint8_t>> payloads_;
+};
+
+// Sends every packet, retrying short counts for at most a second.
+void send_all(UdpEndpoint& ep, const std::vector<TxPacket>& pkts) {
+  size_t done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (done < pkts.size() && std::chrono::steady_clock::now() < deadline) {
+    const int r = ep.tx_burst(pkts.data() + done, static_cast<int>(pkts.size() - done));
+    ASSERT_GE(r, 0) << std::strerror(-r);
+    done += static_cast<size_t>(r);
+  }
+  ASSERT_EQ(done, pkts.size());
+}
+
+// Receives until `want` datagrams arrived or a second passed; copies them out.
+std::vector<std::vector<uint8_t>> receive(UdpEndpoint& ep, size_t want, int max_per_call = 64) {
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<RxPacket> rx(static_cast<size_t>(max_per_call));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
+    const int r = ep.rx_burst(rx.data(), max_per_call);
+    EXPECT_GE(r, 0) << std::strerror(-r);
+    if (r < 0) break;
+    if (r == 0) {
+      pollfd p{ep.fd(), POLLIN, 0};
+      (void)::poll(&p, 1, 10);
+      continue;
+    }
+    for (int i = 0; i < r; ++i) got.emplace_back(rx[i].data, rx[i].data + rx[i].len);
+  }
+  return got;
+}
+
+// Checks that `got` holds each of `n` datagrams exactly once, byte for byte, and returns them
+// by sequence number. Loopback keeps order in practice, but the test does not depend on it.
+void expect_intact(const std::vector<std::vector<uint8_t>>& got, size_t n) {
+  ASSERT_EQ(got.size(), n);
+  std::map<uint32_t, const std::vector<uint8_t>*> by_seq;
+  for (const auto& d : got) {
+    ASSERT_GE(d.size(), sizeof(TestHeader));
+    TestHeader h;
+    std::memcpy(&h, d.data(), sizeof(h));
+    ASSERT_EQ(h.total_len, d.size()) << "datagram boundary moved (seq " << h.seq << ")";
+    ASSERT_EQ(h.salt, 0x5A5A5A5A5A5A5A5Aull);
+    ASSERT_TRUE(by_seq.emplace(h.seq, &d).second) << "seq " << h.seq << " twice";
+    for (uint32_t i = 0; i < d.size() - sizeof(TestHeader); ++i)
+      ASSERT_EQ(d[sizeof(TestHeader) + i], pattern(h.seq, i)) << "seq " << h.seq << " byte " << i;
+  }
+  ASSERT_EQ(by_seq.size(), n);
+  EXPECT_EQ(by_seq.rbegin()->first, n - 1);
+}
+
+TEST(UdpEndpoint, ExchangesBurstsBothWays) {
+  auto a = open_v4();
+  auto b = open_v4();
+  pair_up(*a, *b);
+  Outbox ab, ba;
+  for (uint32_t i = 0; i < 300; ++i) ab.add(16 + (i * 997) % 9000);
+  for (uint32_t i = 0; i < 100; ++i) ba.add(16 + (i * 131) % 60000);
+  send_all(*a, ab.packets());
+  send_all(*b, ba.packets());
+  expect_intact(receive(*b, ab.size()), ab.size());
+  expect_intact(receive(*a, ba.size()), ba.size());
+  EXPECT_EQ(a->counters().tx_datagrams, 300u);
+  EXPECT_EQ(b->counters().rx_datagrams, 300u);
+  EXPECT_EQ(a->counters().rx_datagrams, 100u);
+}
+
+TEST(UdpEndpoint, NothingWaitingReturnsZero) {
+  auto a = open_v4();
+  RxPacket rx[4];
+  EXPECT_EQ(a->rx_burst(rx, 4), 0);
+  EXPECT_EQ(a->rx_burst(rx, 0), 0);
+}
+
+TEST(UdpEndpoint, SendWithoutPeerIsRefused) {
+  auto a = open_v4();
+  const uint8_t byte = 1;
+  const TxPacket p{&byte, 1, 0, nullptr};
+  EXPECT_EQ(a->tx_burst(&p, 1), -EDESTADDRREQ);
+}
+
+class UdpGso : public ::testing::TestWithParam<bool> {};
+
+TEST_P(UdpGso, PreservesBoundariesAndBytes) {
+  EndpointOptions tx_opts;
+  tx_opts.gso = GetParam();
+  EndpointOptions rx_opts;
+  rx_opts.gro = false;  // the kernel must hand over datagrams one by one
+  auto a = open_v4(tx_opts);
+  auto b = open_v4(rx_opts);
+  pair_up(*a, *b);
+  Outbox out;
+  // Runs of equal sizes, a shorter datagram ending a run, single odd sizes, a run longer
+  // than one GSO message, and a run whose total exceeds 64 KiB.
+  for (int i = 0; i < 100; ++i) out.add(1400);
+  out.add(700);
+  for (int i = 0; i < 29; ++i) out.add(1400);
+  out.add(33);
+  out.add(5000);
+  for (int i = 0; i < 20; ++i) out.add(9000);
+  out.add(16);
+  send_all(*a, out.packets());
+  expect_intact(receive(*b, out.size()), out.size());
+  if (GetParam() && a->gso_active()) {
+    EXPECT_GT(a->udp_counters().gso_sends, 0u);
+  } else {
+    EXPECT_EQ(a->udp_counters().gso_sends, 0u);
+  }
+  EXPECT_EQ(a->counters().tx_datagrams, out.size());
+  EXPECT_EQ(b->udp_counters().gro_receives, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(OnOff, UdpGso, ::testing::Bool());
+
+TEST(UdpEndpoint, GroReceivesAreSplitIntoDatagrams) {
+  auto a = open_v4();  // GSO on
+  auto b = open_v4();  // GRO on
+  pair_up(*a, *b);
+  if (!a->gso_active() || !b->gro_active()) GTEST_SKIP() << "kernel without UDP GSO/GRO";
+  Outbox out;
+  for (int i = 0; i < 64; ++i) out.add(1000);
+  out.add(500);
+  for (int i = 0; i < 10; ++i) out.add(3000);
+  send_all(*a, out.packets());
+  // A small array forces a coalesced receive to be handed out over several calls.
+  expect_intact(receive(*b, out.size(), 5), out.size());
+  EXPECT_GT(b->udp_counters().gro_receives, 0u);
+  EXPECT_LT(b->counters().rx_syscalls, out.size());
+}
+
+// Test doubles for the system calls: sendmmsg that accepts a budget of messages and then
+// reports a full queue, or that refuses GSO. Plain functions, so state lives in globals.
+int g_send_budget = 0;
+int g_send_calls = 0;
+
+int budget_sendmmsg(int fd, mmsghdr* msgs, unsigned int n, int flags) {
+  ++g_send_calls;
+  if (g_send_budget <= 0) {
+    errno = EAGAIN;
+    return -1;
+  }
+  const unsigned take = std::min<unsigned>(n, static_cast<unsigned>(g_send_budget));
+  const int r = ::sendmmsg(fd, msgs, take, flags);
+  if (r > 0) g_send_budget -= r;
+  return r;
+}
+
+int no_gso_sendmmsg(int fd, mmsghdr* msgs, unsigned int n, int flags) {
+  ++g_send_calls;
+  if (msgs[0].msg_hdr.msg_controllen != 0) {
+    errno = EIO;  // what a device without checksum offload answers
+    return -1;
+  }
+  unsigned plain = 0;
+  while (plain < n && msgs[plain].msg_hdr.msg_controllen == 0) ++plain;
+  return ::sendmmsg(fd, msgs, plain, flags);
+}
+
+int refusing_sendmmsg(int, mmsghdr*, unsigned int, int) {
+  ++g_send_calls;
+  errno = ENETUNREACH;  // a route that answers every send with an error
+  return -1;
+}
+
+int recvmmsg_passthrough(int fd, mmsghdr* msgs, unsigned int n, int flags, timespec* t) {
+  return ::recvmmsg(fd, msgs, n, flags, t);
+}
+
+const UdpSyscalls kBudgetSyscalls{budget_sendmmsg, recvmmsg_passthrough};
+const UdpSyscalls kNoGsoSyscalls{no_gso_sendmmsg, recvmmsg_passthrough};
+const UdpSyscalls kRefusingSyscalls{refusing_sendmmsg, recvmmsg_passthrough};
+
+TEST(UdpEndpoint, ShortCountWhenQueueIsFull) {
+  EndpointOptions opts;
+  opts.socket_buffer_bytes = 4096;  // tiny, as a full queue would have
+  opts.gso = false;
+  auto a = open_v4(opts);
+  auto b = open_v4();  // room for all 50
+  pair_up(*a, *b);
+  a->set_syscalls_for_test(kBudgetSyscalls);
+  Outbox out;
+  for (int i = 0; i < 50; ++i) out.add(100);
+  const auto pkts = out.packets();
+
+  g_send_budget = 10;
+  EXPECT_EQ(a->tx_burst(pkts.data(), 50), 10);
+  EXPECT_EQ(a->counters().tx_would_block, 1u);
+  EXPECT_EQ(a->tx_burst(pkts.data() + 10, 40), 0);
+  EXPECT_EQ(a->counters().tx_would_block, 2u);
+  g_send_budget = 1000;
+  EXPECT_EQ(a->tx_burst(pkts.data() + 10, 40), 40);
+  expect_intact(receive(*b, 50), 50);
+}
+
+TEST(UdpEndpoint, TinyBuffersNeverFailOnLoopback) {
+  // The receiver never reads: its 4 KiB queue overflows and the kernel drops silently. The
+  // sender must see only whole or short counts, never an error.
+  EndpointOptions opts;
+  opts.socket_buffer_bytes = 4096;
+  auto a = open_v4(opts);
+  auto b = open_v4(opts);
+  pair_up(*a, *b);
+  Outbox out;
+  for (int i = 0; i < 256; ++i) out.add(8000);
+  const auto pkts = out.packets();
+  for (int round = 0; round < 20; ++round) {
+    const int r = a->tx_burst(pkts.data(), static_cast<int>(pkts.size()));
+    ASSERT_GE(r, 0);
+  }
+}
+
+TEST(UdpEndpoint, FallsBackFromGsoWhenTheKernelRefuses) {
+  auto a = open_v4();
+  EndpointOptions rx_opts;
+  rx_opts.gro = false;
+  auto b = open_v4(rx_opts);
+  pair_up(*a, *b);
+  if (!a->gso_active()) GTEST_SKIP() << "kernel without UDP GSO";
+  a->set_syscalls_for_test(kNoGsoSyscalls);
+  Outbox out;
+  out.add(200);
+  for (int i = 0; i < 40; ++i) out.add(1000);
+  send_all(*a, out.packets());
+  EXPECT_FALSE(a->gso_active());
+  EXPECT_EQ(a->udp_counters().gso_fallbacks, 1u);
+  EXPECT_EQ(a->udp_counters().gso_sends, 0u);
+  expect_intact(receive(*b, out.size()), out.size());
+}
+
+TEST(UdpEndpoint, TruncatedDatagramsAreCountedAndDropped) {
+  EndpointOptions big;
+  big.max_datagram_bytes = 4000;
+  EndpointOptions small;
+  small.max_datagram_bytes = 512;
+  small.gro = false;
+  auto a = open_v4(big);
+  auto b = open_v4(small);
+  pair_up(*a, *b);
+  EXPECT_EQ(b->max_datagram_bytes(), 512u);
+  Outbox out;
+  out.add(1000);
+  out.add(100);
+  out.add(513);
+  out.add(512);
+  send_all(*a, out.packets());
+  const auto got = receive(*b, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].size(), 100u);
+  EXPECT_EQ(got[1].size(), 512u);
+  EXPECT_EQ(b->counters().rx_truncated, 2u);
+}
+
+TEST(UdpEndpoint, OversizeDatagramsAreDroppedUnderGro) {
+  // With GRO the slots are 64 KiB, so the size check is ours rather than the kernel's.
+  EndpointOptions small;
+  small.max_datagram_bytes = 512;
+  auto a = open_v4();
+  auto b = open_v4(small);
+  pair_up(*a, *b);
+  Outbox out;
+  out.add(1000);
+  out.add(100);  // may share one GSO message with the first: only the first is dropped
+  out.add(1000);
+  out.add(1000);
+  out.add(512);
+  send_all(*a, out.packets());
+  const auto got = receive(*b, 2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].size(), 100u);
+  EXPECT_EQ(got[1].size(), 512u);
+  EXPECT_EQ(b->counters().rx_truncated, 3u);
+}
+
+std::vector<uint8_t> one_byte_datagram(UdpEndpoint& from, UdpEndpoint& to, uint8_t value) {
+  const TxPacket p{&value, 1, 0, nullptr};
+  EXPECT_EQ(from.tx_burst(&p, 1), 1);
+  (void)to;
+  return {value};
+}
+
+TEST(UdpEndpoint, SetPeerFiltersOtherSources) {
+  auto a = open_v4();
+  auto b = open_v4();
+  auto c = open_v4();
+  ASSERT_TRUE(c->set_peer(a->local_address()));
+  ASSERT_TRUE(b->set_peer(a->local_address()));
+  one_byte_datagram(*c, *a, 1);  // queued before A has a peer: only our own check sees it
+  ASSERT_TRUE(a->set_peer(b->local_address()));
+  one_byte_datagram(*c, *a, 2);  // the kernel drops this one
+  one_byte_datagram(*b, *a, 3);
+  const auto got = receive(*a, 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0][0], 3);
+  RxPacket rx[2];
+  EXPECT_EQ(a->rx_burst(rx, 2), 0);  // loopback delivers within the send: nothing is on its way
+  EXPECT_EQ(a->udp_counters().rx_foreign, 1u);
+}
+
+TEST(UdpEndpoint, FromIsFilledOnlyWithoutPeer) {
+  auto a = open_v4();
+  auto b = open_v4();
+  ASSERT_TRUE(b->set_peer(a->local_address()));
+  one_byte_datagram(*b, *a, 7);
+  RxPacket rx[2];
+  int r = 0;
+  for (int i = 0; i < 100 && r == 0; ++i) r = a->rx_burst(rx, 2);
+  ASSERT_EQ(r, 1);
+  EXPECT_EQ(rx[0].from, b->local_address());
+
+  ASSERT_TRUE(a->set_peer(b->local_address()));
+  one_byte_datagram(*b, *a, 8);
+  r = 0;
+  for (int i = 0; i < 100 && r == 0; ++i) r = a->rx_burst(rx, 2);
+  ASSERT_EQ(r, 1);
+  EXPECT_TRUE(rx[0].from.empty());
+}
+
+TEST(UdpEndpoint, UnreachablePeerIsNotFatal) {
+  auto a = open_v4();
+  PeerAddress gone;
+  {
+    auto b = open_v4();
+    gone = b->local_address();
+  }  // closed: its port now answers with ICMP port unreachable
+  ASSERT_TRUE(a->set_peer(gone));
+  Outbox out;
+  for (int i = 0; i < 8; ++i) out.add(64);
+  const auto pkts = out.packets();
+  RxPacket rx[8];
+  for (int round = 0; round < 20; ++round) {
+    EXPECT_EQ(a->tx_burst(pkts.data(), 8), 8);
+    EXPECT_EQ(a->rx_burst(rx, 8), 0);
+  }
+  EXPECT_GT(a->udp_counters().peer_unreachable, 0u);
+  EXPECT_EQ(a->udp_counters().unreachable_drops, 0u);
+}
+
+TEST(UdpEndpoint, PersistentRouteErrorDropsInsteadOfSpinning) {
+  auto a = open_v4();
+  auto b = open_v4();
+  pair_up(*a, *b);
+  a->set_syscalls_for_test(kRefusingSyscalls);
+  Outbox out;
+  for (int i = 0; i < 4; ++i) out.add(64);
+  g_send_calls = 0;
+  EXPECT_EQ(a->tx_burst(out.packets().data(), 4), 4);
+  EXPECT_EQ(a->udp_counters().unreachable_drops, 4u);
+  EXPECT_EQ(g_send_calls, 8);  // two tries per datagram
+}
+
+TEST(UdpEndpoint, OversizeSendIsFatal) {
+  auto a = open_v4();
+  auto b = open_v4();
+  pair_up(*a, *b);
+  std::vector<uint8_t> big(kMaxUdpPayloadBytes + 1);
+  const TxPacket p{big.data(), static_cast<uint32_t>(big.size()), 0, nullptr};
+  EXPECT_EQ(a->tx_burst(&p, 1), -EMSGSIZE);
+  const uint8_t byte = 0;
+  const TxPacket small{&byte, 1, 0, nullptr};
+  EXPECT_EQ(a->tx_burst(&small, 1), -EMSGSIZE);  // sticky
+  RxPacket rx[1];
+  EXPECT_EQ(a->rx_burst(rx, 1), -EMSGSIZE);
+}
+
+TEST(UdpEndpoint, MaxDatagramFollowsMtuAndOptions) {
+  EXPECT_EQ(open_v4({}, kLoMtu)->max_datagram_bytes(), kMaxUdpPayloadBytes);
+  EXPECT_EQ(open_v4({}, 1500)->max_datagram_bytes(), 1472u);  // 1500 - 20 (IPv4) - 8 (UDP)
+  EXPECT_EQ(open_v4({}, 9000)->max_datagram_bytes(), 8972u);
+  EndpointOptions opts;
+  opts.max_datagram_bytes = 1000;
+  EXPECT_EQ(open_v4(opts, 1500)->max_datagram_bytes(), 1000u);
+  opts.max_datagram_bytes = 9000;  // more than the MTU allows: capped
+  EXPECT_EQ(open_v4(opts, 1500)->max_datagram_bytes(), 1472u);
+  auto v6 = open_v6({}, 1500);
+  if (v6) {
+    EXPECT_EQ(v6->max_datagram_bytes(), 1452u);  // 1500 - 40 (IPv6) - 8
+  }
+}
+
+TEST(UdpEndpoint, Ipv6LoopbackExchange) {
+  auto a = open_v6();
+  auto b = open_v6();
+  if (!a || !b) GTEST_SKIP() << "no ::1 on this host";
+  pair_up(*a, *b);
+  Outbox out;
+  for (uint32_t i = 0; i < 50; ++i) out.add(16 + i * 301);
+  send_all(*a, out.packets());
+  expect_intact(receive(*b, out.size()), out.size());
+}
+
+TEST(UdpAddress, RoundTripsAndRejectsGarbage) {
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  in.sin_port = htons(4242);
+  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const PeerAddress a = udp_peer_address(reinterpret_cast<const sockaddr*>(&in));
+  EXPECT_EQ(a.kind, kUdpAddressKind);
+  EXPECT_EQ(a.len, sizeof(sockaddr_in));
+  sockaddr_storage ss;
+  socklen_t len;
+  ASSERT_TRUE(udp_sockaddr(a, &ss, &len));
+  EXPECT_EQ(len, sizeof(sockaddr_in));
+  EXPECT_EQ(std::memcmp(&ss, &in, sizeof(in)), 0);
+
+  PeerAddress bad = a;
+  bad.kind = 2;
+  EXPECT_FALSE(udp_sockaddr(bad, &ss, &len));
+  bad = a;
+  bad.len = 3;
+  EXPECT_FALSE(udp_sockaddr(bad, &ss, &len));
+  EXPECT_FALSE(udp_sockaddr(PeerAddress{}, &ss, &len));
+
+  auto ep = open_v4();
+  EXPECT_EQ(ep->set_peer(bad).code(), Errc::kInternal);
+  auto v6 = open_v6();
+  if (v6) {
+    EXPECT_EQ(ep->set_peer(v6->local_address()).code(), Errc::kInternal);
+  }
+}
+
+}  // namespace
+}  // namespace optireduce

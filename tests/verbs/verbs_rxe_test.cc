@@ -1,0 +1,427 @@
+// The UD verbs datapath on a real verbs device: Soft-RoCE (rxe) inside the test VM
+// (run-in-rxe-vm.sh). Discovery, datagram bursts with content checks in both directions,
+// the listen side's `from`, set_peer filtering, wrong Q_Key and unknown QPN, oversize sends,
+// truncation and recovery, and (RXE_TEST_LOSS=<percent>, netem on the veth) loss that is
+// only loss. Skips where no verbs device is present, so it can also run on an RDMA host.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "transport/params.h"
+#include "verbs/device.h"
+#include "verbs/endpoint.h"
+#include "verbs/select.h"
+
+namespace optireduce::verbs {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bounds every wait: TCG emulation makes rxe 10-50x slower than native, and a lost datagram
+// must fail a test, not hang it.
+constexpr auto kQuiet = std::chrono::seconds(3);
+
+// Every test datagram starts with this header: sequence number and total length.
+constexpr uint32_t kTestHdrBytes = 12;
+
+std::vector<std::unique_ptr<Device>>* g_devices = nullptr;
+
+int env_int(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : dflt;
+}
+
+class RxeTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    g_devices = new std::vector<std::unique_ptr<Device>>();
+    Config cfg;
+    cfg.datapath = "verbs";
+    if (!open_verbs_devices(cfg, g_devices).is_ok()) g_devices->clear();
+  }
+  static void TearDownTestSuite() {
+    delete g_devices;
+    g_devices = nullptr;
+  }
+  void SetUp() override {
+    if (g_devices->empty()) GTEST_SKIP() << "no active verbs port (run inside the rxe VM)";
+  }
+  // Two devices when the VM has rxe0 and rxe1 over a veth (traffic crosses the netdev), else
+  // both ends on the one device.
+  static Device* dev_a() { return (*g_devices)[0].get(); }
+  static Device* dev_b() { return (*g_devices)[g_devices->size() > 1 ? 1 : 0].get(); }
+
+  static std::unique_ptr<UdEndpoint> open(Device* d, uint32_t max_datagram = 0) {
+    EndpointOptions o;
+    o.max_datagram_bytes = max_datagram;
+    std::unique_ptr<Endpoint> ep;
+    Status st = d->open_endpoint(o, &ep);
+    EXPECT_TRUE(st.is_ok()) << errc_name(st.code()) << " errno " << st.sys_errno();
+    return std::unique_ptr<UdEndpoint>(static_cast<UdEndpoint*>(ep.release()));
+  }
+};
+
+// A deterministic datagram: `seq`, its length, then a pattern both sides can recompute.
+struct TestDatagram {
+  uint8_t hdr[kTestHdrBytes];
+  std::vector<uint8_t> payload;
+  TxPacket pkt() const {
+    return TxPacket{hdr, kTestHdrBytes, uint32_t(payload.size()), payload.data()};
+  }
+};
+
+uint8_t pattern(uint64_t seq, uint32_t i) {
+  return static_cast<uint8_t>(seq * 131 + i * 7 + 1);
+}
+
+void make_datagram(uint64_t seq, uint32_t len, TestDatagram* d) {
+  std::memcpy(d->hdr, &seq, 8);
+  std::memcpy(d->hdr + 8, &len, 4);
+  d->payload.resize(len - kTestHdrBytes);
+  for (uint32_t i = 0; i < d->payload.size(); i++) d->payload[i] = pattern(seq, i);
+}
+
+// Returns the datagram's sequence number, or -1 when its content is wrong.
+int64_t check_datagram(const RxPacket& p) {
+  if (p.len < kTestHdrBytes) return -1;
+  uint64_t seq;
+  uint32_t len;
+  std::memcpy(&seq, p.data, 8);
+  std::memcpy(&len, p.data + 8, 4);
+  if (len != p.len) return -1;
+  for (uint32_t i = 0; i < len - kTestHdrBytes; i++)
+    if (p.data[kTestHdrBytes + i] != pattern(seq, i)) return -1;
+  return static_cast<int64_t>(seq);
+}
+
+// Cycles through the sizes that matter: tiny, around the inline limit, and up to the maximum.
+uint32_t size_for(uint64_t seq, uint32_t max_datagram, uint32_t max_inline) {
+  const uint32_t sizes[] = {kTestHdrBytes,
+                            64,
+                            max_inline ? max_inline : 100,
+                            max_inline + 1,
+                            max_datagram / 2,
+                            max_datagram - 1,
+                            max_datagram};
+  return sizes[seq % (sizeof(sizes) / sizeof(sizes[0]))];
+}
+
+// One direction of a stream: what was sent and what arrived.
+struct Stream {
+  UdEndpoint* tx;
+  UdEndpoint* rx;
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  int64_t last_seq = -1;
+  uint64_t bad = 0;
+  uint64_t reordered = 0;
+  TestDatagram d[32];
+};
+
+void pump_tx(Stream* s, uint64_t total) {
+  if (s->sent >= total) return;
+  const int n = static_cast<int>(std::min<uint64_t>(32, total - s->sent));
+  TxPacket pkts[32];
+  for (int i = 0; i < n; i++) {
+    make_datagram(s->sent + i,
+                  size_for(s->sent + i, s->tx->max_datagram_bytes(), s->tx->max_inline_bytes()),
+                  &s->d[i]);
+    pkts[i] = s->d[i].pkt();
+  }
+  const int took = s->tx->tx_burst(pkts, n);
+  ASSERT_GE(took, 0);
+  s->sent += static_cast<uint64_t>(took);
+}
+
+int pump_rx(Stream* s) {
+  RxPacket pkts[32];
+  const int n = s->rx->rx_burst(pkts, 32);
+  EXPECT_GE(n, 0);
+  for (int i = 0; i < n; i++) {
+    const int64_t seq = check_datagram(pkts[i]);
+    if (seq < 0) {
+      s->bad++;
+      continue;
+    }
+    if (seq <= s->last_seq) s->reordered++;
+    s->last_seq = seq;
+    s->received++;
+  }
+  return n;
+}
+
+// Streams `total` datagrams each way between a and b, interleaving sends and receives.
+void exchange(UdEndpoint* a, UdEndpoint* b, uint64_t total, Stream* ab, Stream* ba) {
+  ab->tx = a;
+  ab->rx = b;
+  ba->tx = b;
+  ba->rx = a;
+  auto last_progress = Clock::now();
+  while (Clock::now() - last_progress < kQuiet) {
+    pump_tx(ab, total);
+    pump_tx(ba, total);
+    if (pump_rx(ab) + pump_rx(ba) > 0) last_progress = Clock::now();
+    if (ab->received == total && ba->received == total) break;
+  }
+}
+
+void connect_pair(UdEndpoint* a, UdEndpoint* b) {
+  ASSERT_TRUE(a->set_peer(b->local_address()).is_ok());
+  ASSERT_TRUE(b->set_peer(a->local_address()).is_ok());
+}
+
+// Sends `n` copies of one small datagram from `tx`; returns how many `rx` delivered.
+int send_and_count(UdEndpoint* tx, UdEndpoint* rx, int n) {
+  TestDatagram d;
+  make_datagram(7, 100, &d);
+  std::vector<TxPacket> pkts(n, d.pkt());
+  int sent = 0;
+  const auto t0 = Clock::now();
+  while (sent < n && Clock::now() - t0 < kQuiet) {
+    const int k = tx->tx_burst(pkts.data() + sent, n - sent);
+    EXPECT_GE(k, 0);
+    if (k < 0) return -1;
+    sent += k;
+  }
+  int got = 0;
+  RxPacket r[32];
+  const auto t1 = Clock::now();
+  // Nothing signals "no more will come": wait a fixed while (long enough under TCG).
+  while (Clock::now() - t1 < std::chrono::milliseconds(700)) {
+    const int k = rx->rx_burst(r, 32);
+    for (int i = 0; i < k; i++) got += check_datagram(r[i]) == 7;
+  }
+  return got;
+}
+
+TEST_F(RxeTest, DiscoversRxePorts) {
+  for (const auto& d : *g_devices) {
+    const DeviceInfo& i = d->info();
+    SCOPED_TRACE(i.name);
+    EXPECT_EQ(i.name.rfind("rxe", 0), 0u);
+    EXPECT_TRUE(i.mtu == 1024 || i.mtu == 2048 || i.mtu == 4096) << i.mtu;
+    EXPECT_GT(i.speed_mbps, 0);
+    auto* vd = static_cast<VerbsDevice*>(d.get());
+    EXPECT_TRUE(gid_is_ipv4_mapped(vd->port()->gid));
+    EXPECT_TRUE(vd->port()->ethernet);
+  }
+  const int want_gid = env_int("RXE_GID_INDEX", -1);
+  if (want_gid >= 0) {
+    EXPECT_EQ(static_cast<VerbsDevice*>(dev_a())->port()->gid_index, want_gid);
+  }
+}
+
+TEST_F(RxeTest, HonoursHcaFilterAndGidOverride) {
+  Config cfg;
+  cfg.ib_hca = "rxe0";
+  std::vector<std::unique_ptr<Device>> d;
+  ASSERT_TRUE(open_verbs_devices(cfg, &d).is_ok());
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0]->info().name, "rxe0");
+  cfg.ib_hca = "mlx5_0";
+  d.clear();
+  ASSERT_TRUE(open_verbs_devices(cfg, &d).is_ok());
+  EXPECT_TRUE(d.empty());
+  cfg.ib_hca = "rxe0";
+  cfg.gid_index = static_cast<VerbsDevice*>(dev_a())->port()->gid_index;
+  d.clear();
+  ASSERT_TRUE(open_verbs_devices(cfg, &d).is_ok());
+  EXPECT_EQ(static_cast<VerbsDevice*>(d[0].get())->port()->gid_index, cfg.gid_index);
+  cfg.gid_index = 200;  // no such entry
+  d.clear();
+  EXPECT_EQ(open_verbs_devices(cfg, &d).code(), Errc::kInvalidUsage);
+}
+
+TEST_F(RxeTest, SelectorPrefersVerbsInAutoMode) {
+  Config cfg;
+  std::vector<std::unique_ptr<Device>> d;
+  ASSERT_TRUE(open_datapath_devices(cfg, &d).is_ok());
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(d[0]->info().name.rfind("rxe", 0), 0u);
+  cfg.datapath = "udp";
+  cfg.ifname = "lo";
+  d.clear();
+  ASSERT_TRUE(open_datapath_devices(cfg, &d).is_ok());
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(d[0]->info().name, "lo");
+}
+
+TEST_F(RxeTest, ListenSideLearnsTheSender) {
+  auto a = open(dev_a()), b = open(dev_b());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->set_peer(b->local_address()).is_ok());
+  EXPECT_EQ(b->tx_burst(nullptr, 0), -ENOTCONN);  // no peer yet
+  TestDatagram d;
+  make_datagram(1, 64, &d);
+  TxPacket p = d.pkt();
+  ASSERT_EQ(a->tx_burst(&p, 1), 1);
+  RxPacket r;
+  int n = 0;
+  for (auto t0 = Clock::now(); n == 0 && Clock::now() - t0 < kQuiet;) n = b->rx_burst(&r, 1);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(check_datagram(r), 1);
+  EXPECT_EQ(r.from, a->local_address());  // GID from the GRH, QPN from the completion
+  // Reply to `from`, as the listen side of a handshake does.
+  ASSERT_TRUE(b->set_peer(r.from).is_ok());
+  make_datagram(2, 64, &d);
+  p = d.pkt();
+  ASSERT_EQ(b->tx_burst(&p, 1), 1);
+  n = 0;
+  for (auto t0 = Clock::now(); n == 0 && Clock::now() - t0 < kQuiet;) n = a->rx_burst(&r, 1);
+  ASSERT_EQ(n, 1);
+  EXPECT_EQ(check_datagram(r), 2);
+  EXPECT_TRUE(r.from.empty());  // filled only while no peer is set
+}
+
+TEST_F(RxeTest, BurstsArriveIntactBothWays) {
+  if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
+  auto a = open(dev_a()), b = open(dev_b());
+  ASSERT_TRUE(a && b);
+  connect_pair(a.get(), b.get());
+  const uint64_t total = static_cast<uint64_t>(env_int("RXE_TEST_BURST", 4000));
+  Stream ab, ba;
+  const auto t0 = Clock::now();
+  exchange(a.get(), b.get(), total, &ab, &ba);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("  %llu datagrams each way (max %u B, inline <= %u B) in %.2f s: %.0f datagrams/s\n",
+              static_cast<unsigned long long>(total), a->max_datagram_bytes(),
+              a->max_inline_bytes(), s, 2 * total / s);
+  for (Stream* st : {&ab, &ba}) {
+    EXPECT_EQ(st->sent, total);
+    EXPECT_EQ(st->received, total);
+    EXPECT_EQ(st->bad, 0u);
+    EXPECT_EQ(st->reordered, 0u);  // one path, one QP: UD on rxe keeps order
+  }
+  EXPECT_GT(a->ud_counters().tx_inline, 0u);
+  for (UdEndpoint* e : {a.get(), b.get()}) {
+    EXPECT_EQ(e->counters().rx_errors, 0u);
+    EXPECT_EQ(e->counters().rx_truncated, 0u);
+    EXPECT_EQ(e->ud_counters().rx_foreign, 0u);
+    EXPECT_EQ(e->counters().tx_datagrams, total);
+    EXPECT_EQ(e->counters().rx_datagrams, total);
+  }
+}
+
+TEST_F(RxeTest, LossIsOnlyLoss) {
+  const int loss = env_int("RXE_TEST_LOSS", 0);
+  if (loss <= 0) GTEST_SKIP() << "set RXE_TEST_LOSS=<percent> with netem on the veth";
+  if (g_devices->size() < 2) GTEST_SKIP() << "netem needs traffic across the veth (rxe0, rxe1)";
+  auto a = open(dev_a()), b = open(dev_b());
+  ASSERT_TRUE(a && b);
+  connect_pair(a.get(), b.get());
+  const uint64_t total = static_cast<uint64_t>(env_int("RXE_TEST_BURST", 4000));
+  Stream ab, ba;
+  exchange(a.get(), b.get(), total, &ab, &ba);
+  for (Stream* st : {&ab, &ba}) {
+    const double delivered = double(st->received) / double(total);
+    std::printf("  delivered %.3f with netem loss %d%%\n", delivered, loss);
+    EXPECT_EQ(st->sent, total);
+    EXPECT_EQ(st->bad, 0u);        // what arrives is intact
+    EXPECT_EQ(st->reordered, 0u);  // and in order
+    EXPECT_LT(st->received, total);
+    EXPECT_GT(delivered, 1.0 - 3.0 * loss / 100.0);
+  }
+  for (UdEndpoint* e : {a.get(), b.get()}) {
+    EXPECT_EQ(e->counters().rx_errors, 0u);
+    EXPECT_EQ(e->counters().rx_truncated, 0u);
+    EXPECT_EQ(e->ud_counters().qp_resets, 0u);
+  }
+}
+
+TEST_F(RxeTest, PeerFilterDropsOtherSenders) {
+  auto a = open(dev_a()), b = open(dev_b()), c = open(dev_a());
+  ASSERT_TRUE(a && b && c);
+  connect_pair(a.get(), b.get());
+  ASSERT_TRUE(c->set_peer(b->local_address()).is_ok());
+  EXPECT_EQ(send_and_count(c.get(), b.get(), 10), 0);
+  EXPECT_EQ(b->ud_counters().rx_foreign, 10u);
+  EXPECT_EQ(send_and_count(a.get(), b.get(), 5), 5);
+  EXPECT_EQ(b->counters().rx_errors, 0u);
+}
+
+TEST_F(RxeTest, WrongQKeyAndUnknownQpnAreSilentlyLost) {
+  auto a = open(dev_a()), b = open(dev_b());
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(b->set_peer(a->local_address()).is_ok());
+  UdAddress to;
+  ASSERT_TRUE(decode_address(b->local_address(), &to));
+  UdAddress wrong_key = to;
+  wrong_key.qkey = kDefaultQKey ^ 1;
+  ASSERT_TRUE(a->set_peer(encode_address(wrong_key)).is_ok());
+  EXPECT_EQ(send_and_count(a.get(), b.get(), 5), 0);
+  UdAddress no_qp = to;
+  no_qp.qpn = 0xFFFF00;  // far above any QPN rxe hands out in this VM
+  ASSERT_TRUE(a->set_peer(encode_address(no_qp)).is_ok());
+  EXPECT_EQ(send_and_count(a.get(), b.get(), 5), 0);
+  ASSERT_TRUE(a->set_peer(encode_address(to)).is_ok());
+  EXPECT_EQ(send_and_count(a.get(), b.get(), 5), 5);  // the endpoints are unharmed
+  EXPECT_EQ(a->ud_counters().tx_errors, 0u);
+  EXPECT_EQ(b->counters().rx_errors, 0u);
+}
+
+TEST_F(RxeTest, OversizeSendIsRefused) {
+  auto a = open(dev_a()), b = open(dev_b());
+  ASSERT_TRUE(a && b);
+  connect_pair(a.get(), b.get());
+  std::vector<uint8_t> big(a->max_datagram_bytes() + 1, 0x5A);
+  TxPacket p{big.data(), 16, uint32_t(big.size() - 16), big.data() + 16};
+  EXPECT_EQ(a->tx_burst(&p, 1), -EMSGSIZE);
+  TestDatagram d;
+  make_datagram(3, 64, &d);
+  TxPacket two[2] = {d.pkt(), p};
+  EXPECT_EQ(a->tx_burst(two, 2), 1);  // the valid prefix is taken
+  EXPECT_EQ(a->counters().tx_datagrams, 1u);
+}
+
+TEST_F(RxeTest, TruncatedDatagramsAreCountedAndTheQpRecovers) {
+  auto a = open(dev_a());
+  auto small = open(dev_b(), 512);  // receive slots of 512 bytes
+  ASSERT_TRUE(a && small);
+  ASSERT_EQ(small->max_datagram_bytes(), 512u);
+  connect_pair(a.get(), small.get());
+  std::vector<uint8_t> big(a->max_datagram_bytes(), 0x11);
+  std::vector<TxPacket> p(3, TxPacket{big.data(), 16, uint32_t(big.size() - 16), big.data() + 16});
+  ASSERT_EQ(a->tx_burst(p.data(), 3), 3);
+  RxPacket r[8];
+  int delivered = 0;
+  for (auto t0 = Clock::now(); Clock::now() - t0 < std::chrono::milliseconds(700);)
+    delivered += small->rx_burst(r, 8);
+  EXPECT_EQ(delivered, 0);
+  EXPECT_GE(small->counters().rx_truncated, 1u);
+  EXPECT_EQ(small->counters().rx_errors, 0u);
+  std::printf("  truncated %llu, errors %llu, qp resets %llu\n",
+              static_cast<unsigned long long>(small->counters().rx_truncated),
+              static_cast<unsigned long long>(small->counters().rx_errors),
+              static_cast<unsigned long long>(small->ud_counters().qp_resets));
+  // Datagrams that fit still arrive afterwards.
+  EXPECT_EQ(send_and_count(a.get(), small.get(), 5), 5);
+}
+
+TEST_F(RxeTest, ManyEndpointsShareOneAddressHandle) {
+  auto b = open(dev_b());
+  ASSERT_TRUE(b);
+  std::vector<std::unique_ptr<UdEndpoint>> senders;
+  for (int i = 0; i < 8; i++) {
+    senders.push_back(open(dev_a()));
+    ASSERT_TRUE(senders.back());
+    ASSERT_TRUE(senders.back()->set_peer(b->local_address()).is_ok());
+  }
+  // Distinct QPNs, one per endpoint.
+  for (size_t i = 1; i < senders.size(); i++)
+    EXPECT_FALSE(senders[i]->local_address() == senders[0]->local_address());
+  PortContext* port = static_cast<VerbsDevice*>(dev_a())->port().get();
+  const size_t ahs = port->cached_address_handles();
+  auto extra = open(dev_a());
+  ASSERT_TRUE(extra && extra->set_peer(b->local_address()).is_ok());
+  EXPECT_EQ(port->cached_address_handles(), ahs);  // same host: the cached AH is reused
+  int got = 0;
+  for (auto& s : senders) got += send_and_count(s.get(), b.get(), 2);
+  EXPECT_EQ(got, 16);  // b has no peer: it accepts everyone
+}
+
+}  // namespace
+}  // namespace optireduce::verbs

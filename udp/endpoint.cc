@@ -1,0 +1,570 @@
+// The UDP endpoint's socket set-up and its two burst paths. Everything a burst touches (message
+// headers, iovecs, control buffers, receive slots) is allocated once in open().
+//
+// Design notes:
+//  - Transmit builds one mmsghdr per datagram, or, with GSO, one per run of equal-size datagrams
+//    (the last of a run may be shorter, as the kernel allows), whose iovecs alternate
+//    header/payload; the kernel cuts it into datagrams of the run's size. The caller's payload is
+//    never copied.
+//  - ICMP errors (a peer that went away) surface once, on whichever call comes next, and refer
+//    to an earlier datagram: they are counted and the call goes on.
+//  - Receive leaves a GRO batch that did not fit in the caller's array in place and hands out
+//    the rest on the next call without a system call, so no datagram is lost to a small `max`.
+#include "udp/endpoint.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/udp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "transport/log.h"
+
+namespace optireduce {
+namespace {
+
+// Messages per sendmmsg call: enough to amortise the system call over a window's worth of
+// datagrams, small enough that the arrays stay in L1.
+constexpr int kTxMsgs = 64;
+// Datagrams one GSO message may carry: UDP_MAX_SEGMENTS is 64 in every kernel with UDP_SEGMENT
+// (4.18 on); newer kernels allow 128, but 64 works everywhere.
+constexpr int kMaxGsoSegments = 64;
+// iovecs per sendmmsg call, two per datagram: 512 datagrams per call, past which another
+// system call costs nothing measurable. Equal to UIO_MAXIOV, so one message never exceeds it.
+constexpr int kTxIovecs = 1024;
+// Receive slots (datagrams, or GRO batches, per recvmmsg).
+constexpr int kRxSlots = 32;
+// A GRO batch never exceeds the 16-bit IP length, so 64 KiB holds any of them.
+constexpr uint32_t kGroSlotBytes = 65536;
+// Receive slots start on cache lines so that payload copies out of them run aligned.
+constexpr uint32_t kSlotAlign = 64;
+// recvmmsg calls one rx_burst makes when everything received was dropped (truncated or from a
+// stranger), before reporting "nothing": bounds the work of one call under a flood.
+constexpr int kRxAttempts = 4;
+// IP header bytes without options, and the UDP header.
+constexpr uint32_t kIpv4HeaderBytes = 20;
+constexpr uint32_t kIpv6HeaderBytes = 40;
+constexpr uint32_t kUdpHeaderBytes = 8;
+// The protocol's header alone is 48 bytes; a datagram below this carries too little to be worth
+// the per-packet cost (same floor as OPTIREDUCE_MAX_DATAGRAM).
+constexpr uint32_t kMinDatagramBytes = 256;
+
+constexpr size_t kTxCtrlBytes = CMSG_SPACE(sizeof(uint16_t));
+constexpr size_t kRxCtrlBytes = CMSG_SPACE(sizeof(int));
+
+int sys_sendmmsg(int fd, mmsghdr* msgs, unsigned int n, int flags) {
+  return ::sendmmsg(fd, msgs, n, flags);
+}
+int sys_recvmmsg(int fd, mmsghdr* msgs, unsigned int n, int flags, struct timespec* timeout) {
+  return ::recvmmsg(fd, msgs, n, flags, timeout);
+}
+
+// Errors by which the kernel reports an ICMP message about the peer (or no route to it): the
+// peer went away or is not there yet. Lost datagrams are the protocol's business, not fatal.
+bool is_unreachable(int err) {
+  return err == ECONNREFUSED || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN;
+}
+
+bool is_would_block(int err) {
+  return err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS;
+}
+
+std::string sockaddr_text(const sockaddr* sa) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (sa->sa_family == AF_INET) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    port = ntohs(in->sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    port = ntohs(in6->sin6_port);
+  }
+  return std::string(host) + ":" + std::to_string(port);
+}
+
+// Sets a socket buffer: the FORCE variant lifts the net.core.*mem_max ceiling but needs
+// CAP_NET_ADMIN; without it the plain option gets what the ceiling allows. Returns the size the
+// kernel reports afterwards (it doubles the request to account for its own overhead).
+int set_socket_buffer(int fd, int force_opt, int opt, uint32_t bytes) {
+  const int want = static_cast<int>(std::min<uint32_t>(bytes, 1u << 30));
+  if (setsockopt(fd, SOL_SOCKET, force_opt, &want, sizeof(want)) != 0)
+    (void)setsockopt(fd, SOL_SOCKET, opt, &want, sizeof(want));
+  int got = 0;
+  socklen_t len = sizeof(got);
+  if (getsockopt(fd, SOL_SOCKET, opt, &got, &len) != 0) return -1;
+  return got;
+}
+
+// The GRO segment size of a received message, or 0 when it holds one datagram.
+uint32_t gro_segment_bytes(msghdr& h) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+    if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+      int seg = 0;
+      std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
+      return seg > 0 ? static_cast<uint32_t>(seg) : 0;
+    }
+  }
+  return 0;
+}
+
+uint32_t datagram_bytes(const TxPacket& p) {
+  return p.hdr_len + p.payload_len;
+}
+
+}  // namespace
+
+struct UdpEndpoint::Buffers {
+  mmsghdr tx_msgs[kTxMsgs];
+  int tx_pkts[kTxMsgs];  // datagrams carried by each message
+  iovec tx_iov[kTxIovecs];
+  alignas(cmsghdr) uint8_t tx_ctrl[kTxMsgs][kTxCtrlBytes];
+  mmsghdr rx_msgs[kRxSlots];
+  iovec rx_iov[kRxSlots];
+  sockaddr_storage rx_from[kRxSlots];
+  alignas(cmsghdr) uint8_t rx_ctrl[kRxSlots][kRxCtrlBytes];
+  uint8_t* rx_data = nullptr;  // kRxSlots slots, `slot_stride` bytes apart
+  uint32_t slot_stride = 0;
+
+  ~Buffers() { std::free(rx_data); }
+  uint8_t* slot(int i) const { return rx_data + static_cast<size_t>(i) * slot_stride; }
+};
+
+const UdpSyscalls& UdpSyscalls::system() {
+  static const UdpSyscalls sc{sys_sendmmsg, sys_recvmmsg};
+  return sc;
+}
+
+PeerAddress udp_peer_address(const sockaddr* sa) {
+  PeerAddress a;
+  if (sa->sa_family == AF_INET) {
+    sockaddr_in in{};
+    const auto* src = reinterpret_cast<const sockaddr_in*>(sa);
+    in.sin_family = AF_INET;
+    in.sin_port = src->sin_port;
+    in.sin_addr = src->sin_addr;
+    a.kind = kUdpAddressKind;
+    a.len = sizeof(in);
+    std::memcpy(a.data, &in, sizeof(in));
+  } else if (sa->sa_family == AF_INET6) {
+    sockaddr_in6 in6{};
+    const auto* src = reinterpret_cast<const sockaddr_in6*>(sa);
+    in6.sin6_family = AF_INET6;
+    in6.sin6_port = src->sin6_port;
+    in6.sin6_addr = src->sin6_addr;
+    in6.sin6_scope_id = src->sin6_scope_id;
+    a.kind = kUdpAddressKind;
+    a.len = sizeof(in6);
+    std::memcpy(a.data, &in6, sizeof(in6));
+  }
+  return a;
+}
+static_assert(sizeof(sockaddr_in6) <= PeerAddress::kMaxBytes);
+
+bool udp_sockaddr(const PeerAddress& addr, sockaddr_storage* out, socklen_t* len) {
+  if (addr.kind != kUdpAddressKind) return false;
+  sa_family_t family;
+  std::memcpy(&family, addr.data, sizeof(family));
+  const size_t want = family == AF_INET    ? sizeof(sockaddr_in)
+                      : family == AF_INET6 ? sizeof(sockaddr_in6)
+                                           : 0;
+  if (want == 0 || addr.len != want) return false;
+  *out = sockaddr_storage{};
+  std::memcpy(out, addr.data, want);
+  *len = static_cast<socklen_t>(want);
+  return true;
+}
+
+UdpEndpoint::UdpEndpoint(int fd, int family)
+    : fd_(fd), family_(family), sys_(&UdpSyscalls::system()) {}
+
+UdpEndpoint::~UdpEndpoint() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Status UdpEndpoint::open(const sockaddr* local, uint32_t mtu, const EndpointOptions& opts,
+                         std::unique_ptr<UdpEndpoint>* out) {
+  if (local->sa_family != AF_INET && local->sa_family != AF_INET6) {
+    OR_WARN("UDP endpoint: address family %d is neither IPv4 nor IPv6", local->sa_family);
+    return Status(Errc::kInternal);
+  }
+  const int fd = ::socket(local->sa_family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_UDP);
+  if (fd < 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: socket() failed: %s", std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+  // Owned from here on: the destructor closes it on every error path.
+  std::unique_ptr<UdpEndpoint> ep(new (std::nothrow) UdpEndpoint(fd, local->sa_family));
+  if (!ep) {
+    ::close(fd);
+    return Status(Errc::kSystem, ENOMEM);
+  }
+  const Status s = ep->configure(local, mtu, opts);
+  if (!s) return s;
+  *out = std::move(ep);
+  return Status::ok();
+}
+
+Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const EndpointOptions& opts) {
+  const uint32_t ip_hdr = family_ == AF_INET6 ? kIpv6HeaderBytes : kIpv4HeaderBytes;
+  if (mtu < ip_hdr + kUdpHeaderBytes + kMinDatagramBytes) {
+    OR_WARN("UDP endpoint: MTU %u is too small (need at least %u)", mtu,
+            ip_hdr + kUdpHeaderBytes + kMinDatagramBytes);
+    return Status(Errc::kInvalidUsage);
+  }
+  const uint32_t mtu_datagram = std::min(mtu - ip_hdr - kUdpHeaderBytes, kMaxUdpPayloadBytes);
+  max_datagram_ = mtu_datagram;
+  if (opts.max_datagram_bytes != 0) {
+    max_datagram_ = std::max(opts.max_datagram_bytes, kMinDatagramBytes);
+    if (max_datagram_ > mtu_datagram) {
+      // Larger datagrams would fail with EMSGSIZE on the first send (fragmentation is off).
+      OR_WARN("UDP endpoint: max datagram %u exceeds what MTU %u allows; using %u", max_datagram_,
+              mtu, mtu_datagram);
+      max_datagram_ = mtu_datagram;
+    }
+  }
+
+  const int snd = set_socket_buffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, opts.socket_buffer_bytes);
+  const int rcv = set_socket_buffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, opts.socket_buffer_bytes);
+
+  // Oversize datagrams must fail at the sender rather than travel as IP fragments, which one
+  // lost fragment turns into a lost datagram and which many middleboxes drop outright.
+  int rc;
+  if (family_ == AF_INET) {
+    const int v = IP_PMTUDISC_DO;
+    rc = setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &v, sizeof(v));
+  } else {
+    const int v = IPV6_PMTUDISC_DO;
+    rc = setsockopt(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &v, sizeof(v));
+  }
+  if (rc != 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: cannot turn fragmentation off: %s", std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+
+  sockaddr_storage bind_addr{};
+  const socklen_t bind_len = family_ == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  std::memcpy(&bind_addr, local, bind_len);
+  if (family_ == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&bind_addr)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&bind_addr)->sin6_port = 0;
+  if (::bind(fd_, reinterpret_cast<const sockaddr*>(&bind_addr), bind_len) != 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: bind to %s failed: %s",
+            sockaddr_text(reinterpret_cast<const sockaddr*>(&bind_addr)).c_str(),
+            std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  if (getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &bound_len) != 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: getsockname failed: %s", std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+  local_sa_ = bound;
+  local_ = udp_peer_address(reinterpret_cast<const sockaddr*>(&bound));
+
+  // Setting a segment size of 0 changes nothing but fails on kernels without UDP_SEGMENT.
+  if (opts.gso) {
+    const int zero = 0;
+    gso_ = setsockopt(fd_, IPPROTO_UDP, UDP_SEGMENT, &zero, sizeof(zero)) == 0;
+  }
+  if (opts.gro) {
+    const int one = 1;
+    gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof(one)) == 0;
+  }
+
+  buf_.reset(new (std::nothrow) Buffers());
+  if (!buf_) return Status(Errc::kSystem, ENOMEM);
+  Buffers& b = *buf_;
+  // With GRO one receive may hold many datagrams, so its slot must hold the largest batch.
+  rx_slot_bytes_ = gro_ ? kGroSlotBytes : max_datagram_;
+  b.slot_stride = (rx_slot_bytes_ + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+  b.rx_data = static_cast<uint8_t*>(
+      std::aligned_alloc(kSlotAlign, static_cast<size_t>(b.slot_stride) * kRxSlots));
+  if (b.rx_data == nullptr) return Status(Errc::kSystem, ENOMEM);
+
+  // The fields that never change are set here once; the burst paths write only the rest.
+  for (int i = 0; i < kTxMsgs; ++i) {
+    b.tx_msgs[i] = mmsghdr{};
+    auto* c = reinterpret_cast<cmsghdr*>(b.tx_ctrl[i]);
+    c->cmsg_level = IPPROTO_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+  }
+  for (int i = 0; i < kRxSlots; ++i) {
+    b.rx_iov[i] = iovec{b.slot(i), rx_slot_bytes_};
+    b.rx_msgs[i] = mmsghdr{};
+    b.rx_msgs[i].msg_hdr.msg_iov = &b.rx_iov[i];
+    b.rx_msgs[i].msg_hdr.msg_iovlen = 1;
+    b.rx_msgs[i].msg_hdr.msg_name = &b.rx_from[i];
+    b.rx_msgs[i].msg_hdr.msg_control = gro_ ? b.rx_ctrl[i] : nullptr;
+  }
+
+  OR_INFO(
+      "UDP endpoint %s: max datagram %u bytes, send buffer %d, receive buffer %d bytes "
+      "(asked %u), GSO %s, GRO %s",
+      sockaddr_text(reinterpret_cast<const sockaddr*>(&bound)).c_str(), max_datagram_, snd, rcv,
+      opts.socket_buffer_bytes, gso_ ? "on" : "off", gro_ ? "on" : "off");
+  return Status::ok();
+}
+
+Status UdpEndpoint::set_peer(const PeerAddress& peer) {
+  sockaddr_storage sa;
+  socklen_t len;
+  if (!udp_sockaddr(peer, &sa, &len) || sa.ss_family != family_) {
+    OR_WARN("UDP endpoint: peer address (kind %d, %d bytes) is not a UDP address of this family",
+            peer.kind, peer.len);
+    return Status(Errc::kInternal);
+  }
+  // connect() makes the kernel fill in the destination and drop datagrams from anyone else.
+  if (::connect(fd_, reinterpret_cast<const sockaddr*>(&sa), len) != 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: connect to %s failed: %s",
+            sockaddr_text(reinterpret_cast<const sockaddr*>(&sa)).c_str(), std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+  peer_ = sa;
+  has_peer_ = true;
+  return Status::ok();
+}
+
+// Fills the message array from pkts[0, n). Returns the messages built; *built_pkts gets the
+// datagrams they carry.
+int UdpEndpoint::build_tx_batch(const TxPacket* pkts, int n, int* built_pkts) {
+  Buffers& b = *buf_;
+  int msgs = 0;
+  int iovs = 0;
+  int i = 0;
+  while (i < n && msgs < kTxMsgs && iovs + 2 <= kTxIovecs) {
+    const uint32_t seg = datagram_bytes(pkts[i]);
+    int count = 1;
+    if (gso_ && seg > 0 && seg <= max_datagram_) {
+      const int room = std::min(kMaxGsoSegments, (kTxIovecs - iovs) / 2);
+      uint32_t total = seg;
+      while (i + count < n && count < room) {
+        const uint32_t len = datagram_bytes(pkts[i + count]);
+        if (len == 0 || len > seg || total + len > kMaxUdpPayloadBytes) break;
+        total += len;
+        ++count;
+        if (len < seg) break;  // a shorter datagram can only end a GSO message
+      }
+    }
+    mmsghdr& m = b.tx_msgs[msgs];
+    m.msg_hdr.msg_iov = &b.tx_iov[iovs];
+    m.msg_hdr.msg_iovlen = static_cast<size_t>(2 * count);
+    for (int k = 0; k < count; ++k) {
+      const TxPacket& p = pkts[i + k];
+      b.tx_iov[iovs++] = iovec{const_cast<void*>(p.hdr), p.hdr_len};
+      b.tx_iov[iovs++] = iovec{const_cast<void*>(p.payload), p.payload_len};
+    }
+    if (count > 1) {
+      const uint16_t gso_size = static_cast<uint16_t>(seg);
+      std::memcpy(CMSG_DATA(reinterpret_cast<cmsghdr*>(b.tx_ctrl[msgs])), &gso_size,
+                  sizeof(gso_size));
+      m.msg_hdr.msg_control = b.tx_ctrl[msgs];
+      m.msg_hdr.msg_controllen = kTxCtrlBytes;
+    } else {
+      m.msg_hdr.msg_control = nullptr;
+      m.msg_hdr.msg_controllen = 0;
+    }
+    b.tx_pkts[msgs] = count;
+    ++msgs;
+    i += count;
+  }
+  *built_pkts = i;
+  return msgs;
+}
+
+int UdpEndpoint::tx_burst(const TxPacket* pkts, int n) {
+  if (fatal_) return -fatal_;
+  if (!has_peer_) return -EDESTADDRREQ;  // the caller's bug; not sticky
+  Buffers& b = *buf_;
+  int taken = 0;
+  int refused_in_row = 0;
+  while (taken < n) {
+    int built = 0;
+    const int msgs = build_tx_batch(pkts + taken, n - taken, &built);
+    const int r = sys_->sendmmsg(fd_, b.tx_msgs, static_cast<unsigned>(msgs), MSG_DONTWAIT);
+    ++counters_.tx_syscalls;
+    if (r > 0) {
+      int sent = 0;
+      for (int m = 0; m < r; ++m) {
+        sent += b.tx_pkts[m];
+        if (b.tx_pkts[m] > 1) ++udp_counters_.gso_sends;
+      }
+      taken += sent;
+      counters_.tx_datagrams += static_cast<uint64_t>(sent);
+      refused_in_row = 0;
+      continue;
+    }
+    const int err = r == 0 ? EAGAIN : errno;
+    if (err == EINTR) continue;
+    if (is_would_block(err)) {
+      ++counters_.tx_would_block;
+      break;
+    }
+    if (is_unreachable(err)) {
+      ++udp_counters_.peer_unreachable;
+      ++counters_.rx_errors;
+      // A reported ICMP error is consumed by the report, so the retry normally goes out. A
+      // second refusal of the same datagram is the route's own answer: drop it like the
+      // network would.
+      if (++refused_in_row >= 2) {
+        ++taken;
+        ++udp_counters_.unreachable_drops;
+        refused_in_row = 0;
+      }
+      continue;
+    }
+    if ((err == EINVAL || err == EIO) && gso_ && b.tx_pkts[0] > 1) {
+      // EINVAL: the kernel or route rejects the segment size; EIO: the device cannot checksum
+      // for GSO. Either is permanent for this socket.
+      OR_WARN("UDP endpoint %s: kernel refused a GSO send (%s); using plain sendmmsg from now on",
+              sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
+              std::strerror(err));
+      gso_ = false;
+      udp_counters_.gso_fallbacks = 1;
+      continue;
+    }
+    if (err == EMSGSIZE) {
+      OR_WARN(
+          "UDP endpoint %s: a %u-byte datagram does not fit the path to %s (EMSGSIZE; "
+          "fragmentation is off). Lower OPTIREDUCE_MAX_DATAGRAM or raise the MTU.",
+          sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
+          datagram_bytes(pkts[taken]),
+          sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_)).c_str());
+    } else {
+      OR_WARN("UDP endpoint %s: sendmmsg failed: %s",
+              sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
+              std::strerror(err));
+    }
+    fatal_ = err;
+    return -err;
+  }
+  return taken;
+}
+
+// One recvmmsg into the slots. Returns the messages received (0: none waiting) or -errno.
+int UdpEndpoint::recv_batch(int max) {
+  Buffers& b = *buf_;
+  const int n = std::min(max, kRxSlots);
+  for (int i = 0; i < n; ++i) {
+    // The kernel overwrites these with what it used; restore the capacities.
+    b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+    b.rx_msgs[i].msg_hdr.msg_controllen = gro_ ? kRxCtrlBytes : 0;
+  }
+  // A pending ICMP error is reported instead of data once; the second try gets the data.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const int r = sys_->recvmmsg(fd_, b.rx_msgs, static_cast<unsigned>(n), MSG_DONTWAIT, nullptr);
+    ++counters_.rx_syscalls;
+    if (r >= 0) {
+      rx_count_ = r;
+      rx_next_ = 0;
+      rx_offset_ = 0;
+      return r;
+    }
+    const int err = errno;
+    if (err == EAGAIN || err == EWOULDBLOCK) return 0;
+    if (err == EINTR) continue;
+    if (is_unreachable(err)) {
+      ++udp_counters_.peer_unreachable;
+      ++counters_.rx_errors;
+      continue;
+    }
+    OR_WARN("UDP endpoint %s: recvmmsg failed: %s",
+            sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
+            std::strerror(err));
+    fatal_ = err;
+    return -err;
+  }
+  return 0;
+}
+
+bool UdpEndpoint::from_peer(const sockaddr_storage& src) const {
+  if (src.ss_family != peer_.ss_family) return false;
+  if (src.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&src);
+    const auto* p = reinterpret_cast<const sockaddr_in*>(&peer_);
+    return a->sin_port == p->sin_port && a->sin_addr.s_addr == p->sin_addr.s_addr;
+  }
+  const auto* a = reinterpret_cast<const sockaddr_in6*>(&src);
+  const auto* p = reinterpret_cast<const sockaddr_in6*>(&peer_);
+  return a->sin6_port == p->sin6_port &&
+         std::memcmp(&a->sin6_addr, &p->sin6_addr, sizeof(in6_addr)) == 0;
+}
+
+// Hands out received datagrams not yet handed out, up to `max`.
+int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
+  Buffers& b = *buf_;
+  int got = 0;
+  while (got < max && rx_next_ < rx_count_) {
+    mmsghdr& m = b.rx_msgs[rx_next_];
+    const uint32_t len = m.msg_len;
+    const uint8_t* data = b.slot(rx_next_);
+    uint32_t seg = gro_ ? gro_segment_bytes(m.msg_hdr) : 0;
+    if (seg == 0 || seg > len) seg = len;
+    bool drop = false;
+    if (rx_offset_ == 0) {
+      if (m.msg_hdr.msg_flags & MSG_TRUNC) {
+        ++counters_.rx_truncated;
+        drop = true;
+      } else if (has_peer_ && !from_peer(b.rx_from[rx_next_])) {
+        // Queued before connect() took effect: the kernel's filter did not see it.
+        ++udp_counters_.rx_foreign;
+        drop = true;
+      } else if (seg < len) {
+        ++udp_counters_.gro_receives;
+      }
+    }
+    if (!drop) {
+      const PeerAddress from =
+          has_peer_ ? PeerAddress{}
+                    : udp_peer_address(reinterpret_cast<sockaddr*>(&b.rx_from[rx_next_]));
+      do {  // at least once, so that an empty datagram is delivered too
+        const uint32_t chunk = std::min(seg, len - rx_offset_);
+        if (chunk > max_datagram_) {
+          // GRO's slots hold more than one datagram may be: the size limit is ours to apply.
+          ++counters_.rx_truncated;
+          rx_offset_ += chunk;
+          continue;
+        }
+        pkts[got].data = data + rx_offset_;
+        pkts[got].len = chunk;
+        pkts[got].from = from;
+        ++got;
+        rx_offset_ += chunk;
+      } while (got < max && rx_offset_ < len);
+      if (rx_offset_ < len) break;  // the caller's array is full; resume here next time
+    }
+    ++rx_next_;
+    rx_offset_ = 0;
+  }
+  counters_.rx_datagrams += static_cast<uint64_t>(got);
+  return got;
+}
+
+int UdpEndpoint::rx_burst(RxPacket* pkts, int max) {
+  if (fatal_) return -fatal_;
+  if (max <= 0) return 0;
+  int got = drain_rx(pkts, max);
+  for (int attempt = 0; got == 0 && attempt < kRxAttempts; ++attempt) {
+    const int r = recv_batch(max);
+    if (r <= 0) return r;
+    got = drain_rx(pkts, max);
+  }
+  return got;
+}
+
+}  // namespace optireduce

@@ -1,0 +1,87 @@
+// RDMA device discovery for the UD datapath (which HCAs and ports are usable, their GID, MTU,
+// speed) and the per-port state every endpoint on the port shares: the device context, the
+// protection domain and the address-handle cache.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <mutex>
+#include <string_view>
+#include <vector>
+
+#include "transport/datapath.h"
+#include "transport/params.h"
+#include "verbs/address.h"
+#include "verbs/device_api.h"
+#include "verbs/ibv_symbols.h"
+
+namespace optireduce {
+namespace verbs {
+
+// OPTIREDUCE_IB_HCA: a comma-separated list of `device` or `device:port`; empty admits all.
+bool hca_selected(std::string_view filter, std::string_view device, int port);
+
+// Link speed in Mbit/s from ibv_port_attr's active_speed and active_width codes; 0 if unknown.
+int port_speed_mbps(uint8_t active_speed, uint8_t active_width);
+
+// One open port. Owned jointly by its Device and every endpoint opened on it, so that an
+// endpoint outliving the device list (NCCL closes comms after finalising devices) still holds a
+// valid context and PD.
+class PortContext {
+ public:
+  PortContext(const IbvSymbols* ibv, ibv_context* ctx, ibv_pd* pd)
+      : ibv_(ibv), ctx_(ctx), pd_(pd) {}
+  ~PortContext();
+  PortContext(const PortContext&) = delete;
+  PortContext& operator=(const PortContext&) = delete;
+
+  const IbvSymbols& ibv() const { return *ibv_; }
+  ibv_context* context() const { return ctx_; }
+  ibv_pd* pd() const { return pd_; }
+
+  // The address handle for `peer`, created on first use and kept until the port closes: many
+  // connections go to the same few hosts, and an AH is a device object whose creation may
+  // resolve a route. Thread-safe (endpoints of different connections share the cache).
+  Status address_handle(const UdAddress& peer, ibv_ah** out);
+  size_t cached_address_handles();
+
+  // Set once at discovery, read-only afterwards.
+  std::string name;
+  uint8_t port = 1;
+  int gid_index = 0;
+  uint8_t gid[16] = {};
+  uint16_t lid = 0;
+  bool ethernet = true;    // RoCE; false = InfiniBand link layer
+  uint32_t mtu_bytes = 0;  // active MTU: the largest UD message
+  uint32_t max_qp_wr = 0;  // device limits that bound ring sizes
+  uint32_t max_cqe = 0;
+
+ private:
+  struct AhEntry {
+    uint8_t gid[16];
+    uint16_t lid;
+    ibv_ah* ah;
+  };
+  const IbvSymbols* ibv_;
+  ibv_context* ctx_;
+  ibv_pd* pd_;
+  std::mutex mu_;
+  std::vector<AhEntry> ahs_;  // guarded by mu_; a handful of entries, one per peer host
+};
+
+class VerbsDevice final : public Device {
+ public:
+  VerbsDevice(std::shared_ptr<PortContext> port, DeviceInfo info)
+      : port_(std::move(port)), info_(std::move(info)) {}
+  const DeviceInfo& info() const override { return info_; }
+  Status open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) override;
+  const std::shared_ptr<PortContext>& port() const { return port_; }
+
+ private:
+  std::shared_ptr<PortContext> port_;
+  DeviceInfo info_;
+};
+
+}  // namespace verbs
+}  // namespace optireduce

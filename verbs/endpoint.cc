@@ -1,0 +1,384 @@
+// The UD endpoint's set-up, hot path and error recovery (see endpoint.h for the design).
+// Nothing here allocates after open(): work requests and SGEs are built once per slot, and
+// the hot path only fills the fields that change per datagram.
+#include "verbs/endpoint.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "transport/log.h"
+
+namespace optireduce::verbs {
+namespace {
+
+// Ring memory is page-aligned: registration pins whole pages, and an aligned base keeps every
+// slot's cache-line layout exact.
+constexpr size_t kPageBytes = 4096;
+
+uint8_t* alloc_pages(size_t bytes) {
+  const size_t rounded = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  void* p = std::aligned_alloc(kPageBytes, rounded);
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return static_cast<uint8_t*>(p);
+}
+
+uint32_t min_u32(uint32_t a, uint32_t b) {
+  return a < b ? a : b;
+}
+
+}  // namespace
+
+Status UdEndpoint::open(std::shared_ptr<PortContext> port, const EndpointOptions& opts,
+                        std::unique_ptr<UdEndpoint>* out) {
+  std::unique_ptr<UdEndpoint> ep(new UdEndpoint(std::move(port)));
+  Status st = ep->create(opts);
+  if (st.is_ok()) *out = std::move(ep);
+  return st;
+}
+
+UdEndpoint::~UdEndpoint() {
+  if (qp_) ibv_->destroy_qp(qp_);
+  if (send_cq_) ibv_->destroy_cq(send_cq_);
+  if (recv_cq_) ibv_->destroy_cq(recv_cq_);
+  if (recv_mr_) ibv_->dereg_mr(recv_mr_);
+  if (send_mr_) ibv_->dereg_mr(send_mr_);
+  std::free(recv_mem_);
+  std::free(send_mem_);
+}
+
+Status UdEndpoint::create(const EndpointOptions& opts) {
+  ibv_ = &port_->ibv();
+  const PortContext& pc = *port_;
+  // A UD message never exceeds the path MTU; rxe silently drops a larger send, so the MTU is
+  // a hard ceiling whatever the options ask for.
+  max_datagram_ = pc.mtu_bytes;
+  if (opts.max_datagram_bytes != 0) max_datagram_ = min_u32(max_datagram_, opts.max_datagram_bytes);
+  recv_layout_ = recv_slot_layout(max_datagram_);
+  send_stride_ = round_up(max_datagram_, kCacheLineBytes);
+  // The receive ring holds the same bytes a UDP socket buffer would: the budget the
+  // transport sizes its window against.
+  const uint32_t dev_limit = min_u32(pc.max_qp_wr, pc.max_cqe);
+  recv_slots_ = ring_slots(opts.socket_buffer_bytes, max_datagram_, kMinRecvSlots,
+                           min_u32(kMaxRecvSlots, dev_limit));
+  if (recv_slots_ < kMinRecvSlots || dev_limit < kSendSlots) {
+    OR_WARN("verbs: %s: device queue limit %u too small", pc.name.c_str(), dev_limit);
+    return Status(Errc::kSystem, ENOMEM);
+  }
+
+  const size_t recv_bytes = size_t{recv_slots_} * recv_layout_.stride_bytes;
+  const size_t send_bytes = size_t{kSendSlots} * send_stride_;
+  recv_mem_ = alloc_pages(recv_bytes);
+  send_mem_ = alloc_pages(send_bytes);
+  if (recv_mem_ == nullptr || send_mem_ == nullptr) return Status(Errc::kSystem, ENOMEM);
+  recv_mr_ = ibv_->reg_mr(pc.pd(), recv_mem_, recv_bytes, IBV_ACCESS_LOCAL_WRITE);
+  if (recv_mr_ == nullptr) return Status(Errc::kSystem, errno);
+  send_mr_ = ibv_->reg_mr(pc.pd(), send_mem_, send_bytes, 0);
+  if (send_mr_ == nullptr) return Status(Errc::kSystem, errno);
+
+  send_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(kSendSlots), nullptr, nullptr, 0);
+  if (send_cq_ == nullptr) return Status(Errc::kSystem, errno);
+  recv_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(recv_slots_), nullptr, nullptr, 0);
+  if (recv_cq_ == nullptr) return Status(Errc::kSystem, errno);
+
+  ibv_qp_init_attr ia{};
+  ia.send_cq = send_cq_;
+  ia.recv_cq = recv_cq_;
+  ia.qp_type = IBV_QPT_UD;
+  ia.sq_sig_all = 0;
+  ia.cap.max_send_wr = kSendSlots;
+  ia.cap.max_recv_wr = recv_slots_;
+  ia.cap.max_send_sge = 2;
+  ia.cap.max_recv_sge = 1;
+  ia.cap.max_inline_data = kInlineBytes;
+  qp_ = ibv_->create_qp(pc.pd(), &ia);
+  if (qp_ == nullptr) {
+    // Some providers cap inline data below kInlineBytes; inline is an optimisation only.
+    ia.cap.max_inline_data = 0;
+    qp_ = ibv_->create_qp(pc.pd(), &ia);
+  }
+  if (qp_ == nullptr) return Status(Errc::kSystem, errno);
+  max_inline_ = min_u32(ia.cap.max_inline_data, kInlineBytes);
+
+  // Work requests and SGEs are built once; the hot path touches only per-datagram fields.
+  recv_wr_.reset(new ibv_recv_wr[recv_slots_]());
+  recv_sge_.reset(new ibv_sge[recv_slots_]());
+  for (uint32_t i = 0; i < recv_slots_; i++) {
+    uint8_t* slot = recv_mem_ + size_t{i} * recv_layout_.stride_bytes;
+    recv_sge_[i].addr = reinterpret_cast<uintptr_t>(slot + recv_layout_.grh_offset);
+    recv_sge_[i].length = recv_layout_.sge_bytes;
+    recv_sge_[i].lkey = recv_mr_->lkey;
+    recv_wr_[i].sg_list = &recv_sge_[i];
+    recv_wr_[i].num_sge = 1;
+    recv_wr_[i].next = &recv_wr_[(i + 1) & (recv_slots_ - 1)];
+  }
+  send_wr_.reset(new ibv_send_wr[kSendSlots]());
+  send_sge_.reset(new ibv_sge[2 * kSendSlots]());
+  for (uint32_t i = 0; i < kSendSlots; i++) {
+    send_wr_[i].sg_list = &send_sge_[2 * i];
+    send_wr_[i].opcode = IBV_WR_SEND;
+  }
+
+  Status st = bring_up();
+  if (!st.is_ok()) return st;
+  repost_recvs();
+  if (rx_posted_ != recv_slots_) return Status(Errc::kSystem, ENOMEM);
+
+  UdAddress self;
+  std::memcpy(self.gid, pc.gid, 16);
+  self.qpn = qp_->qp_num;
+  self.qkey = kDefaultQKey;
+  self.lid = pc.lid;
+  local_ = encode_address(self);
+  OR_INFO("verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u",
+          pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_);
+  return Status::ok();
+}
+
+Status UdEndpoint::bring_up() {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port_->port;
+  a.qkey = kDefaultQKey;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+    return Status(Errc::kSystem, errno);
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE)) return Status(Errc::kSystem, errno);
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;  // UD has no PSN checking; the field is merely required by the transition
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE | IBV_QP_SQ_PSN)) return Status(Errc::kSystem, errno);
+  return Status::ok();
+}
+
+void UdEndpoint::reset_qp() {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
+    reset_pending_ = true;  // try again on the next call
+    return;
+  }
+  // Completions already queued belong to discarded requests; take them out now. Any that
+  // still trail in are recognised by their sequence number (rx_stale).
+  while (ibv_poll_cq(recv_cq_, kPollBatch, wc_) > 0) {
+  }
+  while (ibv_poll_cq(send_cq_, kPollBatch, wc_) > 0) {
+  }
+  rx_done_ = rx_posted_;  // nothing is posted any more; rx_burst reposts every slot
+  tx_done_ = tx_posted_;
+  reset_pending_ = !bring_up().is_ok();
+  ud_.qp_resets++;
+  OR_WARN("verbs: %s qpn %u: queue pair reset after an error completion (%s)%s",
+          port_->name.c_str(), qp_->qp_num, ibv_->wc_status_str(last_error_),
+          reset_pending_ ? "; the reset failed, will retry" : "");
+}
+
+void UdEndpoint::check_qp() {
+  error_seen_ = false;
+  ibv_qp_attr a{};
+  ibv_qp_init_attr ia{};
+  if (ibv_->query_qp(qp_, &a, IBV_QP_STATE, &ia) != 0 || a.qp_state != IBV_QPS_RTS) reset_qp();
+}
+
+Status UdEndpoint::set_peer(const PeerAddress& peer) {
+  UdAddress a;
+  if (!decode_address(peer, &a)) return Status(Errc::kInternal, EINVAL);
+  ibv_ah* ah = nullptr;
+  Status st = port_->address_handle(a, &ah);
+  if (!st.is_ok()) return st;
+  peer_ = a;
+  peer_ah_ = ah;
+  has_peer_ = true;
+  return Status::ok();
+}
+
+void UdEndpoint::repost_recvs() {
+  const uint64_t free_slots = recv_slots_ - (rx_posted_ - rx_done_);
+  if (free_slots < kRecvSlack && rx_posted_ != rx_done_) return;
+  if (free_slots == 0) return;
+  // Cut the pre-linked ring after the last slot to post, post once, restore the link.
+  const uint32_t first = ring_slot(rx_posted_, recv_slots_);
+  const uint32_t last = ring_slot(rx_posted_ + free_slots - 1, recv_slots_);
+  for (uint64_t s = rx_posted_; s < rx_posted_ + free_slots; s++)
+    recv_wr_[ring_slot(s, recv_slots_)].wr_id = s;
+  ibv_recv_wr* saved = recv_wr_[last].next;
+  recv_wr_[last].next = nullptr;
+  ibv_recv_wr* bad = nullptr;
+  const int rc = ibv_post_recv(qp_, &recv_wr_[first], &bad);
+  recv_wr_[last].next = saved;
+  counters_.rx_syscalls++;
+  uint64_t posted = free_slots;
+  if (rc != 0) {
+    posted = 0;
+    for (ibv_recv_wr* w = &recv_wr_[first]; w != nullptr && w != bad; w = w->next) posted++;
+  }
+  rx_posted_ += posted;
+}
+
+bool UdEndpoint::take_recv(const ibv_wc& wc, RxPacket* pkt) {
+  if (wc.wr_id != rx_done_) {  // left over from before a reset
+    ud_.rx_stale++;
+    return false;
+  }
+  const uint8_t* slot =
+      recv_mem_ + size_t{ring_slot(rx_done_, recv_slots_)} * recv_layout_.stride_bytes;
+  rx_done_++;
+  if (wc.status != IBV_WC_SUCCESS) {
+    // A datagram larger than the slot (the peer ignored our datagram size): hardware reports
+    // a length error; rxe fails the copy into the too-short buffer and reports a local QP
+    // operation error, the only receive-side error our constant, valid work requests can
+    // meet. Either way the QP is now in the error state and check_qp() resets it.
+    if (wc.status == IBV_WC_LOC_LEN_ERR || wc.status == IBV_WC_LOC_QP_OP_ERR) {
+      counters_.rx_truncated++;
+    } else if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      counters_.rx_errors++;  // flushes follow an error already counted
+    }
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) last_error_ = wc.status;
+    error_seen_ = true;
+    return false;
+  }
+  if (wc.byte_len < kGrhBytes) {
+    counters_.rx_errors++;
+    return false;
+  }
+  const uint8_t* grh = slot + recv_layout_.grh_offset;
+  const bool has_grh = (wc.wc_flags & IBV_WC_GRH) != 0;
+  uint8_t src_gid[16] = {};
+  const bool has_src = has_grh && grh_source_gid(grh, src_gid);
+  if (has_peer_) {
+    // The QPN alone is not unique across hosts; the source GID (or LID without a GRH)
+    // completes the identity.
+    const bool same_host = has_src ? std::memcmp(src_gid, peer_.gid, 16) == 0
+                                   : (!port_->ethernet && wc.slid == peer_.lid);
+    if (wc.src_qp != peer_.qpn || !same_host) {
+      ud_.rx_foreign++;
+      return false;
+    }
+    pkt->from = PeerAddress();
+  } else {
+    if (!has_src && port_->ethernet) {
+      ud_.rx_no_source++;
+      return false;
+    }
+    UdAddress from;
+    std::memcpy(from.gid, src_gid, 16);
+    from.qpn = wc.src_qp;
+    from.qkey = kDefaultQKey;
+    from.lid = port_->ethernet ? 0 : wc.slid;
+    pkt->from = encode_address(from);
+  }
+  pkt->data = slot + recv_layout_.payload_offset;
+  pkt->len = wc.byte_len - kGrhBytes;
+  return true;
+}
+
+int UdEndpoint::rx_burst(RxPacket* pkts, int max) {
+  if (reset_pending_) reset_qp();
+  repost_recvs();
+  int got = 0;
+  while (got < max) {
+    const int want = max - got < kPollBatch ? max - got : kPollBatch;
+    const int n = ibv_poll_cq(recv_cq_, want, wc_);
+    if (n < 0) return -EIO;  // the CQ itself is broken (overrun): nothing to recover
+    for (int i = 0; i < n; i++)
+      if (take_recv(wc_[i], &pkts[got])) got++;
+    if (n < want) break;
+  }
+  counters_.rx_datagrams += static_cast<uint64_t>(got);
+  if (error_seen_) check_qp();
+  return got;
+}
+
+void UdEndpoint::reap_sends() {
+  for (;;) {
+    const int n = ibv_poll_cq(send_cq_, kPollBatch, wc_);
+    if (n <= 0) return;
+    for (int i = 0; i < n; i++) {
+      const ibv_wc& wc = wc_[i];
+      if (wc.wr_id > tx_done_ && wc.wr_id <= tx_posted_) tx_done_ = wc.wr_id;
+      if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
+        counters_.rx_errors++;
+        ud_.tx_errors++;
+        last_error_ = wc.status;
+        error_seen_ = true;
+      }
+    }
+    if (n < kPollBatch) return;
+  }
+}
+
+int UdEndpoint::tx_burst(const TxPacket* pkts, int n) {
+  if (!has_peer_) return -ENOTCONN;
+  if (reset_pending_) reset_qp();
+  reap_sends();
+  if (error_seen_) check_qp();
+  const uint64_t room = kSendSlots - (tx_posted_ - tx_done_);
+  int m = n < static_cast<int>(room) ? n : static_cast<int>(room);
+  for (int i = 0; i < m; i++) {
+    if (pkts[i].hdr_len + uint64_t{pkts[i].payload_len} > max_datagram_) {
+      if (i == 0) return -EMSGSIZE;  // the caller broke max_datagram_bytes()
+      m = i;
+    }
+  }
+  ibv_send_wr* first = nullptr;
+  ibv_send_wr* prev = nullptr;
+  for (int i = 0; i < m; i++) {
+    const TxPacket& p = pkts[i];
+    const uint64_t seq = tx_posted_ + static_cast<uint64_t>(i);
+    const uint32_t slot = ring_slot(seq, kSendSlots);
+    ibv_send_wr* wr = &send_wr_[slot];
+    ibv_sge* sge = wr->sg_list;
+    const uint32_t len = p.hdr_len + p.payload_len;
+    unsigned flags = 0;
+    if (len <= max_inline_) {
+      // Inline: the post copies straight from the caller's memory, which needs no lkey.
+      int k = 0;
+      if (p.hdr_len) sge[k++] = ibv_sge{reinterpret_cast<uintptr_t>(p.hdr), p.hdr_len, 0};
+      if (p.payload_len)
+        sge[k++] = ibv_sge{reinterpret_cast<uintptr_t>(p.payload), p.payload_len, 0};
+      wr->num_sge = k;
+      flags = IBV_SEND_INLINE;
+      ud_.tx_inline++;
+    } else {
+      // The transport hands arbitrary host pointers that are not registered (and may be
+      // freed as soon as we return), so the datagram is copied into its registered slot.
+      uint8_t* dst = send_mem_ + size_t{slot} * send_stride_;
+      if (p.hdr_len) std::memcpy(dst, p.hdr, p.hdr_len);
+      if (p.payload_len) std::memcpy(dst + p.hdr_len, p.payload, p.payload_len);
+      sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(dst), len, send_mr_->lkey};
+      wr->num_sge = 1;
+    }
+    if (signal_wr(seq, kSignalEvery)) flags |= IBV_SEND_SIGNALED;
+    wr->send_flags = flags;
+    wr->wr_id = seq + 1;
+    wr->wr.ud.ah = peer_ah_;
+    wr->wr.ud.remote_qpn = peer_.qpn;
+    wr->wr.ud.remote_qkey = peer_.qkey;
+    wr->next = nullptr;
+    if (prev)
+      prev->next = wr;
+    else
+      first = wr;
+    prev = wr;
+  }
+  int posted = 0;
+  if (m > 0) {
+    ibv_send_wr* bad = nullptr;
+    const int rc = ibv_post_send(qp_, first, &bad);
+    counters_.tx_syscalls++;
+    posted = m;
+    if (rc != 0) {
+      posted = 0;
+      for (ibv_send_wr* w = first; w != nullptr && w != bad; w = w->next) posted++;
+      if (posted == 0 && rc != ENOMEM) return -rc;  // ENOMEM: the send queue is full
+    }
+  }
+  tx_posted_ += static_cast<uint64_t>(posted);
+  counters_.tx_datagrams += static_cast<uint64_t>(posted);
+  if (posted < n) counters_.tx_would_block++;
+  return posted;
+}
+
+}  // namespace optireduce::verbs

@@ -1,0 +1,137 @@
+// The UD verbs endpoint: one Unreliable Datagram queue pair with its own completion queues, a
+// receive ring registered once and kept posted, a send ring of registered slots, and the
+// peer's address handle from the port's cache.
+//
+// Design: one QP per endpoint rather than one per device with demultiplexing. An Endpoint
+// serves one connection and is serialised by that connection's lock (datapath.h), so a private
+// QP and CQ pair needs no locking and no demux table, and set_peer filtering is a compare on
+// the completion. The cost is a QP, two CQs and the ring memory per connection; NCCL opens a
+// few connections per peer, far below the device's QP limit. A shared QP would save memory at
+// scale and can come behind the same interface later.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "transport/datapath.h"
+#include "verbs/address.h"
+#include "verbs/device.h"
+#include "verbs/ring.h"
+
+namespace optireduce::verbs {
+
+// What the verbs datapath counts beyond DatapathCounters. There, tx_syscalls and rx_syscalls
+// count ibv_post_send and ibv_post_recv calls (one doorbell per burst or chain), rx_truncated
+// datagrams larger than the receive slot, rx_errors other error completions of either queue.
+struct UdCounters {
+  uint64_t rx_foreign = 0;    // from a QPN or GID other than the peer's: dropped
+  uint64_t rx_no_source = 0;  // no peer set and no GRH to reply to: dropped
+  uint64_t rx_stale = 0;      // completions of work requests discarded by a QP reset
+  uint64_t qp_resets = 0;     // recoveries of the QP from the error state
+  uint64_t tx_inline = 0;     // datagrams sent inline (copied by the post, not into the ring)
+  uint64_t tx_errors = 0;     // send completions with an error status (also in rx_errors)
+};
+
+class UdEndpoint final : public Endpoint {
+ public:
+  // Send ring depth: the most datagrams in flight between the post and their completion. 256
+  // MTU-sized slots (1 MiB at 4 KiB) keep a 100 Gbit/s port busy for ~80 us, longer than a
+  // progress-thread pass, while the copy into a slot stays in the L2 cache.
+  static constexpr uint32_t kSendSlots = 256;
+  // One signaled send per 32: a completion per datagram would double the CQ traffic, and the
+  // ring must hold two groups so posting never waits for the group just signaled.
+  static constexpr uint32_t kSignalEvery = 32;
+  // Receives are reposted in chains of at least 32: one doorbell per chain.
+  static constexpr uint32_t kRecvSlack = 32;
+  // Receive ring bounds. Below 256 slots a burst of MTU-sized datagrams overruns the ring
+  // between two polls; 16384 is the smallest max_qp_wr among current providers (rxe).
+  static constexpr uint32_t kMinRecvSlots = 256;
+  static constexpr uint32_t kMaxRecvSlots = 16384;
+  // Completions taken per ibv_poll_cq call: the caller's bursts are at most this size in the
+  // transport, and the array lives in the endpoint.
+  static constexpr int kPollBatch = 32;
+  // Datagrams up to this size are posted inline (the post copies them; no ring slot copy and
+  // no DMA read). 256 covers every control packet: the 48-byte header plus a 128-byte SACK
+  // bitmap or a 16-byte hello.
+  static constexpr uint32_t kInlineBytes = 256;
+
+  static_assert(is_pow2(kSendSlots) && is_pow2(kMinRecvSlots) && is_pow2(kMaxRecvSlots));
+  static_assert(kSendSlots >= 2 * kSignalEvery, "posting must not wait for a signaled group");
+  static_assert(kRecvSlack * 4 <= kMinRecvSlots, "slack must be small against the ring");
+
+  // Creates the QP and rings on `port` and posts every receive slot.
+  static Status open(std::shared_ptr<PortContext> port, const EndpointOptions& opts,
+                     std::unique_ptr<UdEndpoint>* out);
+  ~UdEndpoint() override;
+  UdEndpoint(const UdEndpoint&) = delete;
+  UdEndpoint& operator=(const UdEndpoint&) = delete;
+
+  const PeerAddress& local_address() const override { return local_; }
+  Status set_peer(const PeerAddress& peer) override;
+  int tx_burst(const TxPacket* pkts, int n) override;
+  int rx_burst(RxPacket* pkts, int max) override;
+  uint32_t max_datagram_bytes() const override { return max_datagram_; }
+  const DatapathCounters& counters() const override { return counters_; }
+
+  const UdCounters& ud_counters() const { return ud_; }
+  uint32_t max_inline_bytes() const { return max_inline_; }
+  uint32_t recv_slots() const { return recv_slots_; }
+
+ private:
+  explicit UdEndpoint(std::shared_ptr<PortContext> port) : port_(std::move(port)) {}
+  Status create(const EndpointOptions& opts);
+  Status bring_up();  // RESET -> INIT -> RTR -> RTS
+  void reset_qp();    // from any state back to RTS, every posted work request discarded
+  void check_qp();    // after an error completion: reset if the QP left RTS
+  void repost_recvs();
+  void reap_sends();
+  // Handles one receive completion; true (and pkt filled) when it delivers a datagram.
+  bool take_recv(const ibv_wc& wc, RxPacket* pkt);
+
+  std::shared_ptr<PortContext> port_;
+  const IbvSymbols* ibv_ = nullptr;
+  ibv_cq* send_cq_ = nullptr;
+  ibv_cq* recv_cq_ = nullptr;
+  ibv_qp* qp_ = nullptr;
+  ibv_mr* recv_mr_ = nullptr;
+  ibv_mr* send_mr_ = nullptr;
+  uint8_t* recv_mem_ = nullptr;  // recv_slots_ slots of recv_layout_ (page-aligned)
+  uint8_t* send_mem_ = nullptr;  // kSendSlots slots of send_stride_ bytes (page-aligned)
+
+  uint32_t max_datagram_ = 0;
+  uint32_t max_inline_ = 0;
+  uint32_t recv_slots_ = 0;
+  RecvSlotLayout recv_layout_{};
+  uint32_t send_stride_ = 0;
+
+  // Receive ring, free-running: [rx_done_, rx_posted_) are posted; the other slots completed
+  // and wait to be reposted at the start of the next rx_burst (the caller may still be
+  // reading them until then). A work request's wr_id is its sequence number.
+  uint64_t rx_posted_ = 0;
+  uint64_t rx_done_ = 0;
+  std::unique_ptr<ibv_recv_wr[]> recv_wr_;  // one per slot, pre-linked in ring order
+  std::unique_ptr<ibv_sge[]> recv_sge_;     // one per slot, constant after open
+
+  // Send ring, free-running: [tx_done_, tx_posted_) are posted and not known complete. A send
+  // work request's wr_id is its sequence number + 1: the tx_done_ its completion implies.
+  uint64_t tx_posted_ = 0;
+  uint64_t tx_done_ = 0;
+  std::unique_ptr<ibv_send_wr[]> send_wr_;  // one per slot
+  std::unique_ptr<ibv_sge[]> send_sge_;     // two per slot (header, payload) for inline posts
+
+  bool has_peer_ = false;
+  UdAddress peer_{};
+  ibv_ah* peer_ah_ = nullptr;                  // owned by the port's cache
+  bool error_seen_ = false;                    // an error completion since the last QP state check
+  ibv_wc_status last_error_ = IBV_WC_SUCCESS;  // its status, for the log
+  bool reset_pending_ = false;
+
+  PeerAddress local_;
+  DatapathCounters counters_;
+  UdCounters ud_;
+  ibv_wc wc_[kPollBatch];
+};
+
+}  // namespace optireduce::verbs

@@ -1,0 +1,102 @@
+// Resolves the libibverbs table with dlopen/dlvsym. Each symbol is looked up at the version the
+// rdma-core headers we build with bind to by default, so the ABI of every call matches its
+// declaration (several functions also exist at an incompatible IBVERBS_1.0 version).
+#include "verbs/ibv_symbols.h"
+
+#include <dlfcn.h>
+
+#include <cerrno>
+
+namespace optireduce::verbs {
+namespace {
+
+// The soname, not the unversioned libibverbs.so: that link only exists with libibverbs-dev,
+// which a machine that merely runs the plugin does not have.
+constexpr const char* kLibrary = "libibverbs.so.1";
+
+// Resolves `name` at `version`, falling back to the default version for builds of rdma-core
+// that export it unversioned.
+template <typename Fn>
+bool resolve(void* lib, const char* name, const char* version, Fn* out) {
+  void* p = dlvsym(lib, name, version);
+  if (p == nullptr) p = dlsym(lib, name);
+  *out = reinterpret_cast<Fn>(p);
+  return p != nullptr;
+}
+
+}  // namespace
+
+int IbvSymbols::query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr) const {
+  verbs_context* vctx = verbs_get_ctx_op(context, query_port);
+  if (vctx != nullptr) return vctx->query_port(context, port, attr, sizeof(*attr));
+  *attr = ibv_port_attr{};
+  return query_port_compat(context, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+}
+
+Status load_ibv_symbols(const char* library, IbvSymbols* out, std::string* error) {
+  void* lib = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) {
+    if (error) {
+      const char* why = dlerror();
+      *error = std::string("cannot load ") + library + ": " + (why ? why : "unknown error");
+    }
+    return Status(Errc::kSystem, ENOENT);
+  }
+  IbvSymbols s;
+  const char* missing = nullptr;
+  // IBVERBS_1.1 is the version every current export below defaults to.
+  constexpr const char* v11 = "IBVERBS_1.1";
+  auto need = [&](const char* name, auto* fn) {
+    if (!resolve(lib, name, v11, fn) && missing == nullptr) missing = name;
+  };
+  need("ibv_get_device_list", &s.get_device_list);
+  need("ibv_free_device_list", &s.free_device_list);
+  need("ibv_get_device_name", &s.get_device_name);
+  need("ibv_get_device_guid", &s.get_device_guid);
+  need("ibv_open_device", &s.open_device);
+  need("ibv_close_device", &s.close_device);
+  need("ibv_query_device", &s.query_device);
+  need("ibv_query_port", &s.query_port_compat);
+  need("ibv_query_gid", &s.query_gid);
+  need("ibv_alloc_pd", &s.alloc_pd);
+  need("ibv_dealloc_pd", &s.dealloc_pd);
+  need("ibv_reg_mr", &s.reg_mr);
+  need("ibv_dereg_mr", &s.dereg_mr);
+  need("ibv_create_cq", &s.create_cq);
+  need("ibv_destroy_cq", &s.destroy_cq);
+  need("ibv_create_qp", &s.create_qp);
+  need("ibv_modify_qp", &s.modify_qp);
+  need("ibv_query_qp", &s.query_qp);
+  need("ibv_destroy_qp", &s.destroy_qp);
+  need("ibv_create_ah", &s.create_ah);
+  need("ibv_destroy_ah", &s.destroy_ah);
+  need("ibv_wc_status_str", &s.wc_status_str);
+  resolve(lib, "_ibv_query_gid_ex", "IBVERBS_1.11", &s.query_gid_ex);  // optional
+  if (missing != nullptr) {
+    if (error) *error = std::string(library) + " lacks " + missing;
+    dlclose(lib);
+    return Status(Errc::kSystem, ENOSYS);
+  }
+  *out = s;
+  return Status::ok();
+}
+
+const IbvSymbols* ibv_symbols(std::string* error) {
+  struct Loaded {
+    IbvSymbols table;
+    Status status;
+    std::string error;
+  };
+  static const Loaded loaded = [] {
+    Loaded l;
+    l.status = load_ibv_symbols(kLibrary, &l.table, &l.error);
+    return l;
+  }();
+  if (!loaded.status.is_ok()) {
+    if (error) *error = loaded.error;
+    return nullptr;
+  }
+  return &loaded.table;
+}
+
+}  // namespace optireduce::verbs
