@@ -1,4 +1,5 @@
-// BoundedGroup: the deadline policy of one communicator's bounded connections. It measures the
+// BoundedGroup: the group of one communicator's connections (ConnGroup: they serve each
+// other's progress) and the deadline policy of its bounded ones. It measures the
 // hard bound tB (P95 of the first calibration steps, which run exact; or OPTIREDUCE_TIMEOUT_MS),
 // keeps the adaptive estimate tC (smoothed projected time to receive 100% of a step), agrees
 // with the peers on the median of their piggybacked tC, and turns both into per-step budgets
@@ -10,6 +11,7 @@
 #include <mutex>
 
 #include "transport/deadline.h"
+#include "transport/group.h"
 #include "transport/params.h"
 
 namespace optireduce {
@@ -27,7 +29,7 @@ struct GroupStats {
   uint32_t tc_us = 0;            // agreed estimate of that class
 };
 
-class BoundedGroup final : public DeadlinePolicy {
+class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
  public:
   explicit BoundedGroup(const Config& cfg);
 

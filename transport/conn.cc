@@ -21,9 +21,11 @@ Conn::~Conn() { deactivate(); }
 
 void Conn::activate() {
   if (registry_) registry_->add(this);
+  if (group_) group_->add(this);
 }
 
 void Conn::deactivate() {
+  if (group_) group_->remove(this);
   if (registry_) registry_->remove(this);
 }
 
@@ -43,10 +45,18 @@ void Conn::progress_locked(uint64_t now) {
 }
 
 Status Conn::test_request(Request* req, bool* done, size_t* size) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const uint64_t now = clock_.now_ns();
-  progress_locked(now);
-  return test_locked(req, done, size, now);
+  uint64_t now;
+  Status st;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    now = clock_.now_ns();
+    progress_locked(now);
+    st = test_locked(req, done, size, now);
+  }
+  // Siblings not polled for a few microseconds get served from here (a caller waiting on one
+  // request keeps the rest of its exchange moving); ones their own thread polls are skipped.
+  if (group_ != nullptr && !*done) group_->serve_siblings(this, now, kSiblingIdleNs);
+  return st;
 }
 
 void Conn::drain_rx_locked(uint64_t now) {

@@ -13,6 +13,7 @@
 
 #include "transport/clock.h"
 #include "transport/datapath.h"
+#include "transport/group.h"
 #include "transport/params.h"
 #include "transport/stats.h"
 #include "transport/status.h"
@@ -56,6 +57,9 @@ class Conn {
   // so the thread never runs a hook on a half-built or half-destroyed object.
   void activate();
   void deactivate();
+  // Joins `group` (before activate()): calls on this connection then also serve the group's
+  // other idle connections, and theirs this one. The group must outlive the connection.
+  void set_conn_group(ConnGroup* group) { group_ = group; }
 
   // The progress thread's entry: serve the connection unless its owner holds it right now or
   // served it within the last `idle_ns`.
@@ -88,6 +92,9 @@ class Conn {
   // they are what unblocks the peer). Loss of one is repaired by the protocol's timers.
   void send_ctrl_locked(PacketHeader h, const void* payload = nullptr, uint32_t len = 0);
 
+  // A sibling in the same group polled within this long is being served by its own caller.
+  static constexpr uint64_t kSiblingIdleNs = 20'000;
+
   // Transmit batch: the side fills up to kBatch entries, then flush_locked() hands them to the
   // endpoint and returns how many were taken (the rest must be treated as never sent).
   static constexpr int kBatch = 32;
@@ -111,6 +118,7 @@ class Conn {
   void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
 
   std::shared_ptr<Registry> registry_;
+  ConnGroup* group_ = nullptr;
   std::atomic<uint64_t> last_progress_ns_{0};
   TxPacket batch_[kBatch];
   uint8_t batch_hdr_[kBatch][kHeaderBytes];

@@ -62,7 +62,10 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     auto conn = std::make_unique<RecvConn>(cfg, engine_->clock(), std::move(ep_), params,
                                            engine_->registry());
     conn->set_hello_ack(body);
-    if (group_ != nullptr) conn->set_deadline_policy(group_);
+    if (group_ != nullptr) {
+      conn->set_deadline_policy(group_);
+      conn->set_conn_group(group_);
+    }
     conn->activate();
     if (dropped_) OR_INFO("listen: %llu stray datagrams dropped before accept",
                           static_cast<unsigned long long>(dropped_));
@@ -98,7 +101,10 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     params.fill = opts_.fill;
     auto conn = std::make_unique<SendConn>(engine->config(), engine->clock(), std::move(ep_),
                                            params, engine->registry());
-    if (opts_.group != nullptr) conn->set_group(opts_.group);
+    if (opts_.group != nullptr) {
+      conn->set_group(opts_.group);
+      conn->set_conn_group(opts_.group);
+    }
     // A CTS can follow the HELLO_ACK in the same burst; it belongs to the new connection.
     for (int j = i + 1; j < n; ++j) conn->receive_datagram(pkts[j].data, pkts[j].len);
     conn->activate();
