@@ -115,12 +115,25 @@ void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded) {
     return;
   }
   m.state = State::kSending;
+  if (m.bounded) set_bounded_rate_locked();
   if (!m.bounded) {
     m.acked.reset(m.npkts);
     m.resent.reset(m.npkts);
     if (m.sent_ns.size() < m.npkts) m.sent_ns.resize(m.npkts);
     std::fill(m.sent_ns.begin(), m.sent_ns.begin() + m.npkts, 0);
   }
+}
+
+// Bounded packets get no ACKs, so no window governs them; unpaced, a large message would leave
+// in one burst and overflow the receiver's socket buffer (self-inflicted loss that the deadline
+// then has to absorb). They are paced instead at the rate the connection's exact traffic
+// measured, one window per smoothed RTT, with 25% headroom so that pacing itself is not the
+// bottleneck. OPTIREDUCE_RATE_GBPS, when set, caps both.
+void SendConn::set_bounded_rate_locked() {
+  if (!rtt_.has_sample()) return;  // nothing measured yet: the configured pacer only
+  double rate = 1.25 * static_cast<double>(cwnd_.cwnd()) / static_cast<double>(rtt_.srtt_ns());
+  if (cfg_.rate_gbps > 0) rate = std::min(rate, cfg_.rate_gbps / 8.0);
+  bounded_pacer_.set_rate(rate, std::max<uint64_t>(cwnd_.cwnd() / 4, 16 * uint64_t{params_.pkt_payload}));
 }
 
 void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -145,7 +158,10 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t) {
   const bool bounded = (h.flags & kFlagBounded) != 0;
   if (bounded && params_.delivery == Delivery::kBounded) {
     peer_bounded_ = true;
-    if (h.timeout_us) expiry_budget_ns_ = uint64_t{h.timeout_us} * 1000;
+    // The receiver's clock for a step starts only when that receive becomes its oldest, so a
+    // sender that posted early may legitimately wait about one budget before the receiver even
+    // starts it: a send expires after twice the announced budget.
+    if (h.timeout_us) expiry_budget_ns_ = 2 * uint64_t{h.timeout_us} * 1000;
   }
   // Valid CTS sequences: not older than our oldest live message, and at most one receive
   // window (kMaxRequests) beyond the newest message the receiver may have seen completed.
@@ -390,8 +406,9 @@ void SendConn::transmit_locked(uint64_t now) {
       tokens -= len;
       ++retx_head_;
     }
-    // New packets, oldest message first, within the window.
+    // New packets, oldest message first, within the window (bounded: within their pacer).
     uint64_t inflight = inflight_;
+    uint64_t btokens = bounded_pacer_.available(now);
     for (uint32_t s = oldest_; s != next_seq_ && n < kBatch; ++s) {
       Msg& m = slot(s);
       if (m.state != State::kSending) continue;
@@ -400,7 +417,10 @@ void SendConn::transmit_locked(uint64_t now) {
         const uint32_t i = m.next_new;
         const uint32_t len = pkt_len(m, i);
         if (len > tokens) break;
-        if (!m.bounded) {
+        if (m.bounded) {
+          if (len > btokens) break;
+          btokens -= len;
+        } else {
           // The window counts bytes; the SACK range limits how far past the first hole we go.
           if (inflight + len > cwnd_.cwnd() && inflight > 0) break;
           if (i >= m.cum + kSackBits) break;
@@ -438,8 +458,10 @@ void SendConn::transmit_locked(uint64_t now) {
       const uint32_t len = pkt_len(m, pend[k].pkt);
       pacer_.consume(len);
       ++stats_.data_pkts;
-      ++send_count_;
-      if (m.bounded) continue;
+      if (m.bounded) {
+        bounded_pacer_.consume(len);
+        continue;
+      }
       if (pend[k].retx) {
         ++stats_.retx_pkts;
         m.resent.set(pend[k].pkt);

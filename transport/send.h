@@ -89,6 +89,7 @@ class SendConn final : public Conn, public SendComm {
   void send_expired_notice_locked(uint32_t seq);
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
+  void set_bounded_rate_locked();
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
@@ -108,9 +109,9 @@ class SendConn final : public Conn, public SendComm {
 
   RttEstimator rtt_;
   CongestionWindow cwnd_;
-  Pacer pacer_;
+  Pacer pacer_;          // OPTIREDUCE_RATE_GBPS for every packet
+  Pacer bounded_pacer_;  // bounded packets, which no window governs
   uint64_t inflight_ = 0;      // bytes sent at least once and not acknowledged (exact mode)
-  uint64_t send_count_ = 0;    // packets transmitted, for loss epochs
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and

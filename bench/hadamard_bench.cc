@@ -1,0 +1,74 @@
+// Hadamard encode + decode throughput of the host kernels against memcpy of the same bytes, per
+// element type and block size. Usage: hadamard_bench [MiB=64] [repeats=5]. Prints one line per
+// case; GB/s = bucket bytes / time (1e9).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "collectives/kernels_host.h"
+
+using namespace optireduce::coll;
+
+namespace {
+
+double best_seconds(int repeats, auto&& fn) {
+  double best = 1e30;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = s < best ? s : best;
+  }
+  return best;
+}
+
+const char* name(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "fp32";
+    case DType::kF16:
+      return "fp16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF64:
+      return "fp64";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t mib = argc > 1 ? size_t(std::atol(argv[1])) : 64;
+  const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
+  const size_t bytes = mib << 20;
+  std::vector<uint8_t> in(bytes), enc(bytes + (1 << 20)), out(bytes);
+  for (size_t i = 0; i < bytes; i += 2) {  // finite values of every type: small fp16/bf16 pairs
+    in[i] = uint8_t(i * 37);
+    in[i + 1] = uint8_t(0x3C);
+  }
+  const double t_memcpy = best_seconds(repeats, [&] { std::memcpy(out.data(), in.data(), bytes); });
+  std::printf("memcpy %zu MiB: %.2f GB/s\n", mib, double(bytes) / t_memcpy / 1e9);
+  std::printf("%-5s %7s %10s %10s %12s %14s\n", "type", "block", "enc GB/s", "dec GB/s",
+              "enc+dec GB/s", "memcpy/(e+d)");
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
+    for (uint64_t block : {256u, 4096u, 65536u}) {
+      const size_t count = bytes / dtype_size(t);
+      HadamardGeometry g{count, block};
+      std::vector<uint32_t> masks(block);
+      fill_sign_masks(masks.data(), block, 1234);
+      const double te = best_seconds(
+          repeats, [&] { hadamard_encode(t, in.data(), enc.data(), g, masks.data()); });
+      const double td = best_seconds(repeats, [&] {
+        hadamard_decode(t, enc.data(), out.data(), g, masks.data(), 1.0, in.data(), 1.0);
+      });
+      const double gbe = double(bytes) / te / 1e9, gbd = double(bytes) / td / 1e9;
+      const double gbed = double(bytes) / (te + td) / 1e9;
+      std::printf("%-5s %7llu %10.2f %10.2f %12.2f %14.2f\n", name(t), (unsigned long long)block,
+                  gbe, gbd, gbed, (double(bytes) / t_memcpy / 1e9) / gbed);
+    }
+  }
+  return 0;
+}

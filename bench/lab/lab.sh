@@ -1,0 +1,254 @@
+#!/usr/bin/env bash
+# The tail lab's network: N rank namespaces joined by shaped veths to a switch namespace, plus the
+# environments layered on it (background traffic, receiver loss). Owns only namespaces named
+# $OLAB_PREFIX-*; all traffic stays on 10.213.7.0/24 inside them. Usage: lab.sh help
+set -euo pipefail
+
+P=${OLAB_PREFIX:-olab}
+SUBNET=10.213.7
+RATE=${OLAB_RATE:-1gbit}
+# About 1 MB of queue at 1 Gbit/s: deeper queues only add standing delay under cubic (lab.md).
+QLIMIT=${OLAB_QLIMIT:-1mb}
+BURST=${OLAB_BURST:-128kb}
+MTU=${OLAB_MTU:-9000}
+STATE=${OLAB_STATE:-/run/$P}
+SW=$P-sw
+
+die() {
+  echo "lab.sh: $*" >&2
+  exit 1
+}
+need_root() { [[ $(id -u) == 0 ]] || die "must run as root (network namespaces, tc, iptables)"; }
+rank_ns() { echo "$P-r$1"; }
+rank_ip() { echo "$SUBNET.$(($1 + 1))"; }
+nranks() { cat "$STATE/nranks" 2>/dev/null || echo 0; }
+in_ns() {
+  local ns=$1
+  shift
+  ip netns exec "$ns" "$@"
+}
+
+usage() {
+  cat <<EOF
+lab.sh up N            build N (2..4) rank namespaces $P-r0.. + switch $SW (tears down first)
+lab.sh down            kill what runs in the lab namespaces and delete them (idempotent)
+lab.sh check           verify the tools the lab needs
+lab.sh bg start FLOWS BURST_KB OFF_MS [SEED [SECONDS]]
+                       FLOWS background TCP flows (iperf3, cubic) between random rank pairs
+                       (seeded): bursts of BURST_KB at full speed, random pauses around OFF_MS
+lab.sh bg stop         stop the background flows
+lab.sh loss P          drop each packet arriving at a rank with probability P (0 removes)
+lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP,
+                       OPTIREDUCE_IFNAME set), kill all after SECS; fails if any rank fails
+lab.sh exec R CMD      run CMD in rank R's namespace
+Environment: OLAB_PREFIX=$P OLAB_RATE=$RATE OLAB_QLIMIT=$QLIMIT OLAB_MTU=$MTU
+EOF
+}
+
+check() {
+  local missing=()
+  for t in ip tc iptables iperf3 ethtool timeout; do
+    command -v "$t" >/dev/null || missing+=("$t")
+  done
+  ((${#missing[@]} == 0)) || die "missing tools: ${missing[*]} (apt-get install iproute2 iptables iperf3 ethtool)"
+}
+
+# Kills processes living in our namespaces, by pid (ip netns pids lists exactly those).
+kill_ns_procs() {
+  local ns=$1 sig=${2:-TERM} pids
+  pids=$(ip netns pids "$ns" 2>/dev/null || true)
+  [[ -n $pids ]] && kill "-$sig" $pids 2>/dev/null || true
+}
+
+down() {
+  need_root
+  local ns
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-(r[0-9]+|sw)$" || true); do
+    kill_ns_procs "$ns" TERM
+  done
+  sleep 0.2
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-(r[0-9]+|sw)$" || true); do
+    kill_ns_procs "$ns" KILL
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  rm -rf "$STATE"
+}
+
+# Offloads off so that tbf and iptables see real packets; RPS so that 2 cores do not reorder the
+# veth -> bridge -> shaper path (spurious TCP retransmits otherwise; lab.md).
+tune_dev() {
+  local ns=$1 dev=$2
+  in_ns "$ns" ip link set "$dev" mtu "$MTU"
+  in_ns "$ns" ethtool -K "$dev" tso off gso off gro off >/dev/null 2>&1 || true
+  in_ns "$ns" sh -c "echo 3 > /sys/class/net/$dev/queues/rx-0/rps_cpus" 2>/dev/null || true
+  in_ns "$ns" tc qdisc replace dev "$dev" root tbf rate "$RATE" burst "$BURST" limit "$QLIMIT"
+}
+
+up() {
+  need_root
+  check
+  local n=${1:-4}
+  [[ $n =~ ^[2-4]$ ]] || die "N must be 2, 3 or 4"
+  down
+  mkdir -p "$STATE"
+  echo "$n" >"$STATE/nranks"
+  ip netns add "$SW"
+  in_ns "$SW" ip link set lo up
+  in_ns "$SW" ip link add br0 type bridge
+  in_ns "$SW" ip link set br0 mtu "$MTU"
+  in_ns "$SW" ip link set br0 up
+  local r ns
+  for ((r = 0; r < n; r++)); do
+    ns=$(rank_ns "$r")
+    ip netns add "$ns"
+    in_ns "$ns" ip link set lo up
+    # Create the pair inside the switch namespace, then move one end: nothing touches the root
+    # namespace's links.
+    in_ns "$SW" ip link add "p$r" type veth peer name lab0 netns "$ns"
+    in_ns "$SW" ip link set "p$r" master br0
+    tune_dev "$SW" "p$r"
+    tune_dev "$ns" lab0
+    in_ns "$SW" ip link set "p$r" up
+    in_ns "$ns" ip addr add "$(rank_ip "$r")/24" dev lab0
+    in_ns "$ns" ip link set lab0 up
+    # BBR's RTT probing alone gives an idle P99/P50 of ~1.4 here; cubic per route and per netns.
+    in_ns "$ns" sysctl -qw net.ipv4.tcp_congestion_control=cubic 2>/dev/null || true
+    in_ns "$ns" ip route replace "$SUBNET.0/24" dev lab0 src "$(rank_ip "$r")" congctl cubic
+  done
+  # Wait for the bridge ports to forward, then prove every pair talks.
+  for ((r = 1; r < n; r++)); do
+    local ok=0 out
+    for _ in $(seq 50); do
+      # A refused TCP connect proves the path both ways without needing ping installed.
+      out=$(in_ns "$(rank_ns 0)" timeout 1 bash -c "exec 3<>/dev/tcp/$(rank_ip "$r")/9" 2>&1 || true)
+      if [[ $out == *refused* ]]; then
+        ok=1
+        break
+      fi
+      sleep 0.1
+    done
+    ((ok)) || die "rank 0 cannot reach rank $r"
+  done
+  echo "lab up: $n ranks, $RATE tbf (limit $QLIMIT), MTU $MTU, namespaces $P-r0..$P-r$((n - 1)) + $SW"
+}
+
+loss() {
+  need_root
+  local p=$1 n r ns
+  n=$(nranks)
+  ((n > 0)) || die "lab is not up"
+  for ((r = 0; r < n; r++)); do
+    ns=$(rank_ns "$r")
+    in_ns "$ns" iptables -F INPUT
+    if [[ $p != 0 ]]; then
+      # At the receiver: a drop at the sender's own qdisc would be reported to the sender.
+      in_ns "$ns" iptables -A INPUT -i lab0 -m statistic --mode random --probability "$p" -j DROP
+    fi
+  done
+}
+
+bg_stop() {
+  need_root
+  [[ -f $STATE/bg.pids ]] || return 0
+  local pid
+  while read -r pid; do
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+  done <"$STATE/bg.pids"
+  rm -f "$STATE/bg.pids"
+  # iperf3 servers and clients are the only other things we start in rank namespaces.
+  local n r
+  n=$(nranks)
+  for ((r = 0; r < n; r++)); do
+    for pid in $(ip netns pids "$(rank_ns "$r")" 2>/dev/null); do
+      [[ $(cat "/proc/$pid/comm" 2>/dev/null) == iperf3 ]] && kill "$pid" 2>/dev/null || true
+    done
+  done
+}
+
+# One background flow: bursts of BURST_KB sent as fast as TCP (cubic) can, each after a random
+# pause of OFF_MS/2 .. 3*OFF_MS/2 (seeded). Bursts, not a constant rate: a constant rate only
+# shifts the median, colliding bursts make the tail (as background allreduce jobs do).
+bg_flow() {
+  local src=$1 dst=$2 burst_kb=$3 off_ms=$4 seed=$5 secs=$6 port=$7
+  RANDOM=$seed
+  local end=$((SECONDS + secs)) off
+  while ((SECONDS < end)); do
+    off=$((off_ms / 2 + (RANDOM * 32768 + RANDOM) % (off_ms + 1)))
+    sleep "$(printf '%d.%03d' $((off / 1000)) $((off % 1000)))"
+    timeout 10 ip netns exec "$(rank_ns "$src")" iperf3 -c "$(rank_ip "$dst")" -p "$port" \
+      -n "${burst_kb}K" -C cubic >/dev/null 2>&1 || true
+  done
+}
+
+bg_start() {
+  need_root
+  local flows=$1 burst_kb=$2 off_ms=$3 seed=$4 secs=$5 n r f src dst
+  n=$(nranks)
+  ((n > 0)) || die "lab is not up"
+  bg_stop
+  ((flows > 0)) || return 0
+  RANDOM=$seed
+  for ((f = 0; f < flows; f++)); do
+    src=$((RANDOM % n))
+    dst=$(((src + 1 + RANDOM % (n - 1)) % n))
+    # One server per flow (an iperf3 server serves one test at a time), on its destination.
+    timeout $((secs + 15)) ip netns exec "$(rank_ns "$dst")" iperf3 -s -p $((5300 + f)) \
+      >/dev/null 2>&1 &
+    echo $! >>"$STATE/bg.pids"
+    setsid bash -c "$(declare -f bg_flow rank_ns rank_ip); P=$P SUBNET=$SUBNET; \
+      bg_flow $src $dst $burst_kb $off_ms $((seed * 1000 + f)) $secs $((5300 + f))" &
+    echo $! >>"$STATE/bg.pids"
+  done
+  sleep 0.5
+}
+
+run_ranks() {
+  need_root
+  local secs=$1
+  shift
+  local n r pids=() rc=0
+  n=$(nranks)
+  ((n > 0)) || die "lab is not up"
+  for ((r = 0; r < n; r++)); do
+    timeout -k 5 "$secs" ip netns exec "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$n" \
+      LAB_IP="$(rank_ip "$r")" OPTIREDUCE_IFNAME=lab0 "$@" &
+    pids+=($!)
+  done
+  for r in "${!pids[@]}"; do
+    wait "${pids[$r]}" || {
+      echo "lab.sh: rank $r exited with $?" >&2
+      rc=1
+    }
+  done
+  return $rc
+}
+
+cmd=${1:-help}
+shift || true
+case $cmd in
+  up) up "$@" ;;
+  down) down ;;
+  check) check ;;
+  loss) loss "${1:?probability}" ;;
+  bg)
+    case ${1:-} in
+      start) bg_start "${2:?flows}" "${3:?burst_kb}" "${4:?off_ms}" "${5:-1}" "${6:-600}" ;;
+      stop) bg_stop ;;
+      *) die "bg start|stop" ;;
+    esac
+    ;;
+  ranks) run_ranks "$@" ;;
+  exec)
+    r=${1:?rank}
+    shift
+    in_ns "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$(nranks)" LAB_IP="$(rank_ip "$r")" \
+      OPTIREDUCE_IFNAME=lab0 "$@"
+    ;;
+  ip) rank_ip "${1:?rank}" ;;
+  ns) rank_ns "${1:?rank}" ;;
+  help | -h | --help) usage ;;
+  *)
+    usage >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,347 @@
+// What the tail-lab benchmarks (optireduce_bench.cc, mpi_bench.cc) share and tests/lab checks:
+// the nccl-tests style command line, the seeded inputs and exact reference, the straggler
+// schedule, and the reduction of per-iteration samples into one CSV row. Pure logic, no I/O
+// beyond formatting.
+#ifndef OPTIREDUCE_BENCH_LAB_COMMON_H_
+#define OPTIREDUCE_BENCH_LAB_COMMON_H_
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace optireduce::lab {
+
+// Parses "64", "64K", "1M", "2G" (binary multiples, as nccl-tests does). 0 on a malformed value.
+inline uint64_t parse_size(const std::string& s) {
+  if (s.empty()) return 0;
+  char* end = nullptr;
+  const double v = std::strtod(s.c_str(), &end);
+  if (end == s.c_str() || !(v > 0)) return 0;
+  double mult = 1;
+  const std::string suffix(end);
+  if (suffix == "" || suffix == "B" || suffix == "b") {
+    mult = 1;
+  } else if (suffix == "K" || suffix == "k" || suffix == "KiB") {
+    mult = 1024.0;
+  } else if (suffix == "M" || suffix == "m" || suffix == "MiB") {
+    mult = 1024.0 * 1024;
+  } else if (suffix == "G" || suffix == "g" || suffix == "GiB") {
+    mult = 1024.0 * 1024 * 1024;
+  } else {
+    return 0;
+  }
+  return uint64_t(v * mult);
+}
+
+// Sizes from -b to -e, multiplied by -f each step (nccl-tests: -f 1 would never end, so treat a
+// factor below 2 as "just -b and -e"). Each rounded down to whole fp32 elements.
+inline std::vector<uint64_t> size_list(uint64_t min_bytes, uint64_t max_bytes, uint64_t factor) {
+  std::vector<uint64_t> out;
+  if (min_bytes < 4 || max_bytes < min_bytes) return out;
+  if (factor < 2) {
+    out.push_back(min_bytes / 4 * 4);
+    if (max_bytes / 4 * 4 != out.back()) out.push_back(max_bytes / 4 * 4);
+    return out;
+  }
+  for (uint64_t b = min_bytes; b <= max_bytes; b *= factor) {
+    out.push_back(b / 4 * 4);
+    if (b > max_bytes / factor) break;
+  }
+  return out;
+}
+
+// Splits "a,b,c"; empty items dropped.
+inline std::vector<std::string> split_list(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    if (comma > start) out.push_back(s.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+// SplitMix64: a tiny, well-mixed, seedable generator, so that every rank can regenerate every
+// other rank's input (for the exact reference) without communication.
+inline uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+// Uniform in [-1, 1): rank r's element i under `seed`.
+inline float input_value(uint64_t seed, int rank, uint64_t i) {
+  const uint64_t h = mix64(seed ^ mix64(uint64_t(rank) * 0x100000001B3ull + i));
+  return float(double(h >> 40) / double(uint64_t(1) << 23) - 1.0);
+}
+inline void fill_input(uint64_t seed, int rank, float* out, uint64_t count) {
+  for (uint64_t i = 0; i < count; ++i) out[i] = input_value(seed, rank, i);
+}
+// The exact sum over all ranks, in double.
+inline std::vector<double> exact_sum(uint64_t seed, int nranks, uint64_t count) {
+  std::vector<double> s(count, 0.0);
+  for (int r = 0; r < nranks; ++r)
+    for (uint64_t i = 0; i < count; ++i) s[i] += double(input_value(seed, r, i));
+  return s;
+}
+// ||got - exact|| / ||exact||; a NaN or Inf in `got` gives +Inf (an erasure marker leaked).
+inline double rel_l2_error(const float* got, const std::vector<double>& exact) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < exact.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    const double d = double(got[i]) - exact[i];
+    num += d * d;
+    den += exact[i] * exact[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+// Which measured iterations the straggler sleeps before (seeded, identical on every rank so the
+// schedule is reproducible; only the straggler acts on it).
+inline std::vector<bool> straggler_schedule(uint64_t seed, int iters, double prob) {
+  std::vector<bool> s(size_t(std::max(iters, 0)), false);
+  for (int i = 0; i < iters; ++i) {
+    const double u = double(mix64(seed * 0x2545F4914F6CDD1Dull + uint64_t(i)) >> 11) /
+                     double(uint64_t(1) << 53);
+    s[size_t(i)] = u < prob;
+  }
+  return s;
+}
+
+// Nearest-rank percentile (q in [0, 1]) of an unsorted sample; NaN when empty.
+inline double percentile(std::vector<double> v, double q) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  size_t k = size_t(std::ceil(q * double(v.size())));
+  k = std::clamp<size_t>(k, 1, v.size());
+  return v[k - 1];
+}
+
+// Per-iteration figures, already reduced over ranks (time: max; lost/expected: sums; deadline:
+// 1 if any rank closed a receive by its deadline; error: max over ranks, NaN when unchecked).
+struct Iteration {
+  double seconds = 0;
+  double lost = 0;
+  double expected = 0;
+  double deadline = 0;
+  double exact = 0;
+  double error = NAN;
+};
+
+struct Row {
+  std::string env, algo;
+  int ranks = 0;
+  uint64_t bytes = 0;
+  int iters = 0;
+  double p50_ms = 0, p99_ms = 0, p999_ms = 0, mean_ms = 0, max_ms = 0, tail_ratio = 0;
+  double algbw = 0, busbw = 0;  // GB/s (1e9) from the P50 time, nccl-tests' definitions
+  double delivered = 1, error = NAN, error_max = NAN, deadline_frac = 0, exact_frac = 0;
+  double tb_ms = 0;  // the transport's hard bound tB after the run (0: none, e.g. a baseline)
+};
+
+inline Row summarize(const std::string& env, const std::string& algo, int ranks, uint64_t bytes,
+                     const std::vector<Iteration>& it) {
+  Row r;
+  r.env = env;
+  r.algo = algo;
+  r.ranks = ranks;
+  r.bytes = bytes;
+  r.iters = int(it.size());
+  std::vector<double> ms;
+  double sum = 0, lost = 0, expected = 0, deadline = 0, exact = 0, err = 0, err_max = 0;
+  int err_n = 0;
+  for (const Iteration& x : it) {
+    ms.push_back(x.seconds * 1e3);
+    sum += x.seconds * 1e3;
+    lost += x.lost;
+    expected += x.expected;
+    deadline += x.deadline;
+    exact += x.exact;
+    if (!std::isnan(x.error)) {
+      err += x.error;
+      err_max = std::max(err_max, x.error);
+      ++err_n;
+    }
+  }
+  if (it.empty()) return r;
+  r.p50_ms = percentile(ms, 0.50);
+  r.p99_ms = percentile(ms, 0.99);
+  r.p999_ms = percentile(ms, 0.999);
+  r.mean_ms = sum / double(it.size());
+  r.max_ms = *std::max_element(ms.begin(), ms.end());
+  r.tail_ratio = r.p50_ms > 0 ? r.p99_ms / r.p50_ms : 0;
+  r.algbw = r.p50_ms > 0 ? double(bytes) / (r.p50_ms * 1e-3) / 1e9 : 0;
+  r.busbw = ranks > 0 ? r.algbw * 2.0 * double(ranks - 1) / double(ranks) : 0;
+  r.delivered = expected > 0 ? 1.0 - lost / expected : 1.0;
+  r.error = err_n ? err / err_n : NAN;
+  r.error_max = err_n ? err_max : NAN;
+  r.deadline_frac = deadline / double(it.size());
+  r.exact_frac = exact / double(it.size());
+  return r;
+}
+
+inline const char* csv_header() {
+  return "env,algo,ranks,bytes,iters,p50_ms,p99_ms,p999_ms,mean_ms,max_ms,p99_p50,algbw_gbs,"
+         "busbw_gbs,delivered,rel_l2_err,rel_l2_err_max,deadline_frac,exact_frac,tb_ms";
+}
+
+inline std::string csv_line(const Row& r) {
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f",
+                r.env.c_str(), r.algo.c_str(), r.ranks, (unsigned long long)r.bytes, r.iters,
+                r.p50_ms, r.p99_ms, r.p999_ms, r.mean_ms, r.max_ms, r.tail_ratio, r.algbw,
+                r.busbw, r.delivered, r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms);
+  return buf;
+}
+
+// Appends a row to `path` (header first when the file is new or empty); "-" or "" prints only.
+inline void append_csv(const std::string& path, const Row& r) {
+  std::printf("%-10s %-15s %9llu B  p50 %9.3f  p99 %9.3f  p99.9 %9.3f  mean %9.3f ms  p99/p50 "
+              "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f\n",
+              r.env.c_str(), r.algo.c_str(), (unsigned long long)r.bytes, r.p50_ms, r.p99_ms,
+              r.p999_ms, r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error,
+              r.deadline_frac);
+  std::fflush(stdout);
+  if (path.empty() || path == "-") return;
+  FILE* f = std::fopen(path.c_str(), "a+");
+  if (f == nullptr) {
+    std::perror(path.c_str());
+    return;
+  }
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0) std::fprintf(f, "%s\n", csv_header());
+  std::fprintf(f, "%s\n", csv_line(r).c_str());
+  std::fclose(f);
+}
+
+// Per-iteration samples for the CDF plots: env,algo,bytes,iter,ms.
+inline void append_samples(const std::string& path, const Row& r,
+                           const std::vector<Iteration>& it) {
+  if (path.empty() || path == "-") return;
+  FILE* f = std::fopen(path.c_str(), "a+");
+  if (f == nullptr) return;
+  std::fseek(f, 0, SEEK_END);
+  if (std::ftell(f) == 0) std::fprintf(f, "env,algo,bytes,iter,ms\n");
+  for (size_t i = 0; i < it.size(); ++i)
+    std::fprintf(f, "%s,%s,%llu,%zu,%.4f\n", r.env.c_str(), r.algo.c_str(),
+                 (unsigned long long)r.bytes, i, it[i].seconds * 1e3);
+  std::fclose(f);
+}
+
+// The command line both benchmarks accept (nccl-tests letters where they exist).
+struct Options {
+  uint64_t min_bytes = uint64_t(1) << 20;  // -b
+  uint64_t max_bytes = uint64_t(1) << 20;  // -e
+  uint64_t factor = 2;                     // -f
+  int iters = 100;                         // -n
+  int warmup = 5;                          // -w
+  int check = 1;                           // -c: compute the relative L2 error
+  std::string algos;                       // -g / --algo
+  int rank = -1, world = -1;               // --rank/--world, else RANK/WORLD_SIZE
+  std::string store;                       // --store DIR: rendezvous folder
+  std::string iface;                       // --iface: Gloo's device interface
+  std::string env = "none";                // --env: label for the CSV
+  std::string csv, samples;                // --csv, --samples
+  uint64_t seed = 1;                       // --seed: inputs and straggler schedule
+  int straggler_rank = -1;                 // --straggler-rank
+  double straggler_ms = 0;                 // --straggler-ms
+  double straggler_prob = 0;               // --straggler-prob
+  int timeout_ms = 30000;                  // --timeout-ms: Gloo's per-operation timeout
+  double background_s = 0;                 // --background SECONDS: load generator mode
+  double duty = 1.0;                       // --duty: background busy fraction
+};
+
+// Parses argv into *o; returns "" or an error message. Unknown flags are errors.
+inline std::string parse_options(int argc, char** argv, Options* o) {
+  auto need = [&](int& i) -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const char* v = nullptr;
+    auto num = [&](double* d) {
+      if ((v = need(i)) == nullptr) return false;
+      char* end = nullptr;
+      *d = std::strtod(v, &end);
+      return end != v && *end == '\0';
+    };
+    double d = 0;
+    if (a == "-b" || a == "--minbytes") {
+      if ((v = need(i)) == nullptr || (o->min_bytes = parse_size(v)) == 0) return "bad -b";
+    } else if (a == "-e" || a == "--maxbytes") {
+      if ((v = need(i)) == nullptr || (o->max_bytes = parse_size(v)) == 0) return "bad -e";
+    } else if (a == "-f" || a == "--stepfactor") {
+      if (!num(&d) || d < 1) return "bad -f";
+      o->factor = uint64_t(d);
+    } else if (a == "-n" || a == "--iters") {
+      if (!num(&d) || d < 1) return "bad -n";
+      o->iters = int(d);
+    } else if (a == "-w" || a == "--warmup_iters") {
+      if (!num(&d) || d < 0) return "bad -w";
+      o->warmup = int(d);
+    } else if (a == "-c" || a == "--check") {
+      if (!num(&d)) return "bad -c";
+      o->check = int(d);
+    } else if (a == "-g" || a == "--algo") {
+      if ((v = need(i)) == nullptr) return "bad --algo";
+      o->algos = v;
+    } else if (a == "--rank") {
+      if (!num(&d)) return "bad --rank";
+      o->rank = int(d);
+    } else if (a == "--world") {
+      if (!num(&d)) return "bad --world";
+      o->world = int(d);
+    } else if (a == "--store") {
+      if ((v = need(i)) == nullptr) return "bad --store";
+      o->store = v;
+    } else if (a == "--iface") {
+      if ((v = need(i)) == nullptr) return "bad --iface";
+      o->iface = v;
+    } else if (a == "--env") {
+      if ((v = need(i)) == nullptr) return "bad --env";
+      o->env = v;
+    } else if (a == "--csv") {
+      if ((v = need(i)) == nullptr) return "bad --csv";
+      o->csv = v;
+    } else if (a == "--samples") {
+      if ((v = need(i)) == nullptr) return "bad --samples";
+      o->samples = v;
+    } else if (a == "--seed") {
+      if (!num(&d)) return "bad --seed";
+      o->seed = uint64_t(d);
+    } else if (a == "--straggler-rank") {
+      if (!num(&d)) return "bad --straggler-rank";
+      o->straggler_rank = int(d);
+    } else if (a == "--straggler-ms") {
+      if (!num(&d) || d < 0) return "bad --straggler-ms";
+      o->straggler_ms = d;
+    } else if (a == "--straggler-prob") {
+      if (!num(&d) || d < 0 || d > 1) return "bad --straggler-prob";
+      o->straggler_prob = d;
+    } else if (a == "--timeout-ms") {
+      if (!num(&d) || d < 1) return "bad --timeout-ms";
+      o->timeout_ms = int(d);
+    } else if (a == "--background") {
+      if (!num(&d) || d <= 0) return "bad --background";
+      o->background_s = d;
+    } else if (a == "--duty") {
+      if (!num(&d) || d <= 0 || d > 1) return "bad --duty";
+      o->duty = d;
+    } else {
+      return "unknown option " + a;
+    }
+  }
+  if (o->rank < 0 && std::getenv("RANK")) o->rank = std::atoi(std::getenv("RANK"));
+  if (o->world < 0 && std::getenv("WORLD_SIZE")) o->world = std::atoi(std::getenv("WORLD_SIZE"));
+  if (o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
+  return "";
+}
+
+}  // namespace optireduce::lab
+
+#endif  // OPTIREDUCE_BENCH_LAB_COMMON_H_

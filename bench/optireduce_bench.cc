@@ -1,0 +1,296 @@
+// optireduce-bench: one process per rank (launched by bench/lab/lab.sh, one per namespace) that
+// times each selected allreduce -- optireduce TAR bounded with/without Hadamard, TAR exact, Gloo
+// ring and BCube -- per size, and writes one CSV row each (the iteration figure: max over ranks).
+//
+//   optireduce-bench -b 1M -e 8M -f 2 -n 200 -w 5 -c 1 -g tar-bounded-ht,gloo-ring
+//                    --store DIR [--rank R --world N] [--env NAME --csv F --samples F]
+//                    [--straggler-rank R --straggler-ms MS --straggler-prob P --seed S]
+//   optireduce-bench --background SECS -b SIZE --store DIR [--duty D]   (load generator)
+// Gloo carries the bench's own control traffic (barrier, reduction of the samples), over TCP.
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/lab_common.h"
+#include "collectives/optireduce.h"
+
+namespace optireduce::lab {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+const char* const kAllAlgos = "tar-bounded-ht,tar-bounded,tar-exact,gloo-ring,gloo-bcube";
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Gloo {
+  std::shared_ptr<gloo::rendezvous::Context> ctx;
+  uint32_t tag = 1;
+
+  void barrier() {
+    gloo::BarrierOptions b(ctx);
+    b.setTag(tag++);
+    gloo::barrier(b);
+  }
+  // In-place elementwise reduction of `v` over ranks.
+  void reduce(std::vector<double>* v, ReduceFn fn) {
+    if (v->empty()) return;
+    gloo::AllreduceOptions o(ctx);
+    o.setOutput(v->data(), v->size());
+    o.setReduceFunction(fn);
+    o.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    o.setTag(tag++);
+    gloo::allreduce(o);
+  }
+};
+
+// Gloo's TCP device binds the lab interface's address: the rank's IP from lab.sh (LAB_IP), else
+// --iface taken as a host name or address.
+std::shared_ptr<gloo::rendezvous::Context> gloo_connect(const Options& o, const std::string& dir,
+                                                        const std::string& prefix) {
+  gloo::transport::tcp::attr attr;
+  const char* ip = std::getenv("LAB_IP");
+  if (!o.iface.empty()) {
+    attr.hostname = o.iface;
+  } else if (ip != nullptr && *ip != '\0') {
+    attr.hostname = ip;
+  } else {
+    attr.hostname = "127.0.0.1";
+  }
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore fs(dir);
+  gloo::rendezvous::PrefixStore ps(prefix, fs);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(o.rank, o.world);
+  ctx->setTimeout(std::chrono::milliseconds(o.timeout_ms));
+  ctx->connectFullMesh(ps, dev);
+  return ctx;
+}
+
+// One algorithm under test: init once per size, then `run` once per iteration.
+class Algo {
+ public:
+  virtual ~Algo() = default;
+  virtual void run(const float* in, float* out, size_t count) = 0;
+  // Per-call delivery figures of the last run on this rank.
+  virtual void last(double* lost, double* expected, double* deadline, double* exact) {
+    *lost = *expected = *deadline = *exact = 0;
+  }
+  virtual int min_warmup() const { return 0; }
+  virtual double tb_ms() { return 0; }
+};
+
+class GlooAlgo : public Algo {
+ public:
+  GlooAlgo(Gloo* g, gloo::AllreduceOptions::Algorithm a) : g_(g), a_(a) {}
+  void run(const float* in, float* out, size_t count) override {
+    gloo::AllreduceOptions o(g_->ctx);
+    o.setInput(const_cast<float*>(in), count);
+    o.setOutput(out, count);
+    o.setAlgorithm(a_);
+    o.setReduceFunction(ReduceFn(&gloo::sum<float>));
+    o.setTag(g_->tag++);
+    gloo::allreduce(o);
+  }
+
+ private:
+  Gloo* g_;
+  gloo::AllreduceOptions::Algorithm a_;
+};
+
+class TarAlgo : public Algo {
+ public:
+  TarAlgo(const Options& o, const std::string& dir, optiMode_t mode, int hadamard) {
+    optiOptions_t opts;
+    check(optiOptionsDefault(&opts), "optiOptionsDefault");
+    opts.mode = mode;
+    opts.hadamard = hadamard;
+    ::mkdir(dir.c_str(), 0700);
+    check(optiHostCommInitFile(&comm_, dir.c_str(), o.rank, o.world, &opts),
+          "optiHostCommInitFile");
+    const char* cal = std::getenv("OPTIREDUCE_CALIBRATION_STEPS");
+    // Bounded communicators run their first calls exact to calibrate tB: keep those out of the
+    // measured window (a phase is a step, two per call, plus margin).
+    warmup_ = mode == optiBounded ? (cal ? std::atoi(cal) : 20) + 3 : 0;
+  }
+  ~TarAlgo() override {
+    if (comm_ != nullptr) optiCommDestroy(comm_);
+  }
+  void run(const float* in, float* out, size_t count) override {
+    check(optiAllReduce(in, out, count, optiFloat32, optiSum, comm_, nullptr), "optiAllReduce");
+  }
+  void last(double* lost, double* expected, double* deadline, double* exact) override {
+    optiStats_t s;
+    check(optiGetStats(comm_, &s, nullptr), "optiGetStats");
+    *lost = double(s.elementsLost[0] + s.elementsLost[1]);
+    *expected = double(s.elementsExpected[0] + s.elementsExpected[1]);
+    *deadline = s.deadlineHits > 0 ? 1 : 0;
+    *exact = double(s.exactCalls);
+  }
+  int min_warmup() const override { return warmup_; }
+  double tb_ms() override {
+    optiStats_t s;
+    check(optiGetStats(comm_, &s, nullptr), "optiGetStats");
+    return s.tbUs / 1e3;
+  }
+
+ private:
+  static void check(optiResult_t r, const char* what) {
+    if (r != optiSuccess)
+      throw std::runtime_error(std::string(what) + ": " + optiGetErrorString(r) + ": " +
+                               optiGetLastError());
+  }
+  optiComm_t comm_ = nullptr;
+  int warmup_ = 0;
+};
+
+std::unique_ptr<Algo> make_algo(const std::string& name, const Options& o, Gloo* g,
+                                const std::string& dir) {
+  using A = gloo::AllreduceOptions::Algorithm;
+  if (name == "gloo-ring") return std::make_unique<GlooAlgo>(g, A::RING);
+  if (name == "gloo-bcube") return std::make_unique<GlooAlgo>(g, A::BCUBE);
+  if (name == "tar-bounded-ht") return std::make_unique<TarAlgo>(o, dir, optiBounded, 1);
+  if (name == "tar-bounded") return std::make_unique<TarAlgo>(o, dir, optiBounded, 0);
+  if (name == "tar-exact") return std::make_unique<TarAlgo>(o, dir, optiExact, 0);
+  throw std::runtime_error("unknown algorithm " + name + " (known: " + kAllAlgos + ")");
+}
+
+void sleep_ms(double ms) {
+  std::this_thread::sleep_for(std::chrono::microseconds(int64_t(ms * 1e3)));
+}
+
+// Times one algorithm at one size and returns the per-iteration figures reduced over ranks.
+std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t bytes,
+                               double* tb_ms) {
+  const size_t count = size_t(bytes / 4);
+  std::vector<float> in(count), out(count);
+  fill_input(o.seed, o.rank, in.data(), count);
+  std::vector<double> exact;
+  if (o.check) exact = exact_sum(o.seed, o.world, count);
+  const auto sleeps = straggler_schedule(o.seed, o.iters, o.straggler_prob);
+  const int warmup = std::max(o.warmup, algo->min_warmup());
+  const size_t n = size_t(o.iters);
+  std::vector<double> t(n), lost(n), expected(n), deadline(n), exactc(n), err(n, 0.0);
+  for (int i = -warmup; i < o.iters; ++i) {
+    g->barrier();
+    // The straggler's sleep stands for slow compute: outside its own timed region, so the
+    // figures show what it costs the others.
+    if (i >= 0 && o.rank == o.straggler_rank && sleeps[size_t(i)]) sleep_ms(o.straggler_ms);
+    const auto t0 = Clock::now();
+    algo->run(in.data(), out.data(), count);
+    const double dt = seconds_since(t0);
+    if (i < 0) continue;
+    const size_t k = size_t(i);
+    t[k] = dt;
+    algo->last(&lost[k], &expected[k], &deadline[k], &exactc[k]);
+    if (o.check) err[k] = rel_l2_error(out.data(), exact);
+  }
+  g->reduce(&t, ReduceFn(&gloo::max<double>));
+  g->reduce(&lost, ReduceFn(&gloo::sum<double>));
+  g->reduce(&expected, ReduceFn(&gloo::sum<double>));
+  g->reduce(&deadline, ReduceFn(&gloo::max<double>));
+  g->reduce(&exactc, ReduceFn(&gloo::max<double>));
+  if (o.check) g->reduce(&err, ReduceFn(&gloo::max<double>));
+  std::vector<double> tb{algo->tb_ms()};
+  g->reduce(&tb, ReduceFn(&gloo::max<double>));
+  *tb_ms = tb[0];
+  std::vector<Iteration> it(n);
+  for (size_t k = 0; k < n; ++k) {
+    it[k].seconds = t[k];
+    it[k].lost = lost[k];
+    it[k].expected = expected[k];
+    it[k].deadline = deadline[k];
+    it[k].exact = exactc[k];
+    it[k].error = o.check ? err[k] : NAN;
+  }
+  return it;
+}
+
+// Load generator: a Gloo ring allreduce of -b bytes in a loop (busy for a `duty` fraction of the
+// time), the paper's way of making tails, until `background_s` has passed.
+int background(const Options& o, Gloo* g) {
+  const size_t count = size_t(o.min_bytes / 4);
+  std::vector<float> in(count, 1.0f), out(count);
+  GlooAlgo ring(g, gloo::AllreduceOptions::Algorithm::RING);
+  const auto t0 = Clock::now();
+  while (seconds_since(t0) < o.background_s) {
+    const auto t1 = Clock::now();
+    ring.run(in.data(), out.data(), count);
+    if (o.duty < 1) sleep_ms(seconds_since(t1) * 1e3 * (1 - o.duty) / o.duty);
+  }
+  return 0;
+}
+
+int bench_main(int argc, char** argv) {
+  Options o;
+  if (std::string err = parse_options(argc, argv, &o); !err.empty()) {
+    std::fprintf(stderr, "optireduce-bench: %s\n", err.c_str());
+    return 2;
+  }
+  if (o.rank < 0 || o.world < 1 || o.rank >= o.world || o.store.empty()) {
+    std::fprintf(stderr, "optireduce-bench: needs --store DIR and --rank/--world (or RANK and "
+                         "WORLD_SIZE)\n");
+    return 2;
+  }
+  ::mkdir(o.store.c_str(), 0700);
+  Gloo g;
+  g.ctx = gloo_connect(o, o.store, "ctl");
+  if (o.background_s > 0) return background(o, &g);
+  const auto algos = split_list(o.algos.empty() ? kAllAlgos : o.algos);
+  const auto sizes = size_list(o.min_bytes, o.max_bytes, o.factor);
+  int failures = 0;
+  for (const std::string& name : algos) {
+    for (uint64_t bytes : sizes) {
+      std::unique_ptr<Algo> algo;
+      try {
+        const std::string dir = o.store + "/" + name + "-" + std::to_string(bytes);
+        algo = make_algo(name, o, &g, dir);
+      } catch (const std::exception& e) {
+        // Every rank fails the same way (same build, same options): skip together.
+        std::fprintf(stderr, "rank %d: %s: skipped: %s\n", o.rank, name.c_str(), e.what());
+        ++failures;
+        g.barrier();
+        continue;
+      }
+      double tb_ms = 0;
+      const auto it = measure(o, &g, algo.get(), bytes, &tb_ms);
+      algo.reset();
+      if (o.rank == 0) {
+        Row r = summarize(o.env, name, o.world, bytes, it);
+        r.tb_ms = tb_ms;
+        append_csv(o.csv, r);
+        append_samples(o.samples, r, it);
+      }
+    }
+  }
+  g.barrier();
+  return failures ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace optireduce::lab
+
+int main(int argc, char** argv) {
+  try {
+    return optireduce::lab::bench_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "optireduce-bench: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,110 @@
+// The two small interfaces the Transpose AllReduce schedule (tar.cc) is written against, so that
+// one schedule and one erasure logic serve every path: Exchange ("move these shards to and from
+// these peers, exactly or under a deadline, and say what was lost") and Kernels ("run these
+// local kernels on these buffers"). Host path: host_exchange.cc over the transport + host
+// kernels; GPU path: cuda/ (grouped ncclSend/ncclRecv + CUDA kernels); tests: an in-process
+// exchange with a seeded loss model.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "collectives/elem.h"
+#include "collectives/kernels_host.h"
+#include "transport/status.h"
+
+namespace optireduce::coll {
+
+enum class Mode : uint8_t {
+  kExact = 0,    // every byte arrives; receives never report loss
+  kBounded = 1,  // a receive ends by its deadline; missing bytes hold the erasure marker
+};
+
+struct SendOp {
+  int peer = -1;
+  const void* data = nullptr;
+  size_t bytes = 0;
+};
+
+struct RecvOp {
+  int peer = -1;
+  void* data = nullptr;
+  size_t bytes = 0;
+  // Filled by the exchange:
+  uint64_t lost_bytes = 0;    // bytes of this receive that hold the marker (bounded only)
+  bool deadline_hit = false;  // the receive was closed by its deadline, not by completion
+};
+
+// Moves the shards of one phase. A phase is begin_phase (post the receives), post_sends,
+// end_phase (wait for everything); the schedule posts a phase's receives before it has the data
+// to send, so that a peer's early sends find their receive already posted (a bounded send the
+// receiver has not posted in time expires). Contract:
+//  - Every rank runs the same phases in the same order; the k-th message from a peer matches
+//    the k-th receive posted for that peer (FIFO per ordered pair). Empty shards are never
+//    posted, on either side (both sides derive the same plan).
+//  - `recvs` are admitted round by round: round q is recvs[round_end[q-1], round_end[q]);
+//    begin_phase posts round 0 and end_phase posts round q+1 once round q completed. This is
+//    how a receiver bounds its incast. Receiver-paced exchanges let each rank choose its rounds
+//    independently; exchanges that are not (grouped NCCL calls) need the same incast on every
+//    rank. The spans must stay valid until end_phase returns.
+//  - `sends` start at once, in the given order (the order of the receivers' rounds).
+//  - end_phase returns when every send and receive is done. In bounded mode a receive that
+//    ended with holes is not an error: lost_bytes/deadline_hit say so. A non-ok Status is a
+//    hard failure (peer gone, OS error); error() then holds a message.
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Status begin_phase(Mode mode, int phase, std::span<RecvOp> recvs,
+                             std::span<const uint32_t> round_end) = 0;
+  virtual Status post_sends(std::span<const SendOp> sends) = 0;
+  virtual Status end_phase() = 0;
+  virtual bool receiver_paced() const { return true; }
+  // The transport's current hard bound tB and estimate tC (0 when it has none).
+  virtual void timing(uint32_t* tb_us, uint32_t* tc_us) const {
+    *tb_us = 0;
+    *tc_us = 0;
+  }
+  virtual const std::string& error() const { return error_; }
+
+  // A whole phase when the data to send is ready up front.
+  Status run_phase(Mode mode, int phase, std::span<const SendOp> sends, std::span<RecvOp> recvs,
+                   std::span<const uint32_t> round_end) {
+    Status s = begin_phase(mode, phase, recvs, round_end);
+    if (s) s = post_sends(sends);
+    if (s) s = end_phase();
+    return s;
+  }
+
+ protected:
+  std::string error_;
+};
+
+// Local work on buffers of the path's memory kind (host or device). Semantics of each call are
+// those of the host kernel of the same name (kernels_host.h), which is the oracle.
+class Kernels {
+ public:
+  virtual ~Kernels() = default;
+  // Scratch that lives as long as the communicator; a call may move earlier scratch pointers.
+  // `slot` selects one of a few independent regions.
+  virtual void* scratch(int slot, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void encode(DType t, const void* in, void* out, const HadamardGeometry& g,
+                      uint64_t seed) = 0;
+  virtual void decode(DType t, const void* in, void* out, const HadamardGeometry& g, uint64_t seed,
+                      double scale, const void* fallback, double fallback_scale,
+                      Erasure policy) = 0;
+  // srcs/lossy are host arrays of nranks entries, in rank order.
+  virtual void reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, void* out,
+                      size_t n, RedOp op, Erasure policy) = 0;
+  virtual void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
+                         double own_scale, Erasure policy) = 0;
+  // Adds the counters of the kernels run since the last call into out[kNumCounters] and zeroes
+  // them (may wait for outstanding device work).
+  virtual void take_counters(uint64_t* out) = 0;
+};
+
+}  // namespace optireduce::coll

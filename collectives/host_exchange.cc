@@ -1,0 +1,271 @@
+// HostExchange (see host_exchange.h): connection set-up through the store, and one phase =
+// all isends at once, irecvs round by round, then wait. The transport's progress thread moves
+// the data; this thread only posts and tests, backing off to sleeps so that ranks sharing a
+// few cores leave them to the progress threads.
+#include "collectives/host_exchange.h"
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "transport/bounded.h"
+
+namespace optireduce::coll {
+namespace {
+
+// A hard stop for waits that can only end by a peer's action: an exact receive from a rank that
+// died. Long enough for any real exchange on the slowest link we support.
+constexpr auto kHangLimit = std::chrono::seconds(300);
+
+// Polling: spin with yields this many times, then sleep this long between tests.
+constexpr int kSpins = 64;
+constexpr auto kNap = std::chrono::microseconds(20);
+
+std::string key(const std::string& prefix, int mode, int from, int to) {
+  return prefix + "/conn/" + std::to_string(mode) + "/" + std::to_string(from) + "/" +
+         std::to_string(to);
+}
+
+void backoff(int* spins) {
+  if (++*spins < kSpins) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(kNap);
+  }
+}
+
+}  // namespace
+
+HostExchange::~HostExchange() {
+  // Comms before the group their receives report to, and everything before the engine.
+  for (int m = 0; m < 2; ++m) {
+    send_[m].clear();
+    recv_[m].clear();
+    listen_[m].clear();
+  }
+  group_.reset();
+  engine_.reset();
+}
+
+Status HostExchange::create(Store* store, const std::string& prefix, int rank, int nranks,
+                            int timeout_ms, std::unique_ptr<HostExchange>* out,
+                            std::string* error) {
+  std::unique_ptr<HostExchange> ex(new HostExchange());
+  ex->rank_ = rank;
+  ex->nranks_ = nranks;
+  if (Status s = Engine::acquire(&ex->engine_); !s) {
+    *error = std::string("transport engine: ") + errc_name(s.code());
+    return s;
+  }
+  if (ex->engine_->device_count() < 1) {
+    *error = "transport engine: no device (check OPTIREDUCE_IFNAME / OPTIREDUCE_DATAPATH)";
+    return Status(Errc::kInvalidUsage);
+  }
+  ex->group_ = std::make_unique<BoundedGroup>(ex->engine_->config());
+  for (int m = 0; m < 2; ++m) {
+    ex->listen_[m].resize(size_t(nranks));
+    ex->send_[m].resize(size_t(nranks));
+    ex->recv_[m].resize(size_t(nranks));
+  }
+  if (Status s = ex->connect_all(store, prefix, timeout_ms); !s) {
+    *error = ex->error_;
+    return s;
+  }
+  *out = std::move(ex);
+  return Status::ok();
+}
+
+Status HostExchange::connect_all(Store* store, const std::string& prefix, int timeout_ms) {
+  // Listen for every peer, in both modes, and publish the handles.
+  for (int m = 0; m < 2; ++m) {
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      ConnectionHandle h;
+      if (Status s = engine_->listen(0, &h, &listen_[m][size_t(p)], group_.get()); !s) {
+        error_ = std::string("listen: ") + errc_name(s.code());
+        return s;
+      }
+      std::string bytes(sizeof(h), '\0');
+      std::memcpy(bytes.data(), &h, sizeof(h));
+      if (Status s = store->set(key(prefix, m, p, rank_), bytes); !s) {
+        error_ = store->error();
+        return s;
+      }
+    }
+  }
+  // Fetch the peers' handles, then drive connects and accepts together until all are done
+  // (each side's connect completes only while the other side accepts).
+  std::vector<ConnectionHandle> handles(size_t(2 * nranks_));
+  for (int m = 0; m < 2; ++m) {
+    for (int p = 0; p < nranks_; ++p) {
+      if (p == rank_) continue;
+      std::string bytes;
+      if (Status s = store->get(key(prefix, m, rank_, p), &bytes, timeout_ms); !s) {
+        error_ = store->error();
+        return s;
+      }
+      if (bytes.size() != sizeof(ConnectionHandle)) {
+        error_ = "rendezvous: malformed connection handle from rank " + std::to_string(p);
+        return Status(Errc::kRemote);
+      }
+      std::memcpy(&handles[size_t(m * nranks_ + p)], bytes.data(), bytes.size());
+    }
+  }
+  std::vector<void*> states(size_t(2 * nranks_), nullptr);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  int spins = 0;
+  for (;;) {
+    bool all = true;
+    for (int m = 0; m < 2; ++m) {
+      ConnOptions o;
+      o.delivery = m == 1 ? Delivery::kBounded : Delivery::kExact;
+      o.fill = Fill::kMarker;
+      o.group = group_.get();
+      for (int p = 0; p < nranks_; ++p) {
+        if (p == rank_) continue;
+        const size_t i = size_t(m * nranks_ + p);
+        if (!send_[m][size_t(p)]) {
+          Status s = engine_->connect(0, handles[i], o, &states[i], &send_[m][size_t(p)]);
+          if (!s) {
+            error_ = "connect to rank " + std::to_string(p) + ": " + errc_name(s.code());
+            return s;
+          }
+        }
+        if (!recv_[m][size_t(p)]) {
+          Status s = listen_[m][size_t(p)]->accept(&recv_[m][size_t(p)]);
+          if (!s) {
+            error_ = "accept from rank " + std::to_string(p) + ": " + errc_name(s.code());
+            return s;
+          }
+        }
+        all = all && send_[m][size_t(p)] && recv_[m][size_t(p)];
+      }
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() > end) {
+      error_ = "connecting the ranks timed out";
+      return Status(Errc::kRemote);
+    }
+    backoff(&spins);
+  }
+  for (int m = 0; m < 2; ++m) listen_[m].clear();
+  return Status::ok();
+}
+
+Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
+  const auto end = std::chrono::steady_clock::now() + kHangLimit;
+  int spins = 0;
+  for (;;) {
+    bool done = false;
+    Status s = test_request(req, &done, size);
+    if (!s) {
+      error_ = std::string(is_send ? "send to" : "receive from") + " rank " + std::to_string(peer) +
+               " failed: " + errc_name(s.code());
+      return s;
+    }
+    if (done) return Status::ok();
+    if (std::chrono::steady_clock::now() > end) {
+      error_ = std::string(is_send ? "send to" : "receive from") + " rank " + std::to_string(peer) +
+               " did not complete (peer gone?)";
+      return Status(Errc::kRemote);
+    }
+    backoff(&spins);
+  }
+}
+
+Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
+                                 std::span<const uint32_t> round_end) {
+  mode_ = mode == Mode::kBounded ? 1 : 0;
+  recvs_ = recvs;
+  round_end_ = round_end;
+  sends_ = {};
+  recv_reqs_.assign(recvs.size(), nullptr);
+  recv_before_.resize(recvs.size());
+  return round_end.empty() ? Status::ok() : post_round(0);
+}
+
+Status HostExchange::post_round(size_t q) {
+  const uint32_t begin = q == 0 ? 0 : round_end_[q - 1];
+  for (uint32_t i = begin; i < round_end_[q]; ++i) {
+    RecvOp& op = recvs_[i];
+    RecvComm* c = recv_[mode_][size_t(op.peer)].get();
+    recv_before_[i] = c->stats();
+    int spins = 0;
+    const auto end = std::chrono::steady_clock::now() + kHangLimit;
+    while (recv_reqs_[i] == nullptr) {
+      if (Status s = c->irecv(op.data, op.bytes, &recv_reqs_[i]); !s) {
+        error_ = "irecv from rank " + std::to_string(op.peer) + ": " + errc_name(s.code());
+        return s;
+      }
+      if (recv_reqs_[i] == nullptr) {
+        if (std::chrono::steady_clock::now() > end) {
+          error_ = "irecv from rank " + std::to_string(op.peer) + " stayed back-pressured";
+          return Status(Errc::kRemote);
+        }
+        backoff(&spins);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status HostExchange::post_sends(std::span<const SendOp> sends) {
+  sends_ = sends;
+  send_reqs_.assign(sends.size(), nullptr);
+  for (size_t i = 0; i < sends.size(); ++i) {
+    const SendOp& op = sends[i];
+    SendComm* c = send_[mode_][size_t(op.peer)].get();
+    int spins = 0;
+    const auto end = std::chrono::steady_clock::now() + kHangLimit;
+    while (send_reqs_[i] == nullptr) {
+      if (Status s = c->isend(op.data, op.bytes, &send_reqs_[i]); !s) {
+        error_ = "isend to rank " + std::to_string(op.peer) + ": " + errc_name(s.code());
+        return s;
+      }
+      if (send_reqs_[i] == nullptr) {
+        if (std::chrono::steady_clock::now() > end) {
+          error_ = "isend to rank " + std::to_string(op.peer) + " stayed back-pressured";
+          return Status(Errc::kRemote);
+        }
+        backoff(&spins);
+      }
+    }
+  }
+  return Status::ok();
+}
+
+Status HostExchange::end_phase() {
+  uint32_t begin = 0;
+  for (size_t q = 0; q < round_end_.size(); ++q) {
+    if (q > 0) {
+      if (Status s = post_round(q); !s) return s;
+    }
+    for (uint32_t i = begin; i < round_end_[q]; ++i) {
+      RecvOp& op = recvs_[i];
+      size_t got = 0;
+      if (Status s = wait(recv_reqs_[i], &got, false, op.peer); !s) return s;
+      if (got != op.bytes) {
+        error_ = "receive from rank " + std::to_string(op.peer) + ": " + std::to_string(got) +
+                 " bytes, expected " + std::to_string(op.bytes) + " (ranks called differently)";
+        return Status(Errc::kInternal);
+      }
+      const ConnStats after = recv_[mode_][size_t(op.peer)]->stats();
+      op.lost_bytes = after.bytes_lost - recv_before_[i].bytes_lost;
+      op.deadline_hit = after.deadline_hits > recv_before_[i].deadline_hits;
+    }
+    begin = round_end_[q];
+  }
+  for (size_t i = 0; i < sends_.size(); ++i) {
+    size_t ignored = 0;
+    if (Status s = wait(send_reqs_[i], &ignored, true, sends_[i].peer); !s) return s;
+  }
+  return Status::ok();
+}
+
+void HostExchange::timing(uint32_t* tb_us, uint32_t* tc_us) const {
+  const GroupStats g = group_->stats();
+  *tb_us = g.tb_us;
+  *tc_us = g.tc_us;
+}
+
+}  // namespace optireduce::coll

@@ -1,0 +1,59 @@
+// The host path's Exchange over the transport (transport.h): per ordered pair of ranks one exact
+// and one bounded connection (bounded receives fill holes with the erasure marker), all bounded
+// connections of a communicator sharing one BoundedGroup (deadline estimates).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/exchange.h"
+#include "collectives/store.h"
+#include "transport/transport.h"
+
+namespace optireduce {
+class BoundedGroup;
+}
+
+namespace optireduce::coll {
+
+class HostExchange final : public Exchange {
+ public:
+  ~HostExchange() override;
+  // Collective: connects every ordered pair, swapping handles through `store` under `prefix`.
+  static Status create(Store* store, const std::string& prefix, int rank, int nranks,
+                       int timeout_ms, std::unique_ptr<HostExchange>* out, std::string* error);
+
+  int rank() const override { return rank_; }
+  int size() const override { return nranks_; }
+  Status begin_phase(Mode mode, int phase, std::span<RecvOp> recvs,
+                     std::span<const uint32_t> round_end) override;
+  Status post_sends(std::span<const SendOp> sends) override;
+  Status end_phase() override;
+  void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
+
+ private:
+  HostExchange() = default;
+  Status connect_all(Store* store, const std::string& prefix, int timeout_ms);
+  Status wait(Request* req, size_t* size, bool is_send, int peer);
+  Status post_round(size_t q);
+
+  int rank_ = 0;
+  int nranks_ = 1;
+  std::shared_ptr<Engine> engine_;
+  std::unique_ptr<BoundedGroup> group_;
+  // [mode][peer]; null at [*][rank_].
+  std::vector<std::unique_ptr<ListenComm>> listen_[2];
+  std::vector<std::unique_ptr<SendComm>> send_[2];
+  std::vector<std::unique_ptr<RecvComm>> recv_[2];
+  // The phase in progress (reused between phases: nothing is allocated per call).
+  int mode_ = 0;
+  std::span<RecvOp> recvs_;
+  std::span<const uint32_t> round_end_;
+  std::span<const SendOp> sends_;
+  std::vector<Request*> send_reqs_;
+  std::vector<Request*> recv_reqs_;
+  std::vector<ConnStats> recv_before_;  // each receive's connection counters when posted
+};
+
+}  // namespace optireduce::coll

@@ -1,0 +1,77 @@
+// Host kernels (see kernels_host.h): the baseline variant of kernels_host_impl.h, the AVX2
+// variant where the CPU has it (kernels_host_avx2.cc), and the one-time choice between them.
+// Every hot loop is branch-free over contiguous arrays so that the compiler vectorises it; the
+// element type is a template parameter resolved once per call, never per element.
+#define OR_KERNEL_NS base
+#include "collectives/kernels_host_impl.h"
+#undef OR_KERNEL_NS
+
+namespace optireduce::coll {
+
+#ifdef OR_HAVE_AVX2_KERNELS
+// Declarations of the AVX2 variant (kernels_host_avx2.cc).
+namespace avx2 {
+void fwht_f32(float* x, size_t d);
+void fwht_f64(double* x, size_t d);
+void encode(DType t, const void* in, void* out, const HadamardGeometry& g, const uint32_t* masks);
+DecodeResult decode(DType t, const void* in, void* out, const HadamardGeometry& g,
+                    const uint32_t* masks, double scale, const void* fallback,
+                    double fallback_scale, Erasure policy);
+uint64_t reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, void* out,
+                size_t n, RedOp op, Erasure policy);
+uint64_t fill(DType t, void* dst, const void* received, const void* own, size_t n, double own_scale,
+              Erasure policy);
+uint64_t count(DType t, const void* data, size_t n);
+}  // namespace avx2
+
+namespace {
+// Read once: the CPU does not change under a running process.
+const bool kUseAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                      __builtin_cpu_supports("f16c");
+}  // namespace
+#define OR_PICK(fn) (kUseAvx2 ? avx2::fn : base::fn)
+#else
+#define OR_PICK(fn) base::fn
+#endif
+
+void fwht(float* x, size_t d) {
+  OR_PICK(fwht_f32)(x, d);
+}
+void fwht(double* x, size_t d) {
+  OR_PICK(fwht_f64)(x, d);
+}
+
+void fill_sign_masks(uint32_t* mask, size_t d, uint64_t seed) {
+  for (size_t w = 0; w * 64 < d; ++w) {
+    const uint64_t bits = sign_word(seed, w);
+    const size_t end = d - w * 64 < 64 ? d - w * 64 : 64;
+    for (size_t j = 0; j < end; ++j) mask[w * 64 + j] = uint32_t((bits >> j) & 1u) << 31;
+  }
+}
+
+void hadamard_encode(DType t, const void* in, void* out, const HadamardGeometry& g,
+                     const uint32_t* masks) {
+  OR_PICK(encode)(t, in, out, g, masks);
+}
+
+DecodeResult hadamard_decode(DType t, const void* in, void* out, const HadamardGeometry& g,
+                             const uint32_t* masks, double scale, const void* fallback,
+                             double fallback_scale, Erasure policy) {
+  return OR_PICK(decode)(t, in, out, g, masks, scale, fallback, fallback_scale, policy);
+}
+
+uint64_t reduce_shard(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, void* out,
+                      size_t n, RedOp op, Erasure policy) {
+  return OR_PICK(reduce)(t, srcs, lossy, nranks, out, n, op, policy);
+}
+
+uint64_t fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
+                   double own_scale, Erasure policy) {
+  return OR_PICK(fill)(t, dst, received, own, n, own_scale, policy);
+}
+
+uint64_t count_markers(DType t, const void* data, size_t n) {
+  return OR_PICK(count)(t, data, n);
+}
+
+}  // namespace optireduce::coll

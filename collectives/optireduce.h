@@ -1,0 +1,123 @@
+/* liboptireduce: Transpose AllReduce with randomized Hadamard encoding, for GPU buffers (over an
+ * NCCL communicator in bounded mode) and host buffers (over the optireduce transport). A plain C
+ * API shaped like NCCL's: every call returns an optiResult_t, never throws, never exits. */
+#ifndef OPTIREDUCE_H_
+#define OPTIREDUCE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define OPTIREDUCE_VERSION_MAJOR 0
+#define OPTIREDUCE_VERSION_MINOR 1
+
+/* Opaque handles. The NCCL and CUDA types are declared, not included, so that this header needs
+ * neither nccl.h nor the CUDA toolkit: ncclComm_t and cudaStream_t convert implicitly. */
+struct ncclComm;
+struct CUstream_st;
+typedef struct optiComm* optiComm_t;
+
+typedef enum {
+  optiSuccess = 0,
+  optiInvalidArgument = 1, /* a null pointer, an unknown type or op, a bad option value */
+  optiInvalidUsage = 2,    /* the configuration is wrong (bad OPTIREDUCE_* value, env missing) */
+  optiSystemError = 3,     /* the OS or the network failed */
+  optiInternalError = 4,   /* a bug of ours or a broken contract (calls out of order) */
+  optiRemoteError = 5,     /* a peer misbehaved or went away */
+  optiUnsupported = 6,     /* valid but not available in this build (e.g. no CUDA) */
+  optiCudaError = 7,       /* a CUDA runtime call failed */
+  optiNcclError = 8        /* an NCCL call failed */
+} optiResult_t;
+
+typedef enum { optiFloat32 = 0, optiFloat16 = 1, optiBfloat16 = 2, optiFloat64 = 3 } optiDataType_t;
+typedef enum { optiSum = 0, optiAvg = 1 } optiRedOp_t;
+
+/* What becomes of elements lost under the deadline (bounded mode). */
+typedef enum {
+  optiErasureRescale = 0, /* unbiased: phase 1 rescales per element, phase 2 estimates */
+  optiErasureZero = 1     /* lost contributions count as zero (the published release's phase 1) */
+} optiErasure_t;
+
+/* Delivery of a communicator's exchanges. */
+typedef enum { optiExact = 0, optiBounded = 1 } optiMode_t;
+
+/* Incast values with a special meaning (any other value >= 1 is fixed). */
+#define OPTI_INCAST_MAX 0   /* all N-1 senders at once */
+#define OPTI_INCAST_AUTO -1 /* each receiver adapts its incast (host path) */
+
+typedef struct {
+  optiMode_t mode;         /* OPTIREDUCE_MODE */
+  int incast;              /* OPTIREDUCE_INCAST: >= 1, OPTI_INCAST_MAX or OPTI_INCAST_AUTO */
+  int hadamard;            /* OPTIREDUCE_HADAMARD: encode in bounded mode (1) or not (0) */
+  int64_t hadamardBlock;   /* OPTIREDUCE_HADAMARD_BLOCK: elements, a power of two >= 2 */
+  optiErasure_t erasure;   /* no variable: optiErasureRescale unless set here */
+  double safeguard;        /* OPTIREDUCE_SAFEGUARD: lost fraction that flags a call */
+  int safeguardRedo;       /* OPTIREDUCE_SAFEGUARD_REDO: redo a flagged call exactly */
+  int64_t exactBelowBytes; /* OPTIREDUCE_EXACT_BELOW: smaller buffers always go exact */
+} optiOptions_t;
+
+/* Statistics, per call (the last call) and cumulative. Elements are counted on this rank. */
+typedef struct {
+  uint64_t calls;               /* allreduce calls */
+  uint64_t exactCalls;          /* of which went exact (exact mode, first call, tiny, redo) */
+  uint64_t elementsExpected[2]; /* elements this rank receives in phase 1 and phase 2 */
+  uint64_t elementsLost[2];     /* of which were lost and estimated, per phase */
+  uint64_t blocksEmpty;         /* Hadamard blocks that lost every coordinate */
+  uint64_t deadlineHits;        /* receives closed by their deadline */
+  uint64_t safeguardFlags;      /* calls whose lost fraction exceeded the threshold */
+  uint64_t safeguardRedos;      /* calls redone exactly */
+  uint32_t tbUs;                /* transport hard bound tB at the end of the call (0: none) */
+  uint32_t tcUs;                /* transport adaptive estimate tC at the end of the call */
+  int32_t incast;               /* incast of the last call's receives */
+  int32_t reserved;
+  double lostFraction; /* (lost phase 1 + 2) / (expected phase 1 + 2) */
+  double timeUs;       /* wall time of the call(s) on this rank */
+} optiStats_t;
+
+/* Fills *opts from the OPTIREDUCE_* environment (the defaults when unset). */
+optiResult_t optiOptionsDefault(optiOptions_t* opts);
+
+/* GPU path: a communicator over the ranks of `nccl`. Creates the bounded NCCL communicator
+ * (ncclCommSplit with config.trafficClass = OPTIREDUCE_BOUNDED_TRAFFIC_CLASS) when mode is
+ * optiBounded. Collective over the ranks of `nccl`. opts may be NULL (environment). */
+optiResult_t optiCommInit(optiComm_t* comm, struct ncclComm* nccl, const optiOptions_t* opts);
+
+/* Host path, rendezvous from the torchrun-style environment: MASTER_ADDR, MASTER_PORT, RANK,
+ * WORLD_SIZE (rank 0 serves a small TCP key-value store on MASTER_PORT). */
+optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts);
+/* Host path, rendezvous through files in `dir` (a folder every rank can write; for tests). */
+optiResult_t optiHostCommInitFile(optiComm_t* comm, const char* dir, int rank, int nranks,
+                                  const optiOptions_t* opts);
+
+/* Collective. Frees the communicator; the last call of every rank must have returned. */
+optiResult_t optiCommDestroy(optiComm_t comm);
+
+optiResult_t optiCommRank(optiComm_t comm, int* rank);
+optiResult_t optiCommSize(optiComm_t comm, int* nranks);
+/* Changes the options of later calls; every rank must set the same options. */
+optiResult_t optiCommSetOptions(optiComm_t comm, const optiOptions_t* opts);
+
+/* recvbuf[i] = sum (or average) over ranks of sendbuf[i], i < count. sendbuf == recvbuf is in
+ * place; otherwise the buffers must not overlap. Host communicators ignore `stream` and return
+ * when the result is in recvbuf; GPU communicators enqueue on `stream` (NULL: the default). */
+optiResult_t optiAllReduce(const void* sendbuf, void* recvbuf, size_t count,
+                           optiDataType_t datatype, optiRedOp_t op, optiComm_t comm,
+                           struct CUstream_st* stream);
+
+/* last: the last call (may be NULL); total: cumulative since init (may be NULL). GPU
+ * communicators first wait for the last call's stream work. */
+optiResult_t optiGetStats(optiComm_t comm, optiStats_t* last, optiStats_t* total);
+
+/* A static string naming a result code. */
+const char* optiGetErrorString(optiResult_t result);
+/* The message of the last failed call on this thread ("" when none). */
+const char* optiGetLastError(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* OPTIREDUCE_H_ */

@@ -1,0 +1,303 @@
+// FileStore and TcpStore (see store.h). The TCP protocol is one request, one reply:
+//   request: u8 op (1 set, 2 get) | u32 timeout_ms | u32 key length | key | u32 value length |
+//   value reply:   u8 status (0 ok, 1 timed out) | u32 value length | value
+// Lengths are little-endian host order: every rank runs the same binary on the same ABI.
+#include "collectives/store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace optireduce::coll {
+namespace {
+
+constexpr uint8_t kSet = 1, kGet = 2;
+constexpr uint32_t kMaxValueBytes = 1u << 20;  // handles and seeds are tiny; bounds a bad peer
+
+bool write_all(int fd, const void* p, size_t n) {
+  const auto* b = static_cast<const uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, b, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    b += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+bool read_all(int fd, void* p, size_t n) {
+  auto* b = static_cast<uint8_t*>(p);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, b, n, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    b += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+bool read_string(int fd, std::string* s) {
+  uint32_t len = 0;
+  if (!read_all(fd, &len, 4) || len > kMaxValueBytes) return false;
+  s->resize(len);
+  return len == 0 || read_all(fd, s->data(), len);
+}
+
+bool write_string(int fd, const std::string& s) {
+  const uint32_t len = uint32_t(s.size());
+  return write_all(fd, &len, 4) && write_all(fd, s.data(), s.size());
+}
+
+Status resolve(const std::string& host, int port, sockaddr_storage* out, socklen_t* len,
+               std::string* error) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string p = std::to_string(port);
+  const int rc = ::getaddrinfo(host.c_str(), p.c_str(), &hints, &res);
+  if (rc != 0 || res == nullptr) {
+    *error = "cannot resolve MASTER_ADDR '" + host + "': " + gai_strerror(rc);
+    return Status(Errc::kInvalidUsage);
+  }
+  std::memcpy(out, res->ai_addr, res->ai_addrlen);
+  *len = res->ai_addrlen;
+  ::freeaddrinfo(res);
+  return Status::ok();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- FileStore
+
+std::string FileStore::path(const std::string& key) const {
+  std::string safe = key;
+  for (char& c : safe)
+    if (c == '/') c = '_';
+  return dir_ + "/" + safe;
+}
+
+Status FileStore::set(const std::string& key, const std::string& value) {
+  const std::string final_path = path(key);
+  const std::string tmp = final_path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(value.data(), std::streamsize(value.size()));
+    if (!f) {
+      error_ = "file store: cannot write " + tmp;
+      return Status(Errc::kSystem, errno);
+    }
+  }
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    error_ = "file store: cannot rename to " + final_path + ": " + std::strerror(errno);
+    return Status(Errc::kSystem, errno);
+  }
+  return Status::ok();
+}
+
+Status FileStore::get(const std::string& key, std::string* value, int timeout_ms) {
+  const std::string p = path(key);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    std::ifstream f(p, std::ios::binary);
+    if (f) {
+      std::ostringstream ss;
+      ss << f.rdbuf();
+      *value = ss.str();
+      return Status::ok();
+    }
+    if (std::chrono::steady_clock::now() > end) {
+      error_ = "file store: timed out waiting for key '" + key + "' in " + dir_;
+      return Status(Errc::kRemote);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+// ---------------------------------------------------------------- TcpStore server
+
+class TcpStore::Server {
+ public:
+  ~Server() { stop(); }
+
+  Status start(const std::string& host, int port, std::string* error) {
+    sockaddr_storage addr{};
+    socklen_t len = 0;
+    if (Status s = resolve(host, port, &addr, &len, error); !s) return s;
+    fd_ = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    const int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+        ::listen(fd_, 128) != 0) {
+      *error = "TCP store: cannot serve on " + host + ":" + std::to_string(port) + ": " +
+               std::strerror(errno);
+      return Status(Errc::kSystem, errno);
+    }
+    acceptor_ = std::thread([this] { accept_loop(); });
+    return Status::ok();
+  }
+
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      for (int c : clients_) ::shutdown(c, SHUT_RDWR);
+    }
+    cv_.notify_all();
+    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+    if (acceptor_.joinable()) acceptor_.join();
+    for (auto& t : workers_) t.join();
+    for (int c : clients_) ::close(c);
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  void accept_loop() {
+    for (;;) {
+      const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      std::lock_guard<std::mutex> lk(mu_);
+      if (c < 0) {
+        if (stopping_ || (errno != EINTR && errno != ECONNABORTED)) return;
+        continue;
+      }
+      if (stopping_) {
+        ::close(c);
+        return;
+      }
+      clients_.push_back(c);
+      workers_.emplace_back([this, c] { serve(c); });
+    }
+  }
+
+  void serve(int c) {
+    for (;;) {
+      uint8_t op = 0;
+      uint32_t timeout_ms = 0;
+      std::string key, value;
+      if (!read_all(c, &op, 1) || !read_all(c, &timeout_ms, 4) || !read_string(c, &key) ||
+          !read_string(c, &value))
+        return;
+      uint8_t status = 0;
+      if (op == kSet) {
+        std::lock_guard<std::mutex> lk(mu_);
+        kv_[key] = value;
+        cv_.notify_all();
+        value.clear();
+      } else if (op == kGet) {
+        std::unique_lock<std::mutex> lk(mu_);
+        const bool found = cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms),
+                                        [&] { return stopping_ || kv_.count(key) > 0; });
+        if (found && kv_.count(key) > 0) {
+          value = kv_[key];
+        } else {
+          status = 1;
+          value.clear();
+        }
+      } else {
+        return;  // not our protocol: drop the client
+      }
+      if (!write_all(c, &status, 1) || !write_string(c, value)) return;
+    }
+  }
+
+  int fd_ = -1;
+  std::thread acceptor_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::map<std::string, std::string> kv_;
+  std::vector<int> clients_;
+  std::vector<std::thread> workers_;
+};
+
+// ---------------------------------------------------------------- TcpStore client
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+  server_.reset();
+}
+
+Status TcpStore::open(const std::string& host, int port, bool serve, int timeout_ms,
+                      std::unique_ptr<TcpStore>* out, std::string* error) {
+  std::unique_ptr<TcpStore> s(new TcpStore());
+  if (serve) {
+    s->server_ = std::make_unique<Server>();
+    if (Status st = s->server_->start(host, port, error); !st) return st;
+  }
+  sockaddr_storage addr{};
+  socklen_t len = 0;
+  if (Status st = resolve(host, port, &addr, &len, error); !st) return st;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0) {
+      const int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      s->fd_ = fd;
+      break;
+    }
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    if (std::chrono::steady_clock::now() > end) {
+      *error = "TCP store: cannot reach " + host + ":" + std::to_string(port) + ": " +
+               std::strerror(err);
+      return Status(Errc::kRemote, err);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // rank 0 not up yet
+  }
+  *out = std::move(s);
+  return Status::ok();
+}
+
+Status TcpStore::request(uint8_t op, const std::string& key, const std::string& value,
+                         std::string* reply, int timeout_ms) {
+  std::lock_guard<std::mutex> lk(mu_);
+  const uint32_t t = uint32_t(timeout_ms);
+  uint8_t status = 0;
+  if (!write_all(fd_, &op, 1) || !write_all(fd_, &t, 4) || !write_string(fd_, key) ||
+      !write_string(fd_, value) || !read_all(fd_, &status, 1) || !read_string(fd_, reply)) {
+    error_ = "TCP store: connection to the store (rank 0) lost";
+    return Status(Errc::kRemote);
+  }
+  if (status != 0) {
+    error_ = "TCP store: timed out waiting for key '" + key + "'";
+    return Status(Errc::kRemote);
+  }
+  return Status::ok();
+}
+
+Status TcpStore::set(const std::string& key, const std::string& value) {
+  std::string ignored;
+  return request(kSet, key, value, &ignored, 0);
+}
+
+Status TcpStore::get(const std::string& key, std::string* value, int timeout_ms) {
+  return request(kGet, key, std::string(), value, timeout_ms);
+}
+
+Status store_barrier(Store* s, const std::string& prefix, int rank, int nranks, int timeout_ms) {
+  if (Status st = s->set(prefix + "/" + std::to_string(rank), "1"); !st) return st;
+  std::string v;
+  for (int r = 0; r < nranks; ++r)
+    if (Status st = s->get(prefix + "/" + std::to_string(r), &v, timeout_ms); !st) return st;
+  return Status::ok();
+}
+
+}  // namespace optireduce::coll

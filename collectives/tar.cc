@@ -1,0 +1,284 @@
+// Transpose AllReduce (see tar.h). One call = one or two passes of two phases:
+//   phase 1 (transpose): rank r sends shard j of its (encoded) input to rank j and reduces the
+//            N-1 shards r it receives with its own, erased elements excluded and rescaled;
+//   phase 2 (gather):    rank r sends its reduced shard to every peer; what a peer loses it
+//            estimates (own contribution x N, or d/k in the Hadamard domain).
+// The second pass is the safeguard's exact redo. Buffers: `work_in` is what phase 1 reads
+// (the input, or the encoded vector E), `work_out` where reduced shards live (the output, or E).
+#include "collectives/tar.h"
+
+#include <chrono>
+#include <cstring>
+
+#include "collectives/shard_plan.h"
+
+namespace optireduce::coll {
+
+// Scratch regions (Kernels::scratch slots).
+enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3 };
+
+struct Tar::Pass {
+  Mode mode = Mode::kExact;
+  bool hadamard = false;
+  DType t = DType::kF32;
+  RedOp op = RedOp::kSum;
+  Erasure erasure = Erasure::kRescale;
+  size_t es = 4;
+  int incast = 1;
+  const uint8_t* input = nullptr;
+  uint8_t* output = nullptr;
+  size_t count = 0;
+  uint64_t seed = 0;
+  HadamardGeometry g;
+  // Derived by run_pass:
+  const uint8_t* work_in = nullptr;
+  uint8_t* work_out = nullptr;
+  ShardPlan plan;
+  uint8_t* slots = nullptr;   // N-1 receive slots of plan.max_length() elements (phase 1)
+  uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
+  bool via_slots = false;     // phase 2 receives beside the output (bounded, in place, no HT)
+  // Results:
+  uint64_t expected[2] = {0, 0};
+  uint64_t deadline_hits = 0;
+  bool whole_sender_missing = false;
+};
+
+Tar::Tar(Exchange* ex, Kernels* k, uint64_t comm_seed)
+    : ex_(ex), k_(k), comm_seed_(comm_seed), incast_(ex->size()) {
+  srcs_.resize(size_t(ex->size()));
+  lossy_.resize(size_t(ex->size()));
+}
+
+Status Tar::run_pass(Pass& p, std::string* error) {
+  const int n = ex_->size();
+  if (p.hadamard) {
+    const uint64_t len = p.g.encoded();
+    auto* e = static_cast<uint8_t*>(k_->scratch(kSlotEncoded, len * p.es));
+    k_->encode(p.t, p.input, e, p.g, p.seed);
+    p.work_in = e;
+    p.work_out = e;
+    p.plan = ShardPlan{len, n};
+  } else {
+    p.work_in = p.input;
+    p.work_out = p.output;
+    p.plan = ShardPlan{p.count, n};
+  }
+  const size_t slots_bytes = size_t(n - 1) * p.plan.max_length() * p.es;
+  p.slots = static_cast<uint8_t*>(k_->scratch(kSlotRecv, slots_bytes));
+  // Bounded without Hadamard needs the own contribution of a lost element to estimate it; in
+  // place that contribution sits where the received shard would land, so receive beside it.
+  p.via_slots = p.mode == Mode::kBounded && !p.hadamard && p.input == p.output;
+  if (p.via_slots) p.slots2 = static_cast<uint8_t*>(k_->scratch(kSlotRecv2, slots_bytes));
+  Status s = phase1(p, error);
+  if (!s) return s;
+  return phase2(p, error);
+}
+
+Status Tar::fail(const char* what, Status s, std::string* error) {
+  *error = std::string(what) + ": " + ex_->error();
+  return s;
+}
+
+Status Tar::phase1(Pass& p, std::string* error) {
+  const int n = ex_->size(), r = ex_->rank();
+  const RoundPlan rp{n, p.incast};
+  const size_t slot_bytes = p.plan.max_length() * p.es;
+  const uint64_t mine = p.plan.length(r);
+  sends_.clear();
+  recvs1_.clear();
+  round_end1_.clear();
+  for (int q = 0; q < rp.rounds(); ++q) {
+    for (int d = rp.first_distance(q); d <= rp.last_distance(q); ++d) {
+      const int to = rp.send_peer(r, d);
+      if (p.plan.length(to) > 0)
+        sends_.push_back({to, p.work_in + p.plan.offset(to) * p.es, p.plan.length(to) * p.es});
+      if (mine > 0)
+        recvs1_.push_back({rp.recv_peer(r, d), p.slots + size_t(d - 1) * slot_bytes, mine * p.es});
+    }
+    round_end1_.push_back(uint32_t(recvs1_.size()));
+  }
+  if (Status s = ex_->run_phase(p.mode, 1, sends_, recvs1_, round_end1_); !s)
+    return fail("phase 1", s, error);
+  p.expected[0] = uint64_t(n - 1) * mine;
+  for (const RecvOp& rv : recvs1_) {
+    p.deadline_hits += rv.deadline_hit ? 1 : 0;
+    p.whole_sender_missing |= rv.lost_bytes == rv.bytes;
+  }
+  return Status::ok();
+}
+
+// Phase 2 posts its receives first, then reduces this rank's shard (phase 1's result), then
+// sends it: the peers' phase-2 sends, which may start as soon as they finished their own
+// reduction, find the receives already posted instead of expiring.
+Status Tar::phase2(Pass& p, std::string* error) {
+  const int n = ex_->size(), r = ex_->rank();
+  const RoundPlan rp{n, p.incast};
+  const size_t slot_bytes = p.plan.max_length() * p.es;
+  const uint64_t mine = p.plan.length(r);
+  recvs2_.clear();
+  round_end2_.clear();
+  for (int q = 0; q < rp.rounds(); ++q) {
+    for (int d = rp.first_distance(q); d <= rp.last_distance(q); ++d) {
+      const int from = rp.recv_peer(r, d);
+      const uint64_t len = p.plan.length(from);
+      if (len == 0) continue;
+      uint8_t* dst = p.via_slots ? p.slots2 + size_t(d - 1) * slot_bytes
+                                 : p.work_out + p.plan.offset(from) * p.es;
+      recvs2_.push_back({from, dst, len * p.es});
+    }
+    round_end2_.push_back(uint32_t(recvs2_.size()));
+  }
+  if (Status s = ex_->begin_phase(p.mode, 2, recvs2_, round_end2_); !s)
+    return fail("phase 2", s, error);
+
+  if (mine > 0) {
+    srcs_[size_t(r)] = p.work_in + p.plan.offset(r) * p.es;
+    lossy_[size_t(r)] = 0;
+    for (const RecvOp& rv : recvs1_) {
+      srcs_[size_t(rv.peer)] = rv.data;
+      lossy_[size_t(rv.peer)] = rv.lost_bytes > 0 ? 1 : 0;
+    }
+    k_->reduce(p.t, srcs_.data(), lossy_.data(), n, p.work_out + p.plan.offset(r) * p.es, mine,
+               p.op, p.erasure);
+  }
+
+  sends_.clear();
+  for (int q = 0; q < rp.rounds(); ++q)
+    for (int d = rp.first_distance(q); d <= rp.last_distance(q); ++d)
+      if (mine > 0)
+        sends_.push_back({rp.send_peer(r, d), p.work_out + p.plan.offset(r) * p.es, mine * p.es});
+  if (Status s = ex_->post_sends(sends_); !s) return fail("phase 2", s, error);
+  if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
+
+  p.expected[1] = p.plan.count - mine;
+  const double own_scale = p.op == RedOp::kSum ? double(n) : 1.0;
+  for (const RecvOp& rv : recvs2_) {
+    p.deadline_hits += rv.deadline_hit ? 1 : 0;
+    p.whole_sender_missing |= rv.lost_bytes == rv.bytes;
+    if (p.hadamard) continue;  // the decoder finds and counts the holes
+    const size_t off = p.plan.offset(rv.peer) * p.es;
+    const size_t len = p.plan.length(rv.peer);
+    if (rv.lost_bytes > 0) {
+      k_->fill_lost(p.t, p.output + off, rv.data, p.input + off, len, own_scale, p.erasure);
+    } else if (p.via_slots) {
+      k_->copy(p.output + off, rv.data, rv.bytes);
+    }
+  }
+  if (p.hadamard)
+    k_->decode(p.t, p.work_out, p.output, p.g, p.seed, 1.0, p.input, own_scale, p.erasure);
+  return Status::ok();
+}
+
+Status Tar::agree_any(bool mine, bool* any, std::string* error) {
+  const int n = ex_->size(), r = ex_->rank();
+  uint8_t flag = mine ? 1 : 0;
+  std::vector<uint8_t> theirs(size_t(n), 0);
+  sends_.clear();
+  recvs1_.clear();
+  round_end1_.clear();
+  for (int d = 1; d < n; ++d) {
+    sends_.push_back({(r + d) % n, &flag, 1});
+    const int from = (r - d + n) % n;
+    recvs1_.push_back({from, &theirs[size_t(from)], 1});
+  }
+  round_end1_.push_back(uint32_t(recvs1_.size()));
+  if (Status s = ex_->run_phase(Mode::kExact, 3, sends_, recvs1_, round_end1_); !s)
+    return fail("safeguard agreement", s, error);
+  *any = mine;
+  for (uint8_t f : theirs) *any = *any || f != 0;
+  return Status::ok();
+}
+
+Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp op,
+                      const TarOptions& o, optiStats_t* st, std::string* error) {
+  const auto t0 = std::chrono::steady_clock::now();
+  *st = optiStats_t{};
+  st->calls = 1;
+  const int n = ex_->size();
+  const uint64_t call = calls_++;
+  const size_t es = dtype_size(t);
+  if (count == 0) return Status::ok();
+  if (n == 1) {
+    if (send != recv) k_->copy(recv, send, count * es);
+    st->exactCalls = 1;
+    return Status::ok();
+  }
+  // Control data must be identical on every rank: the first call of a communicator and tiny
+  // buffers (norms, loss values) go exact.
+  const bool exact = o.mode == Mode::kExact || call == 0 || count * es < o.exact_below_bytes;
+  int incast = o.incast;
+  if (incast < 0) incast = ex_->receiver_paced() ? incast_.incast() : 0;
+  incast = clamp_incast(incast, n);
+
+  Pass p;
+  p.mode = exact ? Mode::kExact : Mode::kBounded;
+  p.hadamard = !exact && o.hadamard;
+  p.t = t;
+  p.op = op;
+  p.erasure = o.erasure;
+  p.es = es;
+  p.incast = incast;
+  p.input = static_cast<const uint8_t*>(send);
+  p.output = static_cast<uint8_t*>(recv);
+  p.count = count;
+  p.seed = call_seed(comm_seed_, call);
+  p.g = HadamardGeometry{count, o.hadamard_block};
+
+  // An exact redo needs the input, which an in-place pass overwrites: keep a copy.
+  const uint8_t* redo_input = p.input;
+  if (!exact && o.safeguard_redo && send == recv) {
+    auto* keep = static_cast<uint8_t*>(k_->scratch(kSlotKeep, count * es));
+    k_->copy(keep, send, count * es);
+    redo_input = keep;
+  }
+
+  Status s = run_pass(p, error);
+  if (!s) return s;
+  uint64_t c[kNumCounters] = {0, 0, 0};
+  k_->take_counters(c);
+  st->exactCalls = exact ? 1 : 0;
+  st->elementsExpected[0] = p.expected[0];
+  st->elementsExpected[1] = p.expected[1];
+  st->elementsLost[0] = c[kLostPhase1];
+  st->elementsLost[1] = c[kLostPhase2];
+  st->blocksEmpty = c[kBlocksEmpty];
+  st->deadlineHits = p.deadline_hits;
+  st->incast = incast;
+  const uint64_t expected = p.expected[0] + p.expected[1];
+  const uint64_t lost = c[kLostPhase1] + c[kLostPhase2];
+  st->lostFraction = expected ? double(lost) / double(expected) : 0.0;
+  const bool flagged = !exact && st->lostFraction > o.safeguard;
+  st->safeguardFlags = flagged ? 1 : 0;
+  if (!exact && o.incast < 0)
+    incast_.update(st->lostFraction, p.deadline_hits, p.whole_sender_missing);
+
+  if (!exact && o.safeguard_redo) {
+    bool any = false;
+    s = agree_any(flagged, &any, error);
+    if (!s) return s;
+    if (any) {
+      Pass q;
+      q.mode = Mode::kExact;
+      q.t = t;
+      q.op = op;
+      q.erasure = o.erasure;
+      q.es = es;
+      q.incast = incast;
+      q.input = redo_input;
+      q.output = p.output;
+      q.count = count;
+      q.seed = p.seed;
+      q.g = p.g;
+      s = run_pass(q, error);
+      if (!s) return s;
+      k_->take_counters(c);  // an exact pass loses nothing; drop whatever it counted
+      st->safeguardRedos = 1;
+    }
+  }
+  ex_->timing(&st->tbUs, &st->tcUs);
+  st->timeUs =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return Status::ok();
+}
+
+}  // namespace optireduce::coll

@@ -1,0 +1,61 @@
+// Transpose AllReduce: the schedule (shard plan, two phases, incast rounds), the erasure logic,
+// Hadamard encoding, the safeguard. Written once against Exchange and Kernels (exchange.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "collectives/exchange.h"
+#include "collectives/incast.h"
+#include "collectives/optireduce.h"
+
+namespace optireduce::coll {
+
+struct TarOptions {
+  Mode mode = Mode::kExact;
+  int incast = 0;        // >= 1 fixed, 0 = N-1, -1 = adaptive per receiver
+  bool hadamard = true;  // bounded mode only: exact calls never encode
+  uint64_t hadamard_block = 4096;
+  Erasure erasure = Erasure::kRescale;
+  double safeguard = 0.05;
+  bool safeguard_redo = false;
+  uint64_t exact_below_bytes = 4096;
+};
+
+class Tar {
+ public:
+  // `comm_seed` must be equal on every rank (agreed at init): it seeds D for every call.
+  Tar(Exchange* ex, Kernels* k, uint64_t comm_seed);
+
+  // recv[i] = op over ranks of send[i]. On error *error holds a message.
+  Status allreduce(const void* send, void* recv, size_t count, DType t, RedOp op,
+                   const TarOptions& o, optiStats_t* stats, std::string* error);
+
+  uint64_t calls() const { return calls_; }
+
+ private:
+  struct Pass;  // one run of the two phases
+  Status run_pass(Pass& p, std::string* error);
+  Status phase1(Pass& p, std::string* error);
+  Status phase2(Pass& p, std::string* error);
+  Status agree_any(bool mine, bool* any, std::string* error);
+  Status fail(const char* what, Status s, std::string* error);
+
+  Exchange* ex_;
+  Kernels* k_;
+  uint64_t comm_seed_;
+  uint64_t calls_ = 0;
+  IncastController incast_;
+  // Reused between calls so that the data path does not allocate.
+  std::vector<SendOp> sends_;
+  std::vector<RecvOp> recvs1_;  // phase 1's receives stay alive while phase 2 is posted
+  std::vector<RecvOp> recvs2_;
+  std::vector<uint32_t> round_end1_;
+  std::vector<uint32_t> round_end2_;
+  std::vector<const void*> srcs_;
+  std::vector<uint8_t> lossy_;
+};
+
+}  // namespace optireduce::coll

@@ -1,0 +1,290 @@
+// The GPU path of liboptireduce: Kernels on device memory (launchers of kernels.cu on the
+// caller's stream) and an Exchange of grouped ncclSend/ncclRecv on NCCL communicators, the
+// bounded one split off the user's with config.trafficClass = OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
+// (the plugin runs that communicator bounded, filling holes with the erasure marker).
+// Everything is stream-ordered: optiAllReduce returns once the work is enqueued; statistics
+// are read back when asked for (optiGetStats), unless the safeguard must redo, which waits.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "collectives/comm.h"
+#include "cuda/launch.h"
+#include "transport/params.h"
+
+namespace optireduce::coll {
+
+namespace {
+
+ncclDataType_t nccl_bytes() {
+  return ncclUint8;
+}
+
+class CudaKernels final : public Kernels {
+ public:
+  ~CudaKernels() override {
+    for (auto& r : regions_)
+      if (r.ptr) cudaFree(r.ptr);
+    if (counters_) cudaFree(counters_);
+    if (host_counters_) cudaFreeHost(host_counters_);
+    if (done_) cudaEventDestroy(done_);
+  }
+  Status init() {
+    if (cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
+        cudaMallocHost(&host_counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess)
+      return Status(Errc::kSystem);
+    cudaMemset(counters_, 0, sizeof(unsigned long long) * kNumCounters);
+    return Status::ok();
+  }
+  void set_stream(cuda::Stream s) { stream_ = s; }
+  // When true, take_counters waits for the stream (the safeguard needs the counts now).
+  void set_sync(bool sync) { sync_ = sync; }
+
+  void* scratch(int slot, size_t bytes) override { return region(slot, bytes); }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (dst != src && bytes > 0)
+      note(int(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_)));
+  }
+  void encode(DType t, const void* in, void* out, const HadamardGeometry& g,
+              uint64_t seed) override {
+    void* w = region(kWork, cuda::hadamard_work_bytes(g, t));
+    note(cuda::encode(t, in, out, g, seed, w, stream_));
+  }
+  void decode(DType t, const void* in, void* out, const HadamardGeometry& g, uint64_t seed,
+              double scale, const void* fallback, double fallback_scale, Erasure policy) override {
+    void* w = region(kWork, cuda::hadamard_work_bytes(g, t));
+    note(cuda::decode(t, in, out, g, seed, scale, fallback, fallback_scale, policy, w, counters_,
+                      stream_));
+  }
+  void reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, void* out,
+              size_t n, RedOp op, Erasure policy) override {
+    void* w = region(kWork, cuda::reduce_work_bytes(n, nranks) + 256);
+    note(cuda::reduce(t, srcs, lossy, nranks, out, n, op, policy, w, counters_, stream_));
+  }
+  void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
+                 double own_scale, Erasure policy) override {
+    note(cuda::fill_lost(t, dst, received, own, n, own_scale, policy, counters_, stream_));
+  }
+  void take_counters(uint64_t* out) override {
+    // The device counters only grow; a snapshot of them follows the call's work into pinned
+    // memory, and collect() turns snapshots into increments. Nothing waits unless sync_.
+    const size_t bytes = sizeof(unsigned long long) * kNumCounters;
+    note(int(cudaMemcpyAsync(host_counters_, counters_, bytes, cudaMemcpyDeviceToHost, stream_)));
+    note(int(cudaEventRecord(done_, stream_)));
+    pending_ = true;
+    if (sync_) collect(out);
+  }
+  // Waits for the latest snapshot and adds what was counted since the previous one to out.
+  void collect(uint64_t* out) {
+    if (!pending_) return;
+    note(int(cudaEventSynchronize(done_)));
+    for (int i = 0; i < kNumCounters; ++i) {
+      out[i] += host_counters_[i] - seen_[i];
+      seen_[i] = host_counters_[i];
+    }
+    pending_ = false;
+  }
+  int error() const { return error_; }
+
+ private:
+  static constexpr int kWork = 7;  // beyond the schedule's slots
+  struct Region {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  void* region(int slot, size_t bytes) {
+    Region& r = regions_[size_t(slot)];
+    if (r.bytes < bytes) {
+      // Growing synchronises (cudaFree/cudaMalloc); it happens only when a bucket grows.
+      if (r.ptr) cudaFree(r.ptr);
+      r.ptr = nullptr;
+      r.bytes = 0;
+      if (cudaMalloc(&r.ptr, bytes) != cudaSuccess) throw std::bad_alloc();
+      r.bytes = bytes;
+    }
+    return r.ptr;
+  }
+  void note(int err) {
+    if (err != 0 && error_ == 0) error_ = err;
+  }
+
+  Region regions_[8];
+  cuda::Stream stream_ = nullptr;
+  unsigned long long* counters_ = nullptr;
+  unsigned long long* host_counters_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+  uint64_t seen_[kNumCounters] = {0, 0, 0};
+  bool pending_ = false;
+  bool sync_ = false;
+  int error_ = 0;
+};
+
+// Grouped point-to-point calls: one NCCL group per phase. NCCL has no receiver-paced rounds
+// (a group's sends and receives are matched as a whole), so incast rounds collapse into one
+// group; NCCL's own channels bound the concurrency.
+class NcclExchange final : public Exchange {
+ public:
+  NcclExchange(ncclComm_t exact, ncclComm_t bounded, int rank, int n)
+      : exact_(exact), bounded_(bounded), rank_(rank), n_(n) {}
+  int rank() const override { return rank_; }
+  int size() const override { return n_; }
+  bool receiver_paced() const override { return false; }
+  void set_stream(cudaStream_t s) { stream_ = s; }
+
+  Status begin_phase(Mode mode, int, std::span<RecvOp> recvs, std::span<const uint32_t>) override {
+    mode_ = mode;
+    recvs_ = recvs;
+    return Status::ok();
+  }
+  Status post_sends(std::span<const SendOp> sends) override {
+    sends_ = sends;
+    return Status::ok();
+  }
+  Status end_phase() override {
+    ncclComm_t c = mode_ == Mode::kBounded && bounded_ != nullptr ? bounded_ : exact_;
+    ncclResult_t r = ncclGroupStart();
+    for (RecvOp& op : recvs_) {
+      if (r == ncclSuccess) r = ncclRecv(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
+      // What arrived is known only on the device: bounded receives are scanned for the marker
+      // there, so report them as possibly lossy.
+      op.lost_bytes = mode_ == Mode::kBounded ? op.bytes : 0;
+      op.deadline_hit = false;
+    }
+    for (const SendOp& op : sends_)
+      if (r == ncclSuccess) r = ncclSend(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
+    const ncclResult_t e = ncclGroupEnd();
+    if (r == ncclSuccess) r = e;
+    if (r != ncclSuccess) {
+      error_ = std::string("NCCL: ") + ncclGetErrorString(r);
+      return Status(Errc::kSystem);
+    }
+    return Status::ok();
+  }
+
+ private:
+  ncclComm_t exact_;
+  ncclComm_t bounded_;
+  int rank_;
+  int n_;
+  Mode mode_ = Mode::kExact;
+  cudaStream_t stream_ = nullptr;
+  std::span<RecvOp> recvs_;
+  std::span<const SendOp> sends_;
+};
+
+}  // namespace
+
+struct GpuState {
+  ncclComm_t user = nullptr;
+  ncclComm_t bounded = nullptr;  // ours: destroyed with the communicator
+  std::unique_ptr<NcclExchange> ex;
+  std::unique_ptr<CudaKernels> k;
+  uint64_t pending_calls = 0;  // calls whose counters are still on the device
+};
+
+optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t& opts) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
+    return api_fail(optiCudaError, "optiCommInit: no CUDA device");
+  auto st = std::make_unique<GpuState>();
+  st->user = nccl;
+  int rank = 0, n = 0;
+  if (ncclCommUserRank(nccl, &rank) != ncclSuccess || ncclCommCount(nccl, &n) != ncclSuccess)
+    return api_fail(optiNcclError, "optiCommInit: the NCCL communicator is not usable");
+  if (opts.mode == optiBounded) {
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.trafficClass = int(global_config().bounded_traffic_class);
+    const ncclResult_t r = ncclCommSplit(nccl, 0, rank, &st->bounded, &cfg);
+    if (r != ncclSuccess)
+      return api_fail(optiNcclError,
+                      std::string("optiCommInit: ncclCommSplit: ") + ncclGetErrorString(r));
+  }
+  st->ex = std::make_unique<NcclExchange>(nccl, st->bounded, rank, n);
+  st->k = std::make_unique<CudaKernels>();
+  if (!st->k->init()) return api_fail(optiCudaError, "optiCommInit: CUDA allocation failed");
+  // Every rank needs the same seed for D: rank 0 draws it and broadcasts it once, exactly.
+  uint64_t seed = 0;
+  uint64_t* dseed = nullptr;
+  if (cudaMalloc(&dseed, sizeof(seed)) != cudaSuccess)
+    return api_fail(optiCudaError, "optiCommInit: CUDA allocation failed");
+  if (rank == 0) {
+    std::random_device rd;
+    seed = (uint64_t(rd()) << 32) ^ rd();
+    cudaMemcpy(dseed, &seed, sizeof(seed), cudaMemcpyHostToDevice);
+  }
+  ncclResult_t r = ncclBroadcast(dseed, dseed, sizeof(seed), ncclUint8, 0, nccl, nullptr);
+  if (r == ncclSuccess &&
+      cudaMemcpy(&seed, dseed, sizeof(seed), cudaMemcpyDeviceToHost) != cudaSuccess)
+    r = ncclUnhandledCudaError;
+  cudaFree(dseed);
+  if (r != ncclSuccess)
+    return api_fail(optiNcclError,
+                    std::string("optiCommInit: seed broadcast: ") + ncclGetErrorString(r));
+  comm->rank = rank;
+  comm->nranks = n;
+  comm->seed = seed;
+  comm->kernels = nullptr;
+  comm->tar = std::make_unique<Tar>(st->ex.get(), st->k.get(), seed);
+  comm->gpu_state = st.release();
+  return optiSuccess;
+}
+
+optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t count, DType t,
+                           RedOp op, struct CUstream_st* stream) {
+  GpuState* st = comm->gpu_state;
+  st->ex->set_stream(stream);
+  st->k->set_stream(stream);
+  const TarOptions o = api_tar_options(comm->options);
+  st->k->set_sync(o.safeguard_redo);
+  optiStats_t s{};
+  std::string err;
+  Status r = comm->tar->allreduce(send, recv, count, t, op, o, &s, &err);
+  if (!r) {
+    comm->failed = optiNcclError;
+    comm->failed_msg = err;
+    return api_fail(optiNcclError, "optiAllReduce: " + err);
+  }
+  if (st->k->error() != 0)
+    return api_fail(optiCudaError,
+                    std::string("optiAllReduce: ") + cuda::error_string(st->k->error()));
+  comm->last = s;
+  api_add_stats(&comm->total, s);
+  ++st->pending_calls;
+  return optiSuccess;
+}
+
+optiResult_t gpu_collect_stats(optiComm* comm) {
+  GpuState* st = comm->gpu_state;
+  uint64_t c[kNumCounters] = {0, 0, 0};
+  st->k->collect(c);
+  // The counts belong to the last call (earlier ones were collected or folded into it).
+  comm->last.elementsLost[0] += c[kLostPhase1];
+  comm->last.elementsLost[1] += c[kLostPhase2];
+  comm->last.blocksEmpty += c[kBlocksEmpty];
+  comm->total.elementsLost[0] += c[kLostPhase1];
+  comm->total.elementsLost[1] += c[kLostPhase2];
+  comm->total.blocksEmpty += c[kBlocksEmpty];
+  for (optiStats_t* s : {&comm->last, &comm->total}) {
+    const uint64_t e = s->elementsExpected[0] + s->elementsExpected[1];
+    const uint64_t l = s->elementsLost[0] + s->elementsLost[1];
+    s->lostFraction = e ? double(l) / double(e) : 0.0;
+  }
+  st->pending_calls = 0;
+  return optiSuccess;
+}
+
+optiResult_t gpu_destroy(optiComm* comm) {
+  GpuState* st = comm->gpu_state;
+  if (st == nullptr) return optiSuccess;
+  comm->tar.reset();
+  if (st->bounded) ncclCommDestroy(st->bounded);
+  delete st;
+  comm->gpu_state = nullptr;
+  return optiSuccess;
+}
+
+}  // namespace optireduce::coll

@@ -1,0 +1,203 @@
+// An in-process Exchange for tests and benchmarks: ranks are threads, messages are copied
+// through per-pair FIFO mailboxes, bounded receives end by a deadline, and a seeded loss model
+// erases packet-sized byte ranges with the erasure marker exactly as the transport does
+// (8-byte aligned payload boundaries, 0x7FF1 repeated).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "collectives/exchange.h"
+#include "collectives/math.h"
+
+namespace optireduce::coll::test {
+
+struct LossModel {
+  double drop = 0;             // stationary fraction of packets lost
+  double burst = 1;            // mean length of a loss burst, in packets (Gilbert model)
+  size_t packet_bytes = 1024;  // payload per packet, a multiple of 8
+  int only_phase = 0;          // 0: every phase; 1 or 2: only that phase loses
+  uint64_t seed = 1;
+  // Incast congestion: each sender admitted in the same round beyond `incast_capacity` adds
+  // `incast_drop` to the drop rate of that round's receives (0 capacity: off).
+  int incast_capacity = 0;
+  double incast_drop = 0;
+};
+
+// Fills [p, p + n) with the marker pattern; p is 2-byte aligned relative to the message.
+inline void fill_marker(uint8_t* p, size_t n) {
+  for (size_t i = 0; i + 1 < n; i += 2) {
+    p[i] = uint8_t(kMarker16 & 0xFF);
+    p[i + 1] = uint8_t(kMarker16 >> 8);
+  }
+}
+
+class SimNetwork {
+ public:
+  SimNetwork(int nranks, LossModel loss, std::chrono::microseconds deadline)
+      : n_(nranks), loss_(loss), deadline_(deadline), pairs_(size_t(nranks * nranks)) {}
+
+  std::unique_ptr<Exchange> endpoint(int rank);
+  int size() const { return n_; }
+  // Runs fn(rank) on N threads and joins them.
+  void run(const std::function<void(int)>& fn) {
+    std::vector<std::thread> ts;
+    for (int r = 0; r < n_; ++r) ts.emplace_back(fn, r);
+    for (auto& t : ts) t.join();
+  }
+
+ private:
+  friend class SimExchange;
+  struct Msg {
+    uint64_t seq;
+    std::vector<uint8_t> data;
+  };
+  struct Pair {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Msg> q;
+    uint64_t send_seq = 0;
+    uint64_t recv_seq = 0;
+    uint64_t closed = 0;  // receives below this sequence number are finished
+  };
+  Pair& pair(int from, int to) { return pairs_[size_t(from * n_ + to)]; }
+
+  int n_;
+  LossModel loss_;
+  std::chrono::microseconds deadline_;
+  std::vector<Pair> pairs_;
+};
+
+class SimExchange final : public Exchange {
+ public:
+  SimExchange(SimNetwork* net, int rank) : net_(net), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return net_->n_; }
+  void timing(uint32_t* tb_us, uint32_t* tc_us) const override {
+    *tb_us = uint32_t(net_->deadline_.count());
+    *tc_us = *tb_us;
+  }
+
+  Status begin_phase(Mode mode, int phase, std::span<RecvOp> recvs,
+                     std::span<const uint32_t> round_end) override {
+    mode_ = mode;
+    phase_ = phase;
+    recvs_ = recvs;
+    round_end_ = round_end;
+    posted_ = std::chrono::steady_clock::now();
+    return Status::ok();
+  }
+
+  Status post_sends(std::span<const SendOp> sends) override {
+    for (const SendOp& s : sends) {
+      if (s.peer < 0 || s.peer >= size() || s.peer == rank_) return fail("bad send peer");
+      auto& pr = net_->pair(rank_, s.peer);
+      std::lock_guard<std::mutex> lk(pr.mu);
+      const auto* b = static_cast<const uint8_t*>(s.data);
+      // A message the receiver already gave up on is late: dropped, as the transport does.
+      const uint64_t seq = pr.send_seq++;
+      if (seq >= pr.closed) pr.q.push_back({seq, std::vector<uint8_t>(b, b + s.bytes)});
+      pr.cv.notify_all();
+    }
+    return Status::ok();
+  }
+
+  Status end_phase() override {
+    uint32_t begin = 0;
+    for (size_t q = 0; q < round_end_.size(); ++q) {
+      const auto round = recvs_.subspan(begin, round_end_[q] - begin);
+      // Round 0 was posted by begin_phase, later rounds when the previous one completed.
+      const auto start = q == 0 ? posted_ : std::chrono::steady_clock::now();
+      const auto deadline = start + net_->deadline_;
+      for (RecvOp& r : round) {
+        Status s = recv_one(mode_, phase_, r, deadline, int(round.size()));
+        if (!s) return s;
+      }
+      begin = round_end_[q];
+    }
+    return Status::ok();
+  }
+
+ private:
+  Status fail(const char* msg) {
+    error_ = msg;
+    return Status(Errc::kInternal);
+  }
+
+  Status recv_one(Mode mode, int phase, RecvOp& r, std::chrono::steady_clock::time_point deadline,
+                  int round_size) {
+    auto& pr = net_->pair(r.peer, rank_);
+    std::unique_lock<std::mutex> lk(pr.mu);
+    const uint64_t seq = pr.recv_seq++;
+    auto ready = [&] {
+      while (!pr.q.empty() && pr.q.front().seq < seq) pr.q.pop_front();
+      return !pr.q.empty() && pr.q.front().seq == seq;
+    };
+    auto* dst = static_cast<uint8_t*>(r.data);
+    if (mode == Mode::kExact) {
+      if (!pr.cv.wait_for(lk, std::chrono::seconds(60), ready)) return fail("exact receive hung");
+    } else if (!pr.cv.wait_until(lk, deadline, ready)) {
+      pr.closed = seq + 1;
+      fill_marker(dst, r.bytes);
+      r.lost_bytes = r.bytes;
+      r.deadline_hit = true;
+      return Status::ok();
+    }
+    SimNetwork::Msg m = std::move(pr.q.front());
+    pr.q.pop_front();
+    pr.closed = seq + 1;
+    lk.unlock();
+    if (m.data.size() != r.bytes) return fail("message size differs from the receive");
+    std::memcpy(dst, m.data.data(), r.bytes);
+    if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size);
+    return Status::ok();
+  }
+
+  void apply_loss(int phase, RecvOp& r, uint64_t seq, int round_size) {
+    const LossModel& L = net_->loss_;
+    if (L.only_phase != 0 && L.only_phase != phase) return;
+    double drop = L.drop;
+    if (L.incast_capacity > 0 && round_size > L.incast_capacity)
+      drop += L.incast_drop * (round_size - L.incast_capacity);
+    if (drop <= 0) return;
+    drop = drop > 1 ? 1 : drop;
+    std::mt19937_64 rng(mix64(L.seed ^ mix64((uint64_t(r.peer) << 48) ^ (uint64_t(rank_) << 32) ^
+                                             (seq << 2) ^ uint64_t(phase))));
+    std::uniform_real_distribution<double> u(0, 1);
+    const double stay_bad = L.burst > 1 ? 1 - 1 / L.burst : 0;
+    const double go_bad = drop >= 1 ? 1 : drop / (L.burst * (1 - drop));
+    // Start in the stationary distribution so short messages see the configured rate.
+    bool bad = u(rng) < drop;
+    auto* b = static_cast<uint8_t*>(r.data);
+    for (size_t off = 0; off < r.bytes; off += L.packet_bytes) {
+      const size_t len = r.bytes - off < L.packet_bytes ? r.bytes - off : L.packet_bytes;
+      if (bad) {
+        fill_marker(b + off, len);
+        r.lost_bytes += len;
+      }
+      bad = bad ? u(rng) < stay_bad : u(rng) < go_bad;
+    }
+  }
+
+  SimNetwork* net_;
+  int rank_;
+  Mode mode_ = Mode::kExact;
+  int phase_ = 0;
+  std::span<RecvOp> recvs_;
+  std::span<const uint32_t> round_end_;
+  std::chrono::steady_clock::time_point posted_;
+};
+
+inline std::unique_ptr<Exchange> SimNetwork::endpoint(int rank) {
+  return std::make_unique<SimExchange>(this, rank);
+}
+
+}  // namespace optireduce::coll::test
