@@ -83,7 +83,8 @@ void BoundedGroup::on_complete(const StepReport& st) {
     if (st.how == RecvEnd::kExpired) ++stats_.expired;
   }
   if (st.how == RecvEnd::kExpired) return;  // says nothing about the network
-  if (calibrating_ && !st.bounded) {
+  // An abandoned exact receive (dead sender) measured nothing but the fallback bound.
+  if (calibrating_ && !st.bounded && st.how == RecvEnd::kAll) {
     if (st.pipelined) {
       if (k.nall < kMaxSamples) k.all[k.nall] = st.elapsed_ns;
       ++k.nall;

@@ -33,7 +33,9 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
   if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns) return;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  progress_locked(now);
+  // Read the clock again under the lock: `now` was taken before it, and an owner that held the
+  // lock meanwhile may have stamped later times; every timer compares against those.
+  progress_locked(clock_.now_ns());
 }
 
 void Conn::progress_locked(uint64_t now) {

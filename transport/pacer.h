@@ -15,6 +15,7 @@ class CongestionWindow {
   CongestionWindow(uint32_t mss, uint64_t ceiling);
 
   uint64_t cwnd() const { return cwnd_; }
+  uint64_t ceiling() const { return ceiling_; }
   void on_ack(uint64_t acked_bytes);
   // A loss detected by SACK: multiplicative decrease, at most once per recovery epoch (the
   // caller passes the current send sequence; losses of packets sent before the epoch began

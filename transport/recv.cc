@@ -19,6 +19,9 @@ constexpr uint64_t kDefaultBudgetNs = 1'000'000'000;
 // First CTS resend after this long without DATA, doubling up to the RTO maximum.
 constexpr uint64_t kCtsRtoMinNs = 5'000'000;
 constexpr uint32_t kAckEveryPkts = 16;
+// Bound of an exact receive on a bounded connection (calibration), as kFallbackGiveUpNs of
+// the sending side: never cuts a live step, never lets a dead sender hang us.
+constexpr uint64_t kFallbackNs = 10'000'000'000;
 }  // namespace
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
@@ -99,7 +102,13 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
     m.head_ns = now;
     m.pipelined = m.bytes_got > 0;
   }
-  if (!m.bounded || m.deadline_ns != 0) return;
+  if (m.deadline_ns != 0) return;
+  if (!m.bounded) {
+    // An exact (calibration) receive on a bounded connection still may not hang on a dead
+    // sender: it gets the generous fallback bound.
+    if (params_.delivery == Delivery::kBounded && !force_exact_) m.deadline_ns = now + kFallbackNs;
+    return;
+  }
   const uint64_t bytes = m.started ? m.size : m.capacity;
   uint64_t budget = kDefaultBudgetNs;
   if (policy_ != nullptr) budget = policy_->budget_ns(bytes);
@@ -306,14 +315,14 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   m.state = State::kComplete;
   ++stats_.msgs;
   stats_.bytes += m.bytes_got;
-  if (m.bounded) {
+  if (m.bounded || how != End::kAll) {
     stats_.bytes_expected += size;
     stats_.bytes_lost += size - std::min(size, m.bytes_got);
     if (how == End::kDeadline) ++stats_.deadline_hits;
     if (how == End::kEarly) ++stats_.early_timeouts;
-  } else {
-    send_ack_locked(m, true);
   }
+  // FINAL only when everything arrived: it releases the sender's buffer.
+  if (!m.bounded && how == End::kAll) send_ack_locked(m, true);
   if (policy_ != nullptr) {
     const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
     StepReport st;
@@ -340,7 +349,7 @@ void RecvConn::on_timers_locked(uint64_t now) {
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (m.state != State::kPosted) continue;
-    if (m.bounded && m.deadline_ns != 0 && now >= m.deadline_ns) {
+    if (m.deadline_ns != 0 && now >= m.deadline_ns) {
       complete_locked(m, End::kDeadline, now);
       completed = true;
       continue;

@@ -15,6 +15,10 @@ namespace {
 constexpr uint32_t kDupThresh = 3;
 // Before the first RTT sample, retransmit after this long.
 constexpr uint64_t kInitialRtoNs = 20'000'000;
+// On a bounded connection, how long a message may wait when no receiver budget is known yet
+// (the receiver died before its first bounded CTS, or during calibration): long enough never
+// to cut a live calibration step, finite so that a dead peer never hangs anyone.
+constexpr uint64_t kFallbackGiveUpNs = 10'000'000'000;
 // Shortest tail-loss-probe delay: below this a probe mostly duplicates packets still in flight.
 constexpr uint64_t kMinProbeNs = 100'000;
 }  // namespace
@@ -95,15 +99,17 @@ Status SendConn::isend(const void* data, size_t size, Request** req) {
   m.npkts = static_cast<uint32_t>(npkts64);
   m.next_new = m.cum = m.high = 0;
   m.posted_ns = now;
+  m.started_ns = m.progress_ns = 0;
+  expired_mask_ &= ~(uint64_t{1} << (next_seq_ % 64));  // the bit now belongs to this message
   ++next_seq_;
   CtsRecord& c = cts_[m.req.seq % kCtsRing];
-  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded);
+  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded, now);
   progress_locked(now);
   *req = &m.req;
   return Status::ok();
 }
 
-void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded) {
+void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now) {
   m.bounded = bounded && params_.delivery == Delivery::kBounded && !force_exact_;
   if (m.size > capacity) {
     // Never truncate silently: NCCL posted a receive smaller than the send, a caller bug.
@@ -115,6 +121,7 @@ void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded) {
     return;
   }
   m.state = State::kSending;
+  m.started_ns = m.progress_ns = now;
   if (m.bounded) set_bounded_rate_locked();
   if (!m.bounded) {
     m.acked.reset(m.npkts);
@@ -131,9 +138,12 @@ void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded) {
 // bottleneck. OPTIREDUCE_RATE_GBPS, when set, caps both.
 void SendConn::set_bounded_rate_locked() {
   if (!rtt_.has_sample()) return;  // nothing measured yet: the configured pacer only
-  double rate = 1.25 * static_cast<double>(cwnd_.cwnd()) / static_cast<double>(rtt_.srtt_ns());
+  // The window's ceiling (the receiver's buffer), not the loss-shrunk window: the point is to
+  // not overflow the receiver, and random loss must not throttle a deadline-bound step.
+  double rate = 1.25 * static_cast<double>(cwnd_.ceiling()) / static_cast<double>(rtt_.srtt_ns());
   if (cfg_.rate_gbps > 0) rate = std::min(rate, cfg_.rate_gbps / 8.0);
-  bounded_pacer_.set_rate(rate, std::max<uint64_t>(cwnd_.cwnd() / 4, 16 * uint64_t{params_.pkt_payload}));
+  bounded_pacer_.set_rate(rate,
+                          std::max<uint64_t>(cwnd_.ceiling() / 4, 16 * uint64_t{params_.pkt_payload}));
 }
 
 void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -153,15 +163,13 @@ void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
   }
 }
 
-void SendConn::on_cts_locked(const PacketHeader& h, uint64_t) {
+void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   const uint32_t s = h.msg_seq;
   const bool bounded = (h.flags & kFlagBounded) != 0;
   if (bounded && params_.delivery == Delivery::kBounded) {
-    peer_bounded_ = true;
-    // The receiver's clock for a step starts only when that receive becomes its oldest, so a
-    // sender that posted early may legitimately wait about one budget before the receiver even
-    // starts it: a send expires after twice the announced budget.
-    if (h.timeout_us) expiry_budget_ns_ = 2 * uint64_t{h.timeout_us} * 1000;
+    // A send waits for its CTS at most as long as the receiver would wait for its data, so
+    // that a stalled peer costs either side one deadline per step, not more.
+    if (h.timeout_us) expiry_budget_ns_ = uint64_t{h.timeout_us} * 1000;
   }
   // Valid CTS sequences: not older than our oldest live message, and at most one receive
   // window (kMaxRequests) beyond the newest message the receiver may have seen completed.
@@ -178,7 +186,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t) {
   }
   if (s < next_seq_) {
     Msg& m = slot(s);
-    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded);
+    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded, now);
     else if (m.state == State::kDone && m.expired) send_expired_notice_locked(s);
     // else: a repeated CTS for a message already under way.
     return;
@@ -252,6 +260,7 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
   if (newest_sent != 0) rtt_.sample(now - newest_sent);
+  if (m.cum != old_cum) m.progress_ns = now;
   if (m.cum != old_cum || newest_sent != 0) {
     rto_deadline_ = now + rtt_.rto_ns();
     arm_probe_locked(now);  // progress: push the probe out again
@@ -302,17 +311,43 @@ void SendConn::send_expired_notice_locked(uint32_t seq) {
   send_ctrl_locked(h);
 }
 
+uint64_t SendConn::give_up_ns_locked() const {
+  if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
+  if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(2e6 * cfg_.timeout_ms);
+  return kFallbackGiveUpNs;
+}
+
+// Ends a message of a bounded connection that ran out of time: packets not yet sent never
+// will be, and (exact calibration message) unacknowledged ones stop counting as in flight.
+void SendConn::give_up_locked(Msg& m) {
+  if (!m.bounded) {
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
+      if (m.sent_ns[i] != UINT64_MAX) inflight_ -= std::min<uint64_t>(inflight_, pkt_len(m, i));
+  }
+  ++stats_.expired_sends;
+  finish_locked(m);
+}
+
 void SendConn::on_timers_locked(uint64_t now) {
-  // Bounded sends that never got a CTS expire at their deadline.
-  if (peer_bounded_ && !force_exact_ && expiry_budget_ns_ != 0) {
+  // A bounded connection never lets a message wait forever: without a CTS it expires (and the
+  // receiver is told); under way, a bounded message stops sending at its budget, and an exact
+  // one (calibration) whose receiver stopped acknowledging is abandoned after the fallback.
+  if (params_.delivery == Delivery::kBounded && !force_exact_) {
+    const uint64_t give_up = give_up_ns_locked();
     for (uint32_t s = oldest_; s != next_seq_; ++s) {
       Msg& m = slot(s);
-      if (m.state != State::kWaitCts || now - m.posted_ns < expiry_budget_ns_) continue;
-      m.state = State::kDone;
-      m.expired = true;
-      expired_mask_ |= uint64_t{1} << (s % 64);
-      ++stats_.expired_sends;
-      send_expired_notice_locked(s);
+      if (m.state == State::kWaitCts && now - m.posted_ns >= give_up) {
+        m.state = State::kDone;
+        m.expired = true;
+        expired_mask_ |= uint64_t{1} << (s % 64);
+        ++stats_.expired_sends;
+        send_expired_notice_locked(s);
+      } else if (m.state == State::kSending && m.bounded && now - m.started_ns >= give_up) {
+        give_up_locked(m);
+      } else if (m.state == State::kSending && !m.bounded &&
+                 now - m.progress_ns >= std::max(give_up, kFallbackGiveUpNs)) {
+        give_up_locked(m);
+      }
     }
   }
   if (probe_deadline_ != 0 && now >= probe_deadline_) {
@@ -429,7 +464,7 @@ void SendConn::transmit_locked(uint64_t now) {
         h.type = PacketType::kData;
         h.flags = m.bounded ? kFlagBounded : 0;
         // The last ~1% of a message carries the tail flag (early-timeout hint).
-        if (uint64_t{i} * 100 >= uint64_t{m.npkts} * 99) h.flags |= kFlagTail;
+        if (uint64_t{i} * 100 >= uint64_t{m.npkts} * 99 || i + 1 == m.npkts) h.flags |= kFlagTail;
         h.msg_seq = s;
         h.msg_size = m.size;
         h.offset = uint64_t{i} * params_.pkt_payload;

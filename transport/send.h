@@ -63,6 +63,8 @@ class SendConn final : public Conn, public SendComm {
     PacketBitmap resent;            // sent more than once: no RTT sample (Karn)
     std::vector<uint64_t> sent_ns;  // last transmission time per packet
     uint64_t posted_ns = 0;
+    uint64_t started_ns = 0;   // CTS arrived
+    uint64_t progress_ns = 0;  // last acknowledgement progress (exact)
   };
   struct CtsRecord {  // CTS may arrive before the matching isend
     uint32_t seq = 0;
@@ -81,7 +83,7 @@ class SendConn final : public Conn, public SendComm {
 
   void on_cts_locked(const PacketHeader& h, uint64_t now);
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
-  void start_locked(Msg& m, uint64_t capacity, bool bounded);
+  void start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now);
   void ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent);
   void finish_locked(Msg& m);
   void mark_lost_locked(Msg& m, uint32_t i);
@@ -90,6 +92,8 @@ class SendConn final : public Conn, public SendComm {
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
   void set_bounded_rate_locked();
+  uint64_t give_up_ns_locked() const;
+  void give_up_locked(Msg& m);
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
@@ -115,10 +119,9 @@ class SendConn final : public Conn, public SendComm {
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
-  // tells us its budget; a posted send that waits longer than that for its CTS expires. Until
-  // the first bounded CTS (the receiver still calibrating) nothing expires.
-  bool peer_bounded_ = false;
-  uint64_t expiry_budget_ns_ = 0;
+  // tells us its budget; a posted send that waits longer than that for its CTS expires (before
+  // any budget is known, after the fallback of give_up_ns_locked()).
+  uint64_t expiry_budget_ns_ = 0;  // the receiver's announced budget; 0 = none yet
   bool force_exact_ = false;
   DeadlinePolicy* group_ = nullptr;
 };
