@@ -107,8 +107,8 @@ inline double rel_l2_error(const float* got, const std::vector<double>& exact) {
 inline std::vector<bool> straggler_schedule(uint64_t seed, int iters, double prob) {
   std::vector<bool> s(size_t(std::max(iters, 0)), false);
   for (int i = 0; i < iters; ++i) {
-    const double u = double(mix64(seed * 0x2545F4914F6CDD1Dull + uint64_t(i)) >> 11) /
-                     double(uint64_t(1) << 53);
+    const double u =
+        double(mix64(seed * 0x2545F4914F6CDD1Dull + uint64_t(i)) >> 11) / double(uint64_t(1) << 53);
     s[size_t(i)] = u < prob;
   }
   return s;
@@ -132,6 +132,7 @@ struct Iteration {
   double deadline = 0;
   double exact = 0;
   double error = NAN;
+  bool straggle = false;  // the straggler slept before this iteration
 };
 
 struct Row {
@@ -193,21 +194,22 @@ inline const char* csv_header() {
 
 inline std::string csv_line(const Row& r) {
   char buf[512];
-  std::snprintf(buf, sizeof(buf),
-                "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f",
-                r.env.c_str(), r.algo.c_str(), r.ranks, (unsigned long long)r.bytes, r.iters,
-                r.p50_ms, r.p99_ms, r.p999_ms, r.mean_ms, r.max_ms, r.tail_ratio, r.algbw,
-                r.busbw, r.delivered, r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms);
+  std::snprintf(
+      buf, sizeof(buf),
+      "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f",
+      r.env.c_str(), r.algo.c_str(), r.ranks, (unsigned long long)r.bytes, r.iters, r.p50_ms,
+      r.p99_ms, r.p999_ms, r.mean_ms, r.max_ms, r.tail_ratio, r.algbw, r.busbw, r.delivered,
+      r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms);
   return buf;
 }
 
 // Appends a row to `path` (header first when the file is new or empty); "-" or "" prints only.
 inline void append_csv(const std::string& path, const Row& r) {
-  std::printf("%-10s %-15s %9llu B  p50 %9.3f  p99 %9.3f  p99.9 %9.3f  mean %9.3f ms  p99/p50 "
-              "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f\n",
-              r.env.c_str(), r.algo.c_str(), (unsigned long long)r.bytes, r.p50_ms, r.p99_ms,
-              r.p999_ms, r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error,
-              r.deadline_frac);
+  std::printf(
+      "%-10s %-15s %9llu B  p50 %9.3f  p99 %9.3f  p99.9 %9.3f  mean %9.3f ms  p99/p50 "
+      "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f\n",
+      r.env.c_str(), r.algo.c_str(), (unsigned long long)r.bytes, r.p50_ms, r.p99_ms, r.p999_ms,
+      r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error, r.deadline_frac);
   std::fflush(stdout);
   if (path.empty() || path == "-") return;
   FILE* f = std::fopen(path.c_str(), "a+");
@@ -221,17 +223,17 @@ inline void append_csv(const std::string& path, const Row& r) {
   std::fclose(f);
 }
 
-// Per-iteration samples for the CDF plots: env,algo,bytes,iter,ms.
+// Per-iteration samples for the CDF plots: env,algo,bytes,iter,ms,straggle.
 inline void append_samples(const std::string& path, const Row& r,
                            const std::vector<Iteration>& it) {
   if (path.empty() || path == "-") return;
   FILE* f = std::fopen(path.c_str(), "a+");
   if (f == nullptr) return;
   std::fseek(f, 0, SEEK_END);
-  if (std::ftell(f) == 0) std::fprintf(f, "env,algo,bytes,iter,ms\n");
+  if (std::ftell(f) == 0) std::fprintf(f, "env,algo,bytes,iter,ms,straggle\n");
   for (size_t i = 0; i < it.size(); ++i)
-    std::fprintf(f, "%s,%s,%llu,%zu,%.4f\n", r.env.c_str(), r.algo.c_str(),
-                 (unsigned long long)r.bytes, i, it[i].seconds * 1e3);
+    std::fprintf(f, "%s,%s,%llu,%zu,%.4f,%d\n", r.env.c_str(), r.algo.c_str(),
+                 (unsigned long long)r.bytes, i, it[i].seconds * 1e3, it[i].straggle ? 1 : 0);
   std::fclose(f);
 }
 

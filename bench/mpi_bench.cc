@@ -55,6 +55,7 @@ int mpi_main(int argc, char** argv) {
       for (size_t k = 0; k < n; ++k) {
         it[k].seconds = tmax[k];
         it[k].error = o.check ? emax[k] : NAN;
+        it[k].straggle = o.straggler_rank >= 0 && sleeps[k];
       }
       const Row r = summarize(o.env, "mpi", o.world, bytes, it);
       append_csv(o.csv, r);

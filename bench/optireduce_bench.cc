@@ -218,6 +218,7 @@ std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t b
     it[k].deadline = deadline[k];
     it[k].exact = exactc[k];
     it[k].error = o.check ? err[k] : NAN;
+    it[k].straggle = o.straggler_rank >= 0 && sleeps[k];
   }
   return it;
 }
@@ -244,8 +245,9 @@ int bench_main(int argc, char** argv) {
     return 2;
   }
   if (o.rank < 0 || o.world < 1 || o.rank >= o.world || o.store.empty()) {
-    std::fprintf(stderr, "optireduce-bench: needs --store DIR and --rank/--world (or RANK and "
-                         "WORLD_SIZE)\n");
+    std::fprintf(stderr,
+                 "optireduce-bench: needs --store DIR and --rank/--world (or RANK and "
+                 "WORLD_SIZE)\n");
     return 2;
   }
   ::mkdir(o.store.c_str(), 0700);

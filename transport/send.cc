@@ -132,18 +132,41 @@ void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t no
 }
 
 // Bounded packets get no ACKs, so no window governs them; unpaced, a large message would leave
-// in one burst and overflow the receiver's socket buffer (self-inflicted loss that the deadline
-// then has to absorb). They are paced instead at the rate the connection's exact traffic
-// measured, one window per smoothed RTT, with 25% headroom so that pacing itself is not the
-// bottleneck. OPTIREDUCE_RATE_GBPS, when set, caps both.
+// in one burst, overflow a bottleneck queue or the receiver's socket buffer, and the deadline
+// would absorb self-inflicted loss. They are paced instead at the delivery rate the
+// connection's exact traffic (calibration, small control-sized steps) measured, with 25%
+// headroom so that pacing itself is not the bottleneck; before any measurement, one receive
+// window per smoothed RTT. OPTIREDUCE_RATE_GBPS, when set, caps both.
 void SendConn::set_bounded_rate_locked() {
-  if (!rtt_.has_sample()) return;  // nothing measured yet: the configured pacer only
-  // The window's ceiling (the receiver's buffer), not the loss-shrunk window: the point is to
-  // not overflow the receiver, and random loss must not throttle a deadline-bound step.
-  double rate = 1.25 * static_cast<double>(cwnd_.ceiling()) / static_cast<double>(rtt_.srtt_ns());
-  if (cfg_.rate_gbps > 0) rate = std::min(rate, cfg_.rate_gbps / 8.0);
+  double rate = 0;
+  if (delivery_rate_ > 0) {
+    rate = 1.25 * delivery_rate_;
+  } else if (rtt_.has_sample()) {
+    rate = 1.25 * static_cast<double>(cwnd_.ceiling()) / static_cast<double>(rtt_.srtt_ns());
+  }
+  if (cfg_.rate_gbps > 0) rate = rate > 0 ? std::min(rate, cfg_.rate_gbps / 8.0) : cfg_.rate_gbps / 8.0;
+  if (rate <= 0) return;  // nothing measured, nothing configured: unpaced
   bounded_pacer_.set_rate(rate,
                           std::max<uint64_t>(cwnd_.ceiling() / 4, 16 * uint64_t{params_.pkt_payload}));
+}
+
+void SendConn::sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now) {
+  if (rate_window_start_ns_ == 0) {
+    rate_window_start_ns_ = now;
+    rate_window_bytes_ = 0;
+    return;
+  }
+  rate_window_bytes_ += newly_acked;
+  // Windows of at least one RTT (and 0.5 ms) average out ACK batching.
+  const uint64_t span = now - rate_window_start_ns_;
+  const uint64_t min_span = std::max<uint64_t>(500'000, rtt_.srtt_ns());
+  if (span < min_span) return;
+  const double sample = static_cast<double>(rate_window_bytes_) / static_cast<double>(span);
+  // A decaying maximum: idle or application-limited windows (a sender with little to send)
+  // measure less than the path can carry and must not drag the estimate down at once.
+  delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
+  rate_window_start_ns_ = now;
+  rate_window_bytes_ = 0;
 }
 
 void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -201,6 +224,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
 void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent) {
   if (!m.acked.set(i)) return;
   const uint32_t len = pkt_len(m, i);
+  acked_bytes_ += len;
   // A packet queued for retransmission was already taken out of the bytes in flight.
   if (m.sent_ns[i] != UINT64_MAX) inflight_ -= std::min<uint64_t>(inflight_, len);
   cwnd_.on_ack(len);
@@ -227,6 +251,7 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
     return;
   }
   uint64_t newest_sent = 0;
+  const uint64_t acked_before = acked_bytes_;
   if (h.flags & kFlagFinal) {
     if (m.next_new < m.npkts) {
       // Acknowledging packets we never sent is a protocol violation; refuse it.
@@ -259,6 +284,7 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   }
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
+  sample_delivery_rate_locked(acked_bytes_ - acked_before, now);
   if (newest_sent != 0) rtt_.sample(now - newest_sent);
   if (m.cum != old_cum) m.progress_ns = now;
   if (m.cum != old_cum || newest_sent != 0) {

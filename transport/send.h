@@ -92,6 +92,7 @@ class SendConn final : public Conn, public SendComm {
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
   void set_bounded_rate_locked();
+  void sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now);
   uint64_t give_up_ns_locked() const;
   void give_up_locked(Msg& m);
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
@@ -115,6 +116,12 @@ class SendConn final : public Conn, public SendComm {
   CongestionWindow cwnd_;
   Pacer pacer_;          // OPTIREDUCE_RATE_GBPS for every packet
   Pacer bounded_pacer_;  // bounded packets, which no window governs
+  // Delivery rate of exact traffic (bytes acknowledged per ns over windows of about one RTT),
+  // a decaying maximum: what the path actually carried, the pace for bounded packets.
+  double delivery_rate_ = 0;
+  uint64_t acked_bytes_ = 0;  // every byte ever acknowledged (exact mode)
+  uint64_t rate_window_start_ns_ = 0;
+  uint64_t rate_window_bytes_ = 0;
   uint64_t inflight_ = 0;      // bytes sent at least once and not acknowledged (exact mode)
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed

@@ -196,6 +196,50 @@ TEST(BoundedConn, CalibrationStepsRunExactThenBounded) {
   EXPECT_EQ(rig.group->stats().bounded_steps, 2u);
 }
 
+TEST(BoundedConn, BoundedPacketsArePacedAtTheMeasuredDeliveryRate) {
+  Rig rig(3);
+  std::vector<uint8_t> src(1 << 20, 0x5A);
+  std::vector<uint8_t> dst(src.size());
+  // Three exact calibration steps, 100 us per polling round: the path delivers about one
+  // congestion window per round, which the sender measures.
+  for (int step = 0; step < 3; ++step) {
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    bool sd = false, rd = false;
+    size_t sz;
+    for (int i = 0; i < 100000 && !(sd && rd); ++i) {
+      if (!sd) {
+        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+      }
+      if (!rd) {
+        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+      }
+      rig.clock.advance_us(100);
+    }
+    ASSERT_TRUE(sd && rd);
+  }
+  ASSERT_FALSE(rig.group->calibrating());
+  // The first bounded step: one call must not put the whole megabyte on the wire at once.
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  const uint64_t before = rig.tx_ep->counters().tx_datagrams;
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool done = false;
+  size_t sz;
+  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  const uint64_t burst = rig.tx_ep->counters().tx_datagrams - before;
+  const uint64_t npkts = (src.size() + 999) / 1000;
+  EXPECT_FALSE(done);
+  EXPECT_LT(burst, npkts / 2) << "bounded packets left in one burst";
+  // ... and time lets the rest go.
+  for (int i = 0; i < 100000 && !done; ++i) {
+    rig.clock.advance_us(100);
+    ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+  }
+  EXPECT_TRUE(done);
+}
+
 TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
   Rig rig(1);
   std::vector<uint8_t> src(100'000, 0x11);

@@ -1,0 +1,144 @@
+// Checks bench/lab_common.h, the logic the tail-lab benchmarks share: what a row reports must
+// follow nccl-tests' definitions and the lab's (max over ranks, nearest-rank percentiles).
+#include "bench/lab_common.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iterator>
+#include <string>
+#include <vector>
+
+namespace optireduce::lab {
+namespace {
+
+TEST(LabCommon, ParseSize) {
+  EXPECT_EQ(parse_size("64"), 64u);
+  EXPECT_EQ(parse_size("4K"), 4096u);
+  EXPECT_EQ(parse_size("1M"), 1u << 20);
+  EXPECT_EQ(parse_size("2G"), 2ull << 30);
+  EXPECT_EQ(parse_size("0.5M"), 1u << 19);
+  EXPECT_EQ(parse_size(""), 0u);
+  EXPECT_EQ(parse_size("x"), 0u);
+  EXPECT_EQ(parse_size("3Q"), 0u);
+  EXPECT_EQ(parse_size("-1"), 0u);
+}
+
+TEST(LabCommon, SizeList) {
+  EXPECT_EQ(size_list(1 << 20, 8 << 20, 2),
+            (std::vector<uint64_t>{1 << 20, 2 << 20, 4 << 20, 8 << 20}));
+  EXPECT_EQ(size_list(1 << 20, 1 << 20, 2), (std::vector<uint64_t>{1 << 20}));
+  // A factor that does not land on -e stops below it, as nccl-tests does.
+  EXPECT_EQ(size_list(1000, 10000, 3), (std::vector<uint64_t>{1000, 3000, 9000}));
+  // Factor 1 would never end: just the two ends.
+  EXPECT_EQ(size_list(1024, 4096, 1), (std::vector<uint64_t>{1024, 4096}));
+  // Whole fp32 elements.
+  EXPECT_EQ(size_list(1023, 1023, 2), (std::vector<uint64_t>{1020}));
+  EXPECT_TRUE(size_list(8, 4, 2).empty());
+}
+
+TEST(LabCommon, SplitList) {
+  EXPECT_EQ(split_list("a,b,,c"), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_TRUE(split_list("").empty());
+  EXPECT_EQ(split_list("gloo-ring"), (std::vector<std::string>{"gloo-ring"}));
+}
+
+TEST(LabCommon, PercentileNearestRank) {
+  std::vector<double> v;
+  for (int i = 100; i >= 1; --i) v.push_back(i);
+  EXPECT_EQ(percentile(v, 0.50), 50);
+  EXPECT_EQ(percentile(v, 0.99), 99);
+  EXPECT_EQ(percentile(v, 0.999), 100);
+  EXPECT_EQ(percentile(v, 0.0), 1);
+  EXPECT_TRUE(std::isnan(percentile({}, 0.5)));
+}
+
+TEST(LabCommon, InputsAreSeededPerRankAndBounded) {
+  EXPECT_EQ(input_value(1, 0, 7), input_value(1, 0, 7));
+  EXPECT_NE(input_value(1, 0, 7), input_value(1, 1, 7));
+  EXPECT_NE(input_value(1, 0, 7), input_value(2, 0, 7));
+  double mean = 0;
+  for (uint64_t i = 0; i < 100000; ++i) {
+    const float x = input_value(3, 2, i);
+    ASSERT_GE(x, -1.0f);
+    ASSERT_LT(x, 1.0f);
+    mean += x;
+  }
+  EXPECT_NEAR(mean / 100000, 0.0, 0.01);
+}
+
+TEST(LabCommon, RelativeL2Error) {
+  const auto exact = exact_sum(5, 3, 1000);
+  std::vector<float> got(exact.begin(), exact.end());
+  EXPECT_LT(rel_l2_error(got.data(), exact), 1e-6);
+  // Zeroing a quarter of the elements: error about sqrt(1/4).
+  for (size_t i = 0; i < got.size(); i += 4) got[i] = 0;
+  EXPECT_NEAR(rel_l2_error(got.data(), exact), 0.5, 0.08);
+  got[1] = NAN;
+  EXPECT_TRUE(std::isinf(rel_l2_error(got.data(), exact)));
+}
+
+TEST(LabCommon, StragglerScheduleIsSeededWithTheRequestedRate) {
+  EXPECT_EQ(straggler_schedule(1, 50, 0.1), straggler_schedule(1, 50, 0.1));
+  EXPECT_NE(straggler_schedule(1, 200, 0.1), straggler_schedule(2, 200, 0.1));
+  int hits = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed)
+    for (bool b : straggler_schedule(seed, 100, 0.1)) hits += b;
+  EXPECT_NEAR(hits / 20000.0, 0.1, 0.01);
+  for (bool b : straggler_schedule(1, 30, 0.0)) EXPECT_FALSE(b);
+  for (bool b : straggler_schedule(1, 30, 1.0)) EXPECT_TRUE(b);
+}
+
+TEST(LabCommon, SummarizeFollowsNcclTestsDefinitions) {
+  std::vector<Iteration> it(100);
+  for (int i = 0; i < 100; ++i) {
+    it[size_t(i)].seconds = (i + 1) * 1e-3;  // 1..100 ms
+    it[size_t(i)].expected = 1000;
+    it[size_t(i)].lost = i < 10 ? 10 : 0;  // 100 of 100000 lost
+    it[size_t(i)].deadline = i < 5 ? 1 : 0;
+    it[size_t(i)].error = 0.01;
+  }
+  const Row r = summarize("idle", "x", 4, 50'000'000, it);
+  EXPECT_DOUBLE_EQ(r.p50_ms, 50);
+  EXPECT_DOUBLE_EQ(r.p99_ms, 99);
+  EXPECT_DOUBLE_EQ(r.max_ms, 100);
+  EXPECT_NEAR(r.mean_ms, 50.5, 1e-9);
+  EXPECT_NEAR(r.tail_ratio, 99.0 / 50, 1e-12);
+  EXPECT_NEAR(r.algbw, 1.0, 1e-9);              // 50 MB in 50 ms
+  EXPECT_NEAR(r.busbw, 1.0 * 2 * 3 / 4, 1e-9);  // x 2(n-1)/n
+  EXPECT_NEAR(r.delivered, 0.999, 1e-12);
+  EXPECT_NEAR(r.deadline_frac, 0.05, 1e-12);
+  EXPECT_NEAR(r.error, 0.01, 1e-12);
+  const std::string line = csv_line(r);
+  EXPECT_EQ(line.rfind("idle,x,4,50000000,100,", 0), 0u) << line;
+  // As many fields as the header names.
+  auto fields = [](const std::string& s) { return std::count(s.begin(), s.end(), ',') + 1; };
+  EXPECT_EQ(fields(line), fields(csv_header()));
+}
+
+TEST(LabCommon, ParseOptions) {
+  const char* argv[] = {
+      "b",  "-b", "1M", "-e", "8M",        "-f",     "2", "-n",      "10", "-w",
+      "2",  "-c", "0",  "-g", "gloo-ring", "--rank", "1", "--world", "4",  "--straggler-prob",
+      "0.5"};
+  Options o;
+  EXPECT_EQ(parse_options(int(std::size(argv)), const_cast<char**>(argv), &o), "");
+  EXPECT_EQ(o.min_bytes, 1u << 20);
+  EXPECT_EQ(o.max_bytes, 8u << 20);
+  EXPECT_EQ(o.iters, 10);
+  EXPECT_EQ(o.warmup, 2);
+  EXPECT_EQ(o.check, 0);
+  EXPECT_EQ(o.algos, "gloo-ring");
+  EXPECT_EQ(o.rank, 1);
+  EXPECT_EQ(o.world, 4);
+  EXPECT_EQ(o.straggler_prob, 0.5);
+  const char* bad[] = {"b", "--nope"};
+  Options o2;
+  EXPECT_NE(parse_options(2, const_cast<char**>(bad), &o2), "");
+  const char* missing[] = {"b", "-n"};
+  EXPECT_NE(parse_options(2, const_cast<char**>(missing), &o2), "");
+}
+
+}  // namespace
+}  // namespace optireduce::lab
