@@ -84,7 +84,8 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   ++next_seq_;
   *req = &m.req;
   // The sender told us it gave up on this message before we posted it: done, fully missing.
-  if (m.bounded && m.req.seq - expired_base_ < 64 && (expired_mask_ >> (m.req.seq % 64) & 1)) {
+  if (expiry_allowed_locked(m) && m.req.seq - expired_base_ < 64 &&
+      (expired_mask_ >> (m.req.seq % 64) & 1)) {
     complete_locked(m, End::kExpired, now);
     advance_floor_locked(now);
     return Status::ok();
@@ -93,6 +94,13 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   send_cts_locked(m, now);
   progress_locked(now);
   return Status::ok();
+}
+
+// A sender's expiry notice ends a receive that is bounded, or exact only because the group is
+// calibrating (the sender gave up on it just as we would at the fallback bound). A receive
+// forced exact (LL/LL128) never ends without its data; its CTS told the sender so.
+bool RecvConn::expiry_allowed_locked(const Msg& m) const {
+  return m.bounded || (params_.delivery == Delivery::kBounded && !force_exact_);
 }
 
 void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
@@ -123,6 +131,7 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.msg_size = m.capacity;
   h.msg_floor = floor_;
   if (m.bounded) h.flags = kFlagBounded;
+  if (force_exact_ && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
   // The sender learns from this how long it may wait for a CTS before expiring a message.
   if (m.bounded) {
     const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
@@ -185,8 +194,12 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   Msg& m = slot(s);
   if (h.flags & kFlagExpired) {
-    if (m.bounded) complete_locked(m, End::kExpired, now), advance_floor_locked(now);
-    else ++stats_.drop_unexpected;
+    if (expiry_allowed_locked(m)) {
+      complete_locked(m, End::kExpired, now);
+      advance_floor_locked(now);
+    } else {
+      ++stats_.drop_unexpected;
+    }
     return;
   }
   if (!m.started) {

@@ -79,6 +79,7 @@ class RecvConn final : public Conn, public RecvComm {
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);
+  bool expiry_allowed_locked(const Msg& m) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
   Msg msgs_[kMaxRequests];

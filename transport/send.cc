@@ -189,6 +189,7 @@ void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
 void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   const uint32_t s = h.msg_seq;
   const bool bounded = (h.flags & kFlagBounded) != 0;
+  if (h.flags & kFlagExact) force_exact_ = true;  // the receiver will wait for every byte
   if (bounded && params_.delivery == Delivery::kBounded) {
     // A send waits for its CTS at most as long as the receiver would wait for its data, so
     // that a stalled peer costs either side one deadline per step, not more.

@@ -32,8 +32,11 @@ enum : uint16_t {
   kFlagExpired = 1u << 2,  // DATA (0 bytes): the sender gave up on this message (bounded)
   kFlagRetx = 1u << 3,     // DATA: a retransmission (for RTT sampling: Karn's rule)
   kFlagFinal = 1u << 4,    // ACK: the message is complete at the receiver
+  kFlagExact = 1u << 5,    // CTS: this receiver went exact for good (NCCL used LL/LL128 on a
+                           // bounded connection): it never completes without the data, so
+                           // the sender must never expire or abandon a message again
 };
-inline constexpr uint16_t kKnownFlags = 0x1F;
+inline constexpr uint16_t kKnownFlags = 0x3F;
 
 // The decoded header. Field meanings per type:
 //   token       random 64-bit connection identifier from the listen handle; every packet of the

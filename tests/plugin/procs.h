@@ -100,49 +100,7 @@ inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const 
       if (f >= 0) close(f);
     }
   }
-  std::string failure;
-  int alive = n;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 10);
-  while (alive > 0) {
-    int status = 0;
-    const pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t q : pids) {
-          if (q > 0) kill(q, SIGKILL);
-        }
-        if (failure.empty()) failure = "children did not exit in time";
-      }
-      struct timespec ts = {0, 5'000'000};
-      nanosleep(&ts, nullptr);
-      continue;
-    }
-    if (p < 0) break;
-    int idx = -1;
-    for (int r = 0; r < n; ++r) {
-      if (pids[r] == p) idx = r;
-    }
-    if (idx < 0) continue;
-    pids[idx] = -1;
-    --alive;
-    std::string what;
-    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-    if (idx == victim) {
-      if (!killed) what = "was meant to die of SIGKILL but did not";
-    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-      what = "exited with status " + std::to_string(WEXITSTATUS(status));
-    } else if (WIFSIGNALED(status)) {
-      what = "killed by signal " + std::to_string(WTERMSIG(status)) +
-             (WTERMSIG(status) == SIGALRM ? " (timeout: hung)" : "");
-    }
-    if (!what.empty()) {
-      if (failure.empty()) failure = "rank " + std::to_string(idx) + " " + what;
-      for (pid_t q : pids) {
-        if (q > 0) kill(q, SIGKILL);
-      }
-    }
-  }
-  return failure;
+  return reap_children(pids, timeout_s, victim);
 }
 
 // A rank's connections: peer[j].send carries this rank -> j, peer[j].recv j -> this rank.

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -86,6 +87,54 @@ class Channel {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 
+// Waits for forked ranks; returns "" or what went wrong with the first that failed ("rank K
+// exited with status S", "... killed by signal", "children did not exit in time"), after
+// killing the others so that nothing outlives a failure. `victim` is a rank that is meant to
+// die of SIGKILL (-1: none).
+inline std::string reap_children(std::vector<pid_t>& pids, int timeout_s, int victim = -1) {
+  std::string failure;
+  size_t alive = pids.size();
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 10);
+  while (alive > 0) {
+    int status = 0;
+    const pid_t p = waitpid(-1, &status, WNOHANG);
+    if (p == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        for (pid_t q : pids) {
+          if (q > 0) kill(q, SIGKILL);
+        }
+        if (failure.empty()) failure = "children did not exit in time";
+      }
+      struct timespec ts = {0, 5'000'000};
+      nanosleep(&ts, nullptr);
+      continue;
+    }
+    if (p < 0) break;
+    const auto it = std::find(pids.begin(), pids.end(), p);
+    if (it == pids.end()) continue;
+    const int idx = static_cast<int>(it - pids.begin());
+    *it = -1;
+    --alive;
+    std::string what;
+    const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (idx == victim) {
+      if (!killed) what = "was meant to die of SIGKILL but did not";
+    } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
+      what = "exited with status " + std::to_string(WEXITSTATUS(status));
+    } else if (WIFSIGNALED(status)) {
+      what = "killed by signal " + std::to_string(WTERMSIG(status)) +
+             (WTERMSIG(status) == SIGALRM ? " (timeout: hung)" : "");
+    }
+    if (!what.empty()) {
+      if (failure.empty()) failure = "rank " + std::to_string(idx) + " " + what;
+      for (pid_t q : pids) {
+        if (q > 0) kill(q, SIGKILL);
+      }
+    }
+  }
+  return failure;
+}
+
 // Runs `a` and `b` in two forked children joined by a Channel, each with `env` applied (plus
 // OPTIREDUCE_IFNAME=lo) and killed by SIGALRM after `timeout_s`. Returns "" when both exited 0,
 // else what went wrong. When one child fails the other is killed at once.
@@ -115,42 +164,8 @@ inline std::string run_pair(const std::function<void(Channel&)>& a,
   }
   close(sv[0]);
   close(sv[1]);
-  std::string failure;
-  int alive = 2;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 10);
-  while (alive > 0) {
-    int status = 0;
-    pid_t p = waitpid(-1, &status, WNOHANG);
-    if (p == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t q : pids) {
-          if (q > 0) kill(q, SIGKILL);
-        }
-        if (failure.empty()) failure = "children did not exit in time";
-      }
-      struct timespec ts = {0, 5'000'000};
-      nanosleep(&ts, nullptr);
-      continue;
-    }
-    if (p < 0) break;
-    const int idx = p == pids[0] ? 0 : p == pids[1] ? 1 : -1;
-    if (idx < 0) continue;
-    pids[idx] = -1;
-    --alive;
-    std::string what;
-    if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
-      what = "exited with status " + std::to_string(WEXITSTATUS(status));
-    } else if (WIFSIGNALED(status)) {
-      what = "killed by signal " + std::to_string(WTERMSIG(status)) +
-             (WTERMSIG(status) == SIGALRM ? " (timeout: hung)" : "");
-    }
-    if (!what.empty()) {
-      if (failure.empty()) failure = std::string(idx == 0 ? "rank 0 " : "rank 1 ") + what;
-      const pid_t other = pids[1 - idx];
-      if (other > 0) kill(other, SIGKILL);
-    }
-  }
-  return failure;
+  std::vector<pid_t> ids(pids, pids + 2);
+  return reap_children(ids, timeout_s);
 }
 
 // ---- The byte pattern: every byte depends on (seed, message index, offset), so a misplaced,
