@@ -189,6 +189,8 @@ void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
 void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   const uint32_t s = h.msg_seq;
   const bool bounded = (h.flags & kFlagBounded) != 0;
+  heard_cts_ = true;
+  presumed_dead_ = false;
   if (h.flags & kFlagExact) force_exact_ = true;  // the receiver will wait for every byte
   if (bounded && params_.delivery == Delivery::kBounded) {
     // A send waits for its CTS at most as long as the receiver would wait for its data, so
@@ -338,10 +340,15 @@ void SendConn::send_expired_notice_locked(uint32_t seq) {
   send_ctrl_locked(h);
 }
 
+// How long a message of a bounded connection may wait. With a budget from the receiver's CTS,
+// that budget. Before the receiver ever spoke, the long fallback: a receiver may still turn out
+// to be forced exact (NCCL using LL/LL128 on it), and an expired message would then hang it,
+// so only a receiver silent for that long is presumed dead; after that first expiry the later
+// messages expire at 2 x OPTIREDUCE_TIMEOUT_MS (else 1 s) instead of 10 s each.
 uint64_t SendConn::give_up_ns_locked() const {
   if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
-  if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(2e6 * cfg_.timeout_ms);
-  return kFallbackGiveUpNs;
+  if (!presumed_dead_) return kFallbackGiveUpNs;
+  return cfg_.timeout_ms > 0 ? static_cast<uint64_t>(2e6 * cfg_.timeout_ms) : 1'000'000'000;
 }
 
 // Ends a message of a bounded connection that ran out of time: packets not yet sent never
@@ -364,6 +371,7 @@ void SendConn::on_timers_locked(uint64_t now) {
     for (uint32_t s = oldest_; s != next_seq_; ++s) {
       Msg& m = slot(s);
       if (m.state == State::kWaitCts && now - m.posted_ns >= give_up) {
+        if (!heard_cts_) presumed_dead_ = true;
         m.state = State::kDone;
         m.expired = true;
         expired_mask_ |= uint64_t{1} << (s % 64);

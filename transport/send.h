@@ -129,6 +129,8 @@ class SendConn final : public Conn, public SendComm {
   // tells us its budget; a posted send that waits longer than that for its CTS expires (before
   // any budget is known, after the fallback of give_up_ns_locked()).
   uint64_t expiry_budget_ns_ = 0;  // the receiver's announced budget; 0 = none yet
+  bool heard_cts_ = false;         // the receiver ever sent a CTS
+  bool presumed_dead_ = false;     // a message expired before the receiver ever spoke
   bool force_exact_ = false;
   DeadlinePolicy* group_ = nullptr;
 };

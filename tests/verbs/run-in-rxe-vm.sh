@@ -8,7 +8,10 @@
 # 77, meson's "skipped", with the reason where the VM cannot be built or started.
 # Environment: RXE_LAB (default /tmp/optireduce-rxe-lab), RXE_NETDEV (default veth: rxe0 and
 # rxe1 over a veth pair, so netem works), RXE_PASS_ENV (extra variables for the guest; every
-# OPTIREDUCE_*, NCCL_* and RXE_TEST_* variable is passed anyway), the rest as run-rxe-test.sh.
+# OPTIREDUCE_*, NCCL_* and RXE_TEST_* variable is passed anyway), RXE_HOST_DIRS (host folders,
+# ':'-separated, shared read-only and mounted at the same path in the guest: e.g. the CUDA
+# toolkit whose libcudart/libnccl liboptireduce links when built with CUDA), the rest as
+# run-rxe-test.sh.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd -P)
 ROOT=$(cd "$HERE/../.." && pwd -P)
@@ -35,6 +38,26 @@ done
 export RXE_SHARE=$SHARE
 PASS=$(env | sed -n 's/^\(OPTIREDUCE_[A-Za-z0-9_]*\|NCCL_[A-Za-z0-9_]*\|RXE_TEST_[A-Za-z0-9_]*\|GTEST_[A-Za-z0-9_]*\)=.*/\1/p' | tr '\n' ' ')
 export RXE_PASS_ENV="${RXE_PASS_ENV:-} $PASS"
+
+# Extra read-only shares: one virtio-9p device each, mounted by a prologue of the guest command
+# (the guest's /init, and with it the cached image, stays as it is). A symlinked folder (e.g.
+# /usr/local/cuda -> cuda-13.0) is mounted at its real path and linked from the given one.
+if [ -n "${RXE_HOST_DIRS:-}" ]; then
+  pro= i=0
+  IFS=: read -r -a dirs <<< "$RXE_HOST_DIRS"
+  for d in "${dirs[@]}"; do
+    [ -d "$d" ] || continue
+    real=$(cd "$d" && pwd -P)
+    RXE_QEMU_ARGS="${RXE_QEMU_ARGS:-} -virtfs local,path=$real,mount_tag=rxehost$i,security_model=none,readonly=on,id=rxehost$i"
+    pro+="mkdir -p $(printf %q "$real") && mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=262144 rxehost$i $(printf %q "$real") || { echo \"cannot mount host folder $real\" >&2; exit 126; }; "
+    [ "$real" = "$d" ] || pro+="mkdir -p $(printf %q "$(dirname "$d")") && ln -sfn $(printf %q "$real") $(printf %q "${d%/}"); "
+    i=$((i + 1))
+  done
+  export RXE_QEMU_ARGS
+  if [ -n "$pro" ]; then
+    if [ $# -eq 1 ]; then set -- "$pro$1"; else set -- "$pro exec $(printf '%q ' "$@")"; fi
+  fi
+fi
 
 if [ ! -f "$RXE_LAB/initrd.img" ] && [ "$(id -u)" != 0 ]; then
   skip "no VM image in $RXE_LAB and building one needs root"

@@ -2,7 +2,8 @@
 # Runs inside the rxe VM: the plugin harness (tests/plugin) with OPTIREDUCE_DATAPATH=verbs,
 # i.e. the whole transport over UD queue pairs on rxe0. Both harness ranks open device 0, so
 # their traffic stays inside rxe0 and netem on the veth cannot touch it; loss here comes from
-# the transport's own fault injector (the FaultInjection group). The guest runs under software
+# the transport's own fault injector (the FaultInjection group); rxe-loss-suite.sh runs two
+# processes on rxe0 and rxe1 under real netem loss. The guest runs under software
 # emulation (10-50x slower than native), so the groups are those that exercise every path of
 # the transport without the 64 MiB sweeps, which the host runs over UDP.
 # Usage (host): run-in-rxe-vm.sh rxe-plugin-suite.sh PLUGIN_HARNESS

@@ -1,0 +1,332 @@
+// The plugin across two real verbs devices (rxe0, rxe1 in the rxe VM), one process on each, so
+// netem on the veth between them really drops datagrams: exact transfers byte-exact, bounded
+// transfers ended by their deadline with holes filled on the packet grid and counted.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/plugin/procs.h"
+
+// Each process loads the built .so as NCCL would, with OPTIREDUCE_IB_HCA naming its device.
+// RXE_TEST_LOSS=<%> says netem loss is on (then loss must be seen); rxe-loss-suite.sh runs it
+// inside the VM. RXE_TEST_DATAPATH=udp dry-runs the same checks over UDP on any host.
+namespace optireduce::testing {
+namespace {
+
+// The rxe MTU at a 1500-byte netdev is 1024; a fixed datagram size pins the hole grid.
+constexpr size_t kMaxDatagram = 1024;
+constexpr size_t kPkt = packet_payload(kMaxDatagram);
+// TCG emulation runs the guest 10-50x slower than native; deadlines and slack are sized for
+// that, not for a real NIC. Still far below the seconds a hang or a missed deadline costs.
+constexpr double kTimeoutMs = 150;
+constexpr double kSlackMs = 350;
+constexpr double kMaxCpuWaitExcuseMs = 500;
+
+// The whole guest stops now and then for a second or more when the host's cores are busy
+// elsewhere (TCG runs every vCPU as a host thread): a receive then looks late without any
+// fault of the transport and without any run-queue wait inside the guest. A thread that
+// sleeps 2 ms at a time sees such stops as gaps; their excess is what a step is excused. A
+// transport that misses its deadline by itself leaves no gap and still fails.
+class StallMonitor {
+ public:
+  StallMonitor() : thread_([this] { run(); }) {}
+  ~StallMonitor() {
+    stop_.store(true);
+    thread_.join();
+  }
+  double total_ms() const { return total_us_.load() / 1e3; }
+
+ private:
+  void run() {
+    double prev = mono_s();
+    while (!stop_.load()) {
+      struct timespec ts = {0, 2'000'000};
+      nanosleep(&ts, nullptr);
+      const double now = mono_s();
+      const double excess_ms = (now - prev) * 1e3 - 2;
+      if (excess_ms > 10) total_us_.fetch_add(static_cast<uint64_t>(excess_ms * 1e3));
+      prev = now;
+    }
+  }
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> total_us_{0};
+  std::thread thread_;
+};
+constexpr unsigned kRankTimeoutS = 240;
+
+const char* plugin_path() {
+  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
+  return p != nullptr ? p : PLUGIN_PATH;
+}
+
+int loss_percent() {
+  const char* v = std::getenv("RXE_TEST_LOSS");
+  return v != nullptr ? std::atoi(v) : 0;
+}
+
+// The device of each rank: RXE_TEST_HCAS="rxe0,rxe1" by default.
+std::vector<std::string> rank_hcas() {
+  const char* v = std::getenv("RXE_TEST_HCAS");
+  std::string s = v != nullptr ? v : "rxe0,rxe1";
+  std::vector<std::string> out;
+  size_t b = 0;
+  while (b <= s.size()) {
+    const size_t e = s.find(',', b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+bool udp_dry_run() {
+  const char* v = std::getenv("RXE_TEST_DATAPATH");
+  return v != nullptr && std::string(v) == "udp";
+}
+
+bool have_device(const std::string& hca) {
+  if (udp_dry_run()) return true;
+  struct stat st;
+  return ::stat(("/sys/class/infiniband/" + hca).c_str(), &st) == 0;
+}
+
+// Packets a netdev sent, from sysfs; -1 where it does not exist.
+long long tx_packets(const char* netdev) {
+  std::ifstream f(std::string("/sys/class/net/") + netdev + "/statistics/tx_packets");
+  long long v = -1;
+  if (!(f >> v)) return -1;
+  return v;
+}
+
+class RxePair : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    hcas_ = rank_hcas();
+    if (hcas_.size() != 2 || !have_device(hcas_[0]) || !have_device(hcas_[1])) {
+      GTEST_SKIP() << "needs two verbs devices "
+                   << (hcas_.size() == 2 ? hcas_[0] + "," + hcas_[1] : "")
+                   << " (run inside the rxe VM with RXE_NETDEV=veth)";
+    }
+    veth0_ = tx_packets("rxeveth0");
+    veth1_ = tx_packets("rxeveth1");
+  }
+  // Every rank's datagrams went over the veth, not through rxe's internal loopback: the two
+  // ends' counters grew by at least what the transport says it sent.
+  void expect_crossed_veth(long long min_pkts) const {
+    if (veth0_ < 0 || veth1_ < 0) return;  // another netdev mode: nothing to check
+    EXPECT_GE(tx_packets("rxeveth0") - veth0_, min_pkts);
+    EXPECT_GE(tx_packets("rxeveth1") - veth1_, min_pkts);
+  }
+  // Applied in each child before the plugin is loaded, so its engine opens only this device.
+  void pick_device(const Mesh& m) const {
+    if (udp_dry_run()) {
+      setenv("OPTIREDUCE_DATAPATH", "udp", 1);
+      return;
+    }
+    setenv("OPTIREDUCE_DATAPATH", "verbs", 1);
+    setenv("OPTIREDUCE_IB_HCA", hcas_[static_cast<size_t>(m.rank)].c_str(), 1);
+  }
+  void check_device(const Node& node, const Mesh& m) const {
+    if (udp_dry_run()) return;
+    int n = 0;
+    HCHECK_OK(node.net->devices(&n));
+    HCHECK(n == 1, "rank %d: %d devices with OPTIREDUCE_IB_HCA=%s", m.rank, n,
+           hcas_[static_cast<size_t>(m.rank)].c_str());
+    NetProps p;
+    HCHECK_OK(node.net->properties(0, &p));
+    HCHECK(p.name == hcas_[static_cast<size_t>(m.rank)], "rank %d: device %s, wanted %s", m.rank,
+           p.name.c_str(), hcas_[static_cast<size_t>(m.rank)].c_str());
+  }
+
+  std::vector<std::string> hcas_;
+  long long veth0_ = -1, veth1_ = -1;
+};
+
+// Each rank's counters as rank 0 needs them for job-wide assertions.
+struct Totals {
+  uint64_t data_pkts = 0;
+  uint64_t retx = 0;
+  uint64_t probes = 0;
+  uint64_t rto = 0;
+  uint64_t lost = 0;
+  uint64_t expected = 0;
+  uint64_t deadline_hits = 0;
+  uint64_t early = 0;
+  uint64_t holed = 0;
+};
+
+Totals exchange_totals(Mesh& m, const Totals& mine) {
+  const int other = 1 - m.rank;
+  m.channel[other]->send(mine);
+  const Totals t = m.channel[other]->recv<Totals>();
+  Totals s = mine;
+  s.data_pkts += t.data_pkts;
+  s.retx += t.retx;
+  s.probes += t.probes;
+  s.rto += t.rto;
+  s.lost += t.lost;
+  s.expected += t.expected;
+  s.deadline_hits += t.deadline_hits;
+  s.early += t.early;
+  s.holed += t.holed;
+  return s;
+}
+
+// ---- Exact: both directions at once, sizes from one byte to a megabyte (1 to 1075 packets,
+// short and odd tails), every byte checked against the pattern; under loss the retransmission
+// machinery must have worked for it.
+TEST_F(RxePair, ExactTransfersAreByteExact) {
+  struct Size {
+    size_t bytes;
+    int steps;
+  };
+  const std::vector<Size> sizes = {{1, 10}, {3 * kPkt + 5, 20}, {65536 + 13, 20}, {1 << 20, 6}};
+  long long sent_pkts = 0;
+  for (const Size& s : sizes) sent_pkts += static_cast<long long>(s.steps * (s.bytes / kPkt));
+  const int loss = loss_percent();
+  auto rank = [&](Mesh& m) {
+    pick_device(m);
+    Node node = open_node(m, plugin_path(), 11, 0xE7AC, -1);
+    check_device(node, m);
+    HCHECK(node.stats().bounded == 0, "rank %d: communicator bounded in exact mode", m.rank);
+    int base = 0;
+    for (const Size& s : sizes) {
+      ExchangeOptions o;
+      o.size = s.bytes;
+      o.pkt = kPkt;
+      o.expect_exact = true;
+      o.hang_s = 120;
+      Exchange ex(node, m.rank, {1 - m.rank}, o);
+      for (int k = 0; k < s.steps; ++k) ex.step(base + k);  // checks every byte
+      base += s.steps;
+    }
+    m.barrier();
+    const optireduceNetStats st = node.stats();
+    Totals mine;
+    mine.data_pkts = st.send.dataPkts;
+    mine.retx = st.send.retxPkts;
+    mine.probes = st.send.probes;
+    mine.rto = st.send.rtoEvents;
+    const Totals all = exchange_totals(m, mine);
+    if (m.rank == 0) {
+      std::fprintf(stderr,
+                   "exact over %s<->%s, netem loss %d%%: %" PRIu64 " data pkts, %" PRIu64
+                   " retransmitted, %" PRIu64 " probes, %" PRIu64 " RTOs\n",
+                   hcas_[0].c_str(), hcas_[1].c_str(), loss, all.data_pkts, all.retx, all.probes,
+                   all.rto);
+      HCHECK(loss == 0 || all.retx > 0, "netem loss %d%% but nothing retransmitted", loss);
+    }
+    m.barrier();
+    close_node(node);
+  };
+  EXPECT_EQ(run_ranks(2, rank, {{"OPTIREDUCE_MAX_DATAGRAM", std::to_string(kMaxDatagram)}},
+                      kRankTimeoutS),
+            "");
+  expect_crossed_veth(sent_pkts / 2);
+}
+
+// ---- Bounded: every receive completes by its deadline with its real size, every byte is the
+// pattern or the marker fill of a whole packet, the counters equal what the buffers hold, and
+// a buffer is never written after its receive completed.
+TEST_F(RxePair, BoundedTransfersKeepDeadlinesAndCountHoles) {
+  // 106 packets, the last one short and of odd length.
+  constexpr size_t kSize = 105 * kPkt + 483;
+  constexpr int kSteps = 30;
+  const int loss = loss_percent();
+  auto rank = [&](Mesh& m) {
+    pick_device(m);
+    Node node = open_node(m, plugin_path(), 11, 0xB0ED, -1);
+    check_device(node, m);
+    HCHECK(node.stats().bounded == 1, "rank %d: communicator not bounded", m.rank);
+    ExchangeOptions o;
+    o.size = kSize;
+    o.pkt = kPkt;
+    o.fill = HoleFill::kMarker;
+    o.hang_s = 60;
+    Exchange ex(node, m.rank, {1 - m.rank}, o);
+    Totals mine;
+    uint64_t missing = 0, delivered = 0;
+    double worst = 0;
+    StallMonitor stalls;
+    double stalled_ms = 0;
+    for (int k = 0; k < kSteps; ++k) {
+      const double stall0 = stalls.total_ms();
+      const StepRecord r = ex.step(k);
+      const double stall = stalls.total_ms() - stall0;
+      stalled_ms += stall;
+      const double slack = kSlackMs + std::min(r.cpu_wait_ms, kMaxCpuWaitExcuseMs) + stall;
+      worst = std::max(worst, std::max(r.max_recv_ms, r.max_send_ms));
+      HCHECK(r.max_recv_ms <= kTimeoutMs + slack,
+             "rank %d step %d: a receive took %.1f ms; deadline %.0f ms (+%.0f slack, %.0f ms "
+             "guest stall)",
+             m.rank, k, r.max_recv_ms, kTimeoutMs, slack, stall);
+      HCHECK(r.max_send_ms <= kTimeoutMs + slack,
+             "rank %d step %d: a send took %.1f ms; deadline %.0f ms (+%.0f slack, %.0f ms "
+             "guest stall)",
+             m.rank, k, r.max_send_ms, kTimeoutMs, slack, stall);
+      missing += r.missing;
+      delivered += r.delivered;
+      mine.holed += static_cast<uint64_t>(r.holed);
+    }
+    m.barrier();
+    usleep(500'000);  // late datagrams still in flight land (and must be dropped) now
+    ex.check_all_scribbles();
+    const optireduceNetStats st = node.stats();
+    HCHECK(st.recv.msgs == kSteps, "rank %d: %" PRIu64 " receives counted, %d done", m.rank,
+           st.recv.msgs, kSteps);
+    HCHECK(st.recv.bytesExpected == kSteps * kSize, "rank %d: bytesExpected %" PRIu64, m.rank,
+           st.recv.bytesExpected);
+    HCHECK(st.recv.bytesLost == missing,
+           "rank %d: counters say %" PRIu64 " bytes lost, the buffers held %" PRIu64 " filled",
+           m.rank, st.recv.bytesLost, missing);
+    HCHECK(st.recv.bytes == delivered,
+           "rank %d: counters say %" PRIu64 " bytes delivered, the buffers held %" PRIu64, m.rank,
+           st.recv.bytes, delivered);
+    mine.lost = st.recv.bytesLost;
+    mine.expected = st.recv.bytesExpected;
+    mine.deadline_hits = st.recv.deadlineHits;
+    mine.early = st.recv.earlyTimeouts;
+    // A receive ended by its deadline or early timeout had holes; a complete one ended itself.
+    HCHECK(mine.holed >= mine.deadline_hits + mine.early,
+           "rank %d: %" PRIu64 " deadline + %" PRIu64 " early endings but %" PRIu64
+           " receives with holes",
+           m.rank, mine.deadline_hits, mine.early, mine.holed);
+    std::fprintf(stderr,
+                 "rank %d (%s): worst %.1f ms (guest stalls %.0f ms); lost %" PRIu64 "/%" PRIu64
+                 " B in %" PRIu64 " receives; deadline %" PRIu64 " early %" PRIu64
+                 " late pkts %" PRIu64 "\n",
+                 m.rank, hcas_[static_cast<size_t>(m.rank)].c_str(), worst, stalled_ms,
+                 st.recv.bytesLost, st.recv.bytesExpected, mine.holed, mine.deadline_hits,
+                 mine.early, st.recv.latePkts);
+    const Totals all = exchange_totals(m, mine);
+    if (m.rank == 0) {
+      const double lost = static_cast<double>(all.lost) / static_cast<double>(all.expected);
+      std::fprintf(stderr, "bounded over %s<->%s, netem loss %d%%: %.2f%% of bytes filled\n",
+                   hcas_[0].c_str(), hcas_[1].c_str(), loss, 100 * lost);
+      if (loss > 0) HCHECK(all.lost > 0, "netem loss %d%% but no byte lost", loss);
+      // Only a loose ceiling: deadlines must not throw (nearly) everything away.
+      HCHECK(lost < 0.8, "%.1f%% of bytes filled at %d%% loss", 100 * lost, loss);
+    }
+    m.barrier();
+    close_node(node);
+  };
+  EXPECT_EQ(run_ranks(2, rank,
+                      {{"OPTIREDUCE_MODE", "bounded"},
+                       {"OPTIREDUCE_TIMEOUT_MS", std::to_string(kTimeoutMs)},
+                       {"OPTIREDUCE_FILL", "marker"},
+                       {"OPTIREDUCE_MAX_DATAGRAM", std::to_string(kMaxDatagram)}},
+                      kRankTimeoutS),
+            "");
+  expect_crossed_veth(1);
+}
+
+}  // namespace
+}  // namespace optireduce::testing
