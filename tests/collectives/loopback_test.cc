@@ -20,11 +20,15 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/typed_buffer.h"
 
 namespace {
 
 using optireduce::coll::DType;
 using optireduce::coll::Elem;
+using optireduce::testing::esize;
+using optireduce::testing::get;
+using optireduce::testing::set;
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/optireduce-coll-XXXXXX";
@@ -68,39 +72,6 @@ int run_ranks(int n, const std::vector<std::pair<std::string, std::string>>& env
       return 1;                                                           \
     }                                                                     \
   } while (0)
-
-double get(optiDataType_t t, const std::vector<uint8_t>& b, size_t i) {
-  switch (t) {
-    case optiFloat32:
-      return Elem<DType::kF32>::load(reinterpret_cast<const uint32_t*>(b.data())[i]);
-    case optiFloat16:
-      return Elem<DType::kF16>::load(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case optiBfloat16:
-      return Elem<DType::kBF16>::load(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case optiFloat64:
-      return Elem<DType::kF64>::load(reinterpret_cast<const uint64_t*>(b.data())[i]);
-  }
-  return 0;
-}
-void set(optiDataType_t t, std::vector<uint8_t>& b, size_t i, double v) {
-  switch (t) {
-    case optiFloat32:
-      reinterpret_cast<uint32_t*>(b.data())[i] = Elem<DType::kF32>::store(float(v));
-      break;
-    case optiFloat16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = Elem<DType::kF16>::store(float(v));
-      break;
-    case optiBfloat16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = Elem<DType::kBF16>::store(float(v));
-      break;
-    case optiFloat64:
-      reinterpret_cast<uint64_t*>(b.data())[i] = Elem<DType::kF64>::store(v);
-      break;
-  }
-}
-size_t esize(optiDataType_t t) {
-  return t == optiFloat64 ? 8 : t == optiFloat32 ? 4 : 2;
-}
 
 // --- Exact mode: bit-exact against an exact reference ---------------------------------------
 //

@@ -14,6 +14,7 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/typed_buffer.h"
 #include "tests/plugin/procs.h"
 
 // OPTIREDUCE_IB_HCA picks each rank's device. RXE_TEST_LOSS=<%> says netem loss is on (then
@@ -79,38 +80,6 @@ void pick_device(int rank) {
   setenv("OPTIREDUCE_IB_HCA", hcas()[static_cast<size_t>(rank % 2)].c_str(), 1);
 }
 
-double get(optiDataType_t t, const std::vector<uint8_t>& b, size_t i) {
-  switch (t) {
-    case optiFloat32:
-      return Elem<DType::kF32>::load(reinterpret_cast<const uint32_t*>(b.data())[i]);
-    case optiFloat16:
-      return Elem<DType::kF16>::load(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case optiBfloat16:
-      return Elem<DType::kBF16>::load(reinterpret_cast<const uint16_t*>(b.data())[i]);
-    case optiFloat64:
-      return Elem<DType::kF64>::load(reinterpret_cast<const uint64_t*>(b.data())[i]);
-  }
-  return 0;
-}
-void set(optiDataType_t t, std::vector<uint8_t>& b, size_t i, double v) {
-  switch (t) {
-    case optiFloat32:
-      reinterpret_cast<uint32_t*>(b.data())[i] = Elem<DType::kF32>::store(float(v));
-      break;
-    case optiFloat16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = Elem<DType::kF16>::store(float(v));
-      break;
-    case optiBfloat16:
-      reinterpret_cast<uint16_t*>(b.data())[i] = Elem<DType::kBF16>::store(float(v));
-      break;
-    case optiFloat64:
-      reinterpret_cast<uint64_t*>(b.data())[i] = Elem<DType::kF64>::store(v);
-      break;
-  }
-}
-size_t esize(optiDataType_t t) {
-  return t == optiFloat64 ? 8 : t == optiFloat32 ? 4 : 2;
-}
 // Small integers: their sums are exact in every type, so exact mode must match bit for bit.
 double int_value(int r, size_t i) {
   return double(int((i * 7 + size_t(r) * 13) % 17) - 8);
