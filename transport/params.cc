@@ -56,7 +56,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_WINDOW_BYTES", &Config::window_bytes, 65536, 1 << 30, nullptr,
    "Most unacknowledged bytes a connection keeps in flight (the congestion window's ceiling)."},
   {"OPTIREDUCE_RATE_GBPS", &Config::rate_gbps, 0, 1000, nullptr,
-   "Pacing ceiling per connection in Gbit/s; 0 leaves the rate to the congestion window."},
+   "Pacing ceiling per connection in Gbit/s, for exact and bounded packets; 0: exact traffic follows its congestion window, bounded traffic the delivery rate its exact traffic measured. Set it to a link's share per peer where several connections share a slow link."},
   {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
    "Period of the background progress thread that serves timers and idle connections, in microseconds."},
   {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",

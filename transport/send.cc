@@ -224,7 +224,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   c.valid = true;
 }
 
-void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent) {
+void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t* newest_sent) {
   if (!m.acked.set(i)) return;
   const uint32_t len = pkt_len(m, i);
   acked_bytes_ += len;
@@ -234,7 +234,6 @@ void SendConn::ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* new
   if (!m.resent.test(i) && m.sent_ns[i] != UINT64_MAX)
     *newest_sent = std::max(*newest_sent, m.sent_ns[i]);
   m.high = std::max(m.high, i + 1);
-  (void)now;
 }
 
 void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
@@ -263,14 +262,14 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
     }
     // The receiver holds the whole message; packets we never saw acknowledged arrived anyway.
     for (uint32_t i = m.acked.first_clear(m.cum); i < m.npkts; i = m.acked.first_clear(i + 1))
-      ack_packet_locked(m, i, now, &newest_sent);
+      ack_packet_locked(m, i, &newest_sent);
   } else {
     if (h.msg_size != m.npkts || h.offset > m.next_new) {
       ++stats_.drop_bounds;
       return;
     }
     for (uint32_t i = m.acked.first_clear(m.cum); i < h.offset; i = m.acked.first_clear(i + 1))
-      ack_packet_locked(m, i, now, &newest_sent);
+      ack_packet_locked(m, i, &newest_sent);
     const uint32_t nbytes = std::min(h.payload_len, kSackBytes);
     for (uint32_t byte = 0; byte < nbytes; ++byte) {
       if (sack[byte] == 0) continue;
@@ -281,7 +280,7 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
           ++stats_.drop_bounds;
           break;
         }
-        ack_packet_locked(m, static_cast<uint32_t>(i), now, &newest_sent);
+        ack_packet_locked(m, static_cast<uint32_t>(i), &newest_sent);
       }
     }
   }
@@ -386,7 +385,7 @@ void SendConn::on_timers_locked(uint64_t now) {
     }
   }
   if (probe_deadline_ != 0 && now >= probe_deadline_) {
-    if (inflight_ > 0) send_probe_locked(now);
+    if (inflight_ > 0) send_probe_locked();
     else probe_deadline_ = 0;
   }
   if (rto_deadline_ == 0 || now < rto_deadline_) return;
@@ -419,7 +418,7 @@ void SendConn::on_timers_locked(uint64_t now) {
 // will reveal it, and the RTO would collapse the window, so resend the highest outstanding
 // packet of the oldest message: the receiver answers any packet with a complete SACK, which
 // exposes every hole at once.
-void SendConn::send_probe_locked(uint64_t now) {
+void SendConn::send_probe_locked() {
   probe_deadline_ = 0;
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
@@ -434,7 +433,6 @@ void SendConn::send_probe_locked(uint64_t now) {
     }
     break;
   }
-  (void)now;
 }
 
 void SendConn::arm_probe_locked(uint64_t now) {

@@ -84,12 +84,12 @@ class SendConn final : public Conn, public SendComm {
   void on_cts_locked(const PacketHeader& h, uint64_t now);
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
   void start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now);
-  void ack_packet_locked(Msg& m, uint32_t i, uint64_t now, uint64_t* newest_sent);
+  void ack_packet_locked(Msg& m, uint32_t i, uint64_t* newest_sent);
   void finish_locked(Msg& m);
   void mark_lost_locked(Msg& m, uint32_t i);
   void detect_losses_locked(Msg& m, uint64_t now);
   void send_expired_notice_locked(uint32_t seq);
-  void send_probe_locked(uint64_t now);
+  void send_probe_locked();
   void arm_probe_locked(uint64_t now);
   void set_bounded_rate_locked();
   void sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now);

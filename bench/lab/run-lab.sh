@@ -26,9 +26,10 @@ BUILD=${BUILD:-$ROOT/build-lab}
 OUT=${OUT:-$ROOT/bench/results}
 LINK_GBPS=${LINK_GBPS:-1}
 export OLAB_RATE=${OLAB_RATE:-${LINK_GBPS}gbit}
-# The UDP transport's bounded mode has no congestion control: unpaced, a sender overruns its own
-# 1 MB shaper queue (55% lost while idle, measured). Pace each connection at its share of the
-# link, as the paper's rate controller would.
+# Bounded senders pace each connection at the delivery rate its exact traffic measured. With
+# N-1 connections of one rank sharing one shaped link that overshoots the link (measured with
+# OPTIREDUCE_RATE_GBPS=0: 45% of elements delivered with background traffic), so the lab caps
+# each connection at its share of the link, as a rank-wide rate controller would.
 export OPTIREDUCE_RATE_GBPS=${OPTIREDUCE_RATE_GBPS:-$(awk -v l="$LINK_GBPS" -v n="$N" \
   'BEGIN { printf "%.3f", l / (n - 1) }')}
 # Background levels tried by the calibration: "FLOWS BURST_KB OFF_MS" (lab.sh bg start).
