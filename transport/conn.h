@@ -103,6 +103,7 @@ class Conn {
   int flush_locked();
 
   void fail_locked(Status s, const char* why);
+  ConnGroup* conn_group() const { return group_; }
 
   mutable std::mutex mu_;
   const Config cfg_;  // a copy: a connection may outlive the engine that made it

@@ -26,3 +26,40 @@ void ConnGroup::serve_siblings(const Conn* self, uint64_t now, uint64_t idle_ns)
 }
 
 }  // namespace optireduce
+
+namespace optireduce {
+
+namespace {
+// Bucket depth: 256 KiB lets a burst of packets leave back to back without overflowing a
+// shallow (1 MB) bottleneck queue, and is a fraction of a millisecond on fast links.
+constexpr uint64_t kGroupBurstBytes = 256 * 1024;
+}  // namespace
+
+void ConnGroup::add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns) {
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  if (window_start_ns_ == 0 || now < window_start_ns_) {
+    window_start_ns_ = now;
+    window_bytes_ = 0;
+    return;
+  }
+  window_bytes_ += bytes;
+  const uint64_t span = now - window_start_ns_;
+  if (span < window_ns) return;
+  const double sample = static_cast<double>(window_bytes_) / static_cast<double>(span);
+  delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
+  pacer_.set_rate(1.25 * delivery_rate_, kGroupBurstBytes);
+  window_start_ns_ = now;
+  window_bytes_ = 0;
+}
+
+uint64_t ConnGroup::bounded_tokens(uint64_t now) {
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  return pacer_.available(now);
+}
+
+void ConnGroup::consume_bounded(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(rate_mu_);
+  pacer_.consume(bytes);
+}
+
+}  // namespace optireduce

@@ -56,7 +56,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_WINDOW_BYTES", &Config::window_bytes, 65536, 1 << 30, nullptr,
    "Most unacknowledged bytes a connection keeps in flight (the congestion window's ceiling)."},
   {"OPTIREDUCE_RATE_GBPS", &Config::rate_gbps, 0, 1000, nullptr,
-   "Pacing ceiling per connection in Gbit/s, for exact and bounded packets; 0: exact traffic follows its congestion window, bounded traffic the delivery rate its exact traffic measured. Set it to a link's share per peer where several connections share a slow link."},
+   "Pacing rate per connection in Gbit/s: a ceiling for exact packets, the rate of bounded ones. 0: exact traffic follows its congestion window, bounded traffic 1.25x the delivery rate the communicator's exact traffic measured, shared by its connections. On a known link, set it to the link's share per peer."},
   {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
    "Period of the background progress thread that serves timers and idle connections, in microseconds."},
   {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",

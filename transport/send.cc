@@ -136,21 +136,25 @@ void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t no
 // would absorb self-inflicted loss. They are paced instead at the delivery rate the
 // connection's exact traffic (calibration, small control-sized steps) measured, with 25%
 // headroom so that pacing itself is not the bottleneck; before any measurement, one receive
-// window per smoothed RTT. OPTIREDUCE_RATE_GBPS, when set, caps both.
+// window per smoothed RTT. OPTIREDUCE_RATE_GBPS, when set, replaces the measurement (and the
+// group's shared bucket, see ConnGroup): on a known link it is the better figure.
 void SendConn::set_bounded_rate_locked() {
   double rate = 0;
-  if (delivery_rate_ > 0) {
+  if (cfg_.rate_gbps > 0) {
+    rate = cfg_.rate_gbps / 8.0;  // the operator knows the link: no measurement overrides it
+  } else if (delivery_rate_ > 0) {
     rate = 1.25 * delivery_rate_;
   } else if (rtt_.has_sample()) {
     rate = 1.25 * static_cast<double>(cwnd_.ceiling()) / static_cast<double>(rtt_.srtt_ns());
   }
-  if (cfg_.rate_gbps > 0) rate = rate > 0 ? std::min(rate, cfg_.rate_gbps / 8.0) : cfg_.rate_gbps / 8.0;
   if (rate <= 0) return;  // nothing measured, nothing configured: unpaced
   bounded_pacer_.set_rate(rate,
                           std::max<uint64_t>(cwnd_.ceiling() / 4, 16 * uint64_t{params_.pkt_payload}));
 }
 
 void SendConn::sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now) {
+  if (ConnGroup* g = conn_group(); g != nullptr)
+    g->add_delivered(newly_acked, now, std::max<uint64_t>(500'000, rtt_.srtt_ns()));
   if (rate_window_start_ns_ == 0) {
     rate_window_start_ns_ = now;
     rate_window_bytes_ = 0;
@@ -476,7 +480,10 @@ void SendConn::transmit_locked(uint64_t now) {
     }
     // New packets, oldest message first, within the window (bounded: within their pacer).
     uint64_t inflight = inflight_;
+    ConnGroup* group = conn_group();
     uint64_t btokens = bounded_pacer_.available(now);
+    if (group != nullptr && cfg_.rate_gbps <= 0) btokens = std::min(btokens, group->bounded_tokens(now));
+    uint64_t bounded_sent = 0;
     for (uint32_t s = oldest_; s != next_seq_ && n < kBatch; ++s) {
       Msg& m = slot(s);
       if (m.state != State::kSending) continue;
@@ -528,6 +535,7 @@ void SendConn::transmit_locked(uint64_t now) {
       ++stats_.data_pkts;
       if (m.bounded) {
         bounded_pacer_.consume(len);
+        bounded_sent += len;
         continue;
       }
       if (pend[k].retx) {
@@ -539,6 +547,7 @@ void SendConn::transmit_locked(uint64_t now) {
       if (rto_deadline_ == 0) rto_deadline_ = now + rtt_.rto_ns();
       if (probe_deadline_ == 0) arm_probe_locked(now);
     }
+    if (group != nullptr && bounded_sent > 0 && cfg_.rate_gbps <= 0) group->consume_bounded(bounded_sent);
     // A bounded message is done once all of its packets have left.
     for (uint32_t s = oldest_; s != next_seq_; ++s) {
       Msg& m = slot(s);
