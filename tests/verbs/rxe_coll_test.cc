@@ -200,9 +200,14 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
                ", rel L2 error %.5f, max abs %.4f, tB %u us tC %u us\n",
                m.rank, hcas()[size_t(m.rank % 2)].c_str(), int(hadamard), 100 * total.lostFraction,
                total.deadlineHits, rel, max_abs, total.tbUs, total.tcUs);
-  // Loss here can be whole messages past the deadline, so the L2 bound is loose; the sharp
-  // per-element bound holds without Hadamard (a lost contribution is at most 2 eps off).
-  HCHECK(rel < 0.5, "rank %d: relative error %g", m.rank, rel);
+  // Loss here can be whole messages past the deadline: one peer's whole contribution to a
+  // shard, estimated by rescaling the others. The inputs are independent per rank, so such an
+  // estimate is off by about the missing contribution itself (relative error near 1/sqrt(N-1)
+  // over that shard; with Hadamard it is spread over the shard's blocks, not reduced), and
+  // netem at 5% has produced 0.55 at 3 ranks. The bound is therefore "the result is not noise"
+  // (< 1); the sharp per-element bound holds without Hadamard (a lost contribution is at most
+  // 2 eps off).
+  HCHECK(rel < 1.0, "rank %d: relative error %g", m.rank, rel);
   if (!hadamard)
     HCHECK(max_abs <= 2 * n * eps + 1e-3, "rank %d: max abs error %g", m.rank, max_abs);
   Lost mine{total.elementsLost[0] + total.elementsLost[1],
