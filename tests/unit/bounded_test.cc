@@ -35,7 +35,7 @@ TEST(BoundedGroup, CalibratesTbAsP95OfExactSteps) {
   EXPECT_TRUE(g.calibrating());
   for (int i = 1; i <= 20; ++i) g.on_complete(step(kMiB, kMiB, i * kMs, RecvEnd::kAll, false));
   EXPECT_FALSE(g.calibrating());
-  EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs);  // P95 of 1..20 ms
+  EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs);      // P95 of 1..20 ms
   EXPECT_EQ(g.budget_ns(kMiB), 19 * kMs);  // tC (smoothed, capped) x headroom stays under tB
 }
 
@@ -57,7 +57,8 @@ TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
   EXPECT_LT(quiet, 5 * kMs);
   EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);  // the deadline follows the network down
   // Busy: half the bytes in 10 ms projects 20 ms for the whole step.
-  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
+  for (int i = 0; i < 30; ++i)
+    g.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 20.0 * kMs, 0.5 * kMs);
   // ... but never beyond the hard bound.
   for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true));
@@ -158,6 +159,22 @@ struct Rig {
   }
 };
 
+// Tests both requests (and serves the sender) until both are done, advancing the clock by
+// `step_us` per round.
+::testing::AssertionResult run_both(Rig& rig, Request* sr, Request* rr, int rounds,
+                                    uint64_t step_us) {
+  bool sd = false, rd = false;
+  size_t sz;
+  for (int i = 0; i < rounds && !(sd && rd); ++i) {
+    if (!sd && !rig.s->test(sr, &sd, &sz).is_ok()) return ::testing::AssertionFailure() << "send";
+    if (!rd && !rig.r->test(rr, &rd, &sz).is_ok()) return ::testing::AssertionFailure() << "recv";
+    rig.s->poll();
+    rig.clock.advance_us(step_us);
+  }
+  if (!(sd && rd)) return ::testing::AssertionFailure() << "not done after " << rounds << " rounds";
+  return ::testing::AssertionSuccess();
+}
+
 TEST(BoundedConn, CalibrationStepsRunExactThenBounded) {
   Rig rig(3);
   int drop_next = 0;
@@ -172,19 +189,7 @@ TEST(BoundedConn, CalibrationStepsRunExactThenBounded) {
     Request *sr, *rr;
     ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
     ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-    bool sd = false, rd = false;
-    size_t sz;
-    for (int i = 0; i < 100000 && !(sd && rd); ++i) {
-      if (!sd) {
-        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
-      }
-      if (!rd) {
-        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
-      }
-      rig.s->poll();
-      rig.clock.advance_us(100);
-    }
-    ASSERT_TRUE(sd && rd) << step;
+    ASSERT_TRUE(run_both(rig, sr, rr, 100000, 100)) << step;
     if (step < 3) {
       EXPECT_EQ(src, dst) << "calibration steps are exact despite loss, step " << step;
     } else {
@@ -206,18 +211,7 @@ TEST(BoundedConn, BoundedPacketsArePacedAtTheMeasuredDeliveryRate) {
     Request *sr, *rr;
     ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
     ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-    bool sd = false, rd = false;
-    size_t sz;
-    for (int i = 0; i < 100000 && !(sd && rd); ++i) {
-      if (!sd) {
-        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
-      }
-      if (!rd) {
-        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
-      }
-      rig.clock.advance_us(100);
-    }
-    ASSERT_TRUE(sd && rd);
+    ASSERT_TRUE(run_both(rig, sr, rr, 100000, 100)) << step;
   }
   ASSERT_FALSE(rig.group->calibrating());
   // The first bounded step: one call must not put the whole megabyte on the wire at once.
@@ -249,17 +243,7 @@ TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
     ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
     rig.clock.advance_ms(50);
     ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-    bool sd = false, rd = false;
-    size_t sz;
-    for (int i = 0; i < 100 && !(sd && rd); ++i) {
-      if (!sd) {
-        ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
-      }
-      if (!rd) {
-        ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
-      }
-    }
-    ASSERT_TRUE(sd && rd);
+    ASSERT_TRUE(run_both(rig, sr, rr, 100, 0));
   }
   ASSERT_FALSE(rig.group->calibrating());
   // Lose one packet in the middle; the tail arrives, so the step closes after
