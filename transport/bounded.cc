@@ -10,6 +10,7 @@ namespace optireduce {
 
 BoundedGroup::BoundedGroup(const Config& cfg)
     : fixed_tb_ns_(cfg.timeout_ms * 1e6),
+      tb_headroom_(cfg.timeout_headroom),
       calibration_steps_(static_cast<uint64_t>(cfg.calibration_steps)),
       early_fraction_(cfg.early_fraction),
       stats_every_(static_cast<uint64_t>(cfg.stats_every)),
@@ -151,7 +152,8 @@ void BoundedGroup::finish_calibration_locked() {
     if (n == 0) continue;
     std::sort(v.begin(), v.begin() + n);
     const uint32_t idx = std::min<uint32_t>(n - 1, static_cast<uint32_t>(std::ceil(0.95 * n)) - 1);
-    k.tb_ns = std::max(kMinBudgetNs, v[idx]);
+    k.tb_ns = std::max(kMinBudgetNs,
+                       static_cast<uint64_t>(tb_headroom_ * static_cast<double>(v[idx])));
     OR_INFO("bounded: calibrated tB = %.3f ms for %llu-byte messages from %u steps",
             static_cast<double>(k.tb_ns) / 1e6, 1ull << c, n);
   }

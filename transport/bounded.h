@@ -87,6 +87,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
 
   mutable std::mutex mu_;
   const double fixed_tb_ns_;  // OPTIREDUCE_TIMEOUT_MS in ns; 0 = calibrate
+  const double tb_headroom_;  // OPTIREDUCE_TIMEOUT_HEADROOM
   const uint64_t calibration_steps_;
   const double early_fraction_;
   const uint64_t stats_every_;

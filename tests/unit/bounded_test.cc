@@ -24,9 +24,11 @@ StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd 
   return s;
 }
 
+// Without headroom, so that tB is the calibration's P95 itself.
 Config calib(int steps) {
   Config c;
   c.calibration_steps = steps;
+  c.timeout_headroom = 1.0;
   return c;
 }
 
@@ -37,6 +39,17 @@ TEST(BoundedGroup, CalibratesTbAsP95OfExactSteps) {
   EXPECT_FALSE(g.calibrating());
   EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs);      // P95 of 1..20 ms
   EXPECT_EQ(g.budget_ns(kMiB), 19 * kMs);  // tC (smoothed, capped) x headroom stays under tB
+}
+
+TEST(BoundedGroup, HeadroomScalesTheCalibratedBound) {
+  Config c = calib(20);
+  c.timeout_headroom = 1.5;
+  BoundedGroup g(c);
+  for (int i = 1; i <= 20; ++i) g.on_complete(step(kMiB, kMiB, i * kMs, RecvEnd::kAll, false));
+  ASSERT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 19 * kMs * 3 / 2);
+  // A step as slow as the calibration's P95 now completes inside the budget.
+  EXPECT_GT(g.budget_ns(kMiB), 19 * kMs);
 }
 
 TEST(BoundedGroup, FixedTimeoutSkipsCalibration) {
@@ -144,6 +157,7 @@ struct Rig {
   std::unique_ptr<RecvConn> r;
   explicit Rig(int calibration_steps) {
     cfg.calibration_steps = calibration_steps;
+    cfg.timeout_headroom = 1.0;
     group = std::make_unique<BoundedGroup>(cfg);
     auto p = testing::make_mem_pair(1048);
     tx_ep = p.a.get();
