@@ -151,7 +151,15 @@ void BoundedGroup::finish_calibration_locked() {
     const uint32_t n = std::min<uint32_t>(whole ? k.nsamples : k.nall, kMaxSamples);
     if (n == 0) continue;
     std::sort(v.begin(), v.begin() + n);
-    const uint32_t idx = std::min<uint32_t>(n - 1, static_cast<uint32_t>(std::ceil(0.95 * n)) - 1);
+    // The calibration steps come from a few calls whose receives share one fate: one call that
+    // met a burst of congestion brings 2(N-1) slow samples, enough to become the P95 and set
+    // tB for the whole job. Samples beyond kOutlierFactor x the median are that congestion,
+    // not the path's own variation, and tB exists to cut them: the P95 is of the others.
+    const uint64_t median = v[(n - 1) / 2];
+    const auto kept = static_cast<uint32_t>(
+        std::upper_bound(v.begin(), v.begin() + n, kOutlierFactor * median) - v.begin());
+    const uint32_t idx =
+        std::min<uint32_t>(kept - 1, static_cast<uint32_t>(std::ceil(0.95 * kept)) - 1);
     k.tb_ns = std::max(kMinBudgetNs,
                        static_cast<uint64_t>(tb_headroom_ * static_cast<double>(v[idx])));
     OR_INFO("bounded: calibrated tB = %.3f ms for %llu-byte messages from %u steps",

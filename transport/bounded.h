@@ -1,6 +1,7 @@
 // BoundedGroup: the group of one communicator's connections (ConnGroup: they serve each
 // other's progress) and the deadline policy of its bounded ones. It measures the
-// hard bound tB (P95 of the first calibration steps, which run exact; or OPTIREDUCE_TIMEOUT_MS),
+// hard bound tB (headroom x P95 of the first calibration steps, which run exact, leaving out
+// congestion outliers; or OPTIREDUCE_TIMEOUT_MS),
 // keeps the adaptive estimate tC (smoothed projected time to receive 100% of a step), agrees
 // with the peers on the median of their piggybacked tC, and turns both into per-step budgets
 // that scale with message size. See docs/architecture.md, "Deadlines", for why per group.
@@ -63,6 +64,8 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   // Smoothing of tC: a quarter of each new projection, so a burst of congestion shows within a
   // few steps and a single outlier does not dominate.
   static constexpr double kAlpha = 0.25;
+  // Calibration samples slower than this many times their median are left out of the P95.
+  static constexpr uint64_t kOutlierFactor = 2;
   // Calibration samples kept per class (P95 of at most this many).
   static constexpr int kMaxSamples = 256;
   // Peer estimates remembered per class for the median.

@@ -70,7 +70,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_TIMEOUT_MS", &Config::timeout_ms, 0, 600000, nullptr,
    "Bounded mode: fixed hard bound tB in milliseconds instead of calibrating; 0 calibrates."},
   {"OPTIREDUCE_TIMEOUT_HEADROOM", &Config::timeout_headroom, 1, 10, nullptr,
-   "Bounded mode: the calibrated tB is this times the P95 of the calibration steps (a bounded step paced at the link's share takes about as long as an exact one; without headroom every jitter cuts it)."},
+   "Bounded mode: the calibrated tB is this times the P95 of the calibration steps (a bounded step paced at the link's share takes about as long as an exact one; without headroom every jitter cuts it). Larger: more delivered under congestion, a higher worst case (docs/lab.md measures 1.1, 1.3, 1.5)."},
   {"OPTIREDUCE_EARLY_FRACTION", &Config::early_fraction, 0, 1, nullptr,
    "Bounded mode: once tail packets arrived, close a step after this fraction of the estimate tC."},
   {"OPTIREDUCE_STATS_EVERY", &Config::stats_every, 0, 1'000'000'000, nullptr,

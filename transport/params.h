@@ -36,7 +36,7 @@ struct Config {
   std::string fill = "zero";      // OPTIREDUCE_FILL
   int64_t calibration_steps = 20; // OPTIREDUCE_CALIBRATION_STEPS
   double timeout_ms = 0;          // OPTIREDUCE_TIMEOUT_MS (0 = calibrate)
-  double timeout_headroom = 1.3;  // OPTIREDUCE_TIMEOUT_HEADROOM (calibrated tB = this x P95)
+  double timeout_headroom = 1.5;  // OPTIREDUCE_TIMEOUT_HEADROOM (calibrated tB = this x P95)
   double early_fraction = 0.1;    // OPTIREDUCE_EARLY_FRACTION
   int64_t stats_every = 0;        // OPTIREDUCE_STATS_EVERY
 

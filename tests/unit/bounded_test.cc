@@ -52,6 +52,25 @@ TEST(BoundedGroup, HeadroomScalesTheCalibratedBound) {
   EXPECT_GT(g.budget_ns(kMiB), 19 * kMs);
 }
 
+TEST(BoundedGroup, CalibrationLeavesOutCongestionOutliers) {
+  BoundedGroup g(calib(20));
+  // One call of six receives met a burst (4x slower): without the cut they would be the P95.
+  for (int i = 0; i < 14; ++i)
+    g.on_complete(step(kMiB, kMiB, (20 + i % 3) * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 6; ++i) g.on_complete(step(kMiB, kMiB, 80 * kMs, RecvEnd::kAll, false));
+  ASSERT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 22 * kMs);  // P95 of the 14 normal ones
+}
+
+TEST(BoundedGroup, CalibrationKeepsOrdinarySpread) {
+  BoundedGroup g(calib(20));
+  // Up to twice the median is the path's own variation and stays in the P95.
+  for (int i = 0; i < 18; ++i) g.on_complete(step(kMiB, kMiB, 20 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 2; ++i) g.on_complete(step(kMiB, kMiB, 39 * kMs, RecvEnd::kAll, false));
+  ASSERT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(kMiB), 39 * kMs);  // P95 of 20 samples is the 19th
+}
+
 TEST(BoundedGroup, FixedTimeoutSkipsCalibration) {
   Config c;
   c.timeout_ms = 7;
