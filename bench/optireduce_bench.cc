@@ -126,8 +126,10 @@ class TarAlgo : public Algo {
           "optiHostCommInitFile");
     const char* cal = std::getenv("OPTIREDUCE_CALIBRATION_STEPS");
     // Bounded communicators run their first calls exact to calibrate tB: keep those out of the
-    // measured window (a phase is a step, two per call, plus margin).
-    warmup_ = mode == optiBounded ? (cal ? std::atoi(cal) : 20) + 3 : 0;
+    // measured window (a call makes 2(N-1) receives, each a calibration step; plus margin).
+    const int steps = cal ? std::atoi(cal) : 100;
+    const int per_call = std::max(1, 2 * (o.world - 1));
+    warmup_ = mode == optiBounded ? (steps + per_call - 1) / per_call + 5 : 0;
   }
   ~TarAlgo() override {
     if (comm_ != nullptr) optiCommDestroy(comm_);

@@ -66,7 +66,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_FILL", &Config::fill, 0, 0, "zero|marker",
    "What a bounded receive writes into missing bytes: zeros, or the erasure marker 0x7FF1 repeated (a NaN in fp16/bf16/fp32/fp64)."},
   {"OPTIREDUCE_CALIBRATION_STEPS", &Config::calibration_steps, 0, 100000, nullptr,
-   "Bounded mode: steps that run exact at start to measure the hard bound tB (their P95)."},
+   "Bounded mode: receives (over all of a communicator's connections) that run exact at start to measure the hard bound tB (their P95). A TAR call makes 2(N-1) of them; spanning many calls keeps one burst of congestion from setting tB."},
   {"OPTIREDUCE_TIMEOUT_MS", &Config::timeout_ms, 0, 600000, nullptr,
    "Bounded mode: fixed hard bound tB in milliseconds instead of calibrating; 0 calibrates."},
   {"OPTIREDUCE_TIMEOUT_HEADROOM", &Config::timeout_headroom, 1, 10, nullptr,

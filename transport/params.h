@@ -34,7 +34,7 @@ struct Config {
   std::string mode = "exact";     // OPTIREDUCE_MODE
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
   std::string fill = "zero";      // OPTIREDUCE_FILL
-  int64_t calibration_steps = 20; // OPTIREDUCE_CALIBRATION_STEPS
+  int64_t calibration_steps = 100; // OPTIREDUCE_CALIBRATION_STEPS
   double timeout_ms = 0;          // OPTIREDUCE_TIMEOUT_MS (0 = calibrate)
   double timeout_headroom = 1.5;  // OPTIREDUCE_TIMEOUT_HEADROOM (calibrated tB = this x P95)
   double early_fraction = 0.1;    // OPTIREDUCE_EARLY_FRACTION

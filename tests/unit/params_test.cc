@@ -25,7 +25,7 @@ TEST(ParseConfig, DefaultsWithEmptyEnvironment) {
   std::string err;
   ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok());
   EXPECT_EQ(c.mode, "exact");
-  EXPECT_EQ(c.calibration_steps, 20);
+  EXPECT_EQ(c.calibration_steps, 100);
   EXPECT_DOUBLE_EQ(c.early_fraction, 0.1);
   EXPECT_FALSE(c.fault_enabled());
 }
