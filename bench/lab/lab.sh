@@ -13,6 +13,10 @@ BURST=${OLAB_BURST:-128kb}
 MTU=${OLAB_MTU:-9000}
 STATE=${OLAB_STATE:-/run/$P}
 SW=$P-sw
+# Background senders and receivers run at the lowest CPU priority: in a cloud they are other
+# tenants on other machines, and here their CPU cost on the 2 shared cores would otherwise stand
+# in for network contention (every algorithm, baselines included, sees the same rule).
+BGNICE=${OLAB_BGNICE-nice -n 19}
 
 die() {
   echo "lab.sh: $*" >&2
@@ -35,13 +39,14 @@ lab.sh down            kill what runs in the lab namespaces and delete them (ide
 lab.sh check           verify the tools the lab needs
 lab.sh bg start FLOWS BURST_KB OFF_MS [SEED [SECONDS]]
                        FLOWS background TCP flows (iperf3, cubic) between random rank pairs
-                       (seeded): bursts of BURST_KB at full speed, random pauses around OFF_MS
+                       (seeded): bursts of BURST_KB at full speed, random pauses around OFF_MS;
+                       FLOWS "all": every rank bursts to every other at once (background jobs)
 lab.sh bg stop         stop the background flows
 lab.sh loss P          drop each packet arriving at a rank with probability P (0 removes)
 lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP,
                        OPTIREDUCE_IFNAME set), kill all after SECS; fails if any rank fails
 lab.sh exec R CMD      run CMD in rank R's namespace
-Environment: OLAB_PREFIX=$P OLAB_RATE=$RATE OLAB_QLIMIT=$QLIMIT OLAB_MTU=$MTU
+Environment: OLAB_PREFIX=$P OLAB_RATE=$RATE OLAB_QLIMIT=$QLIMIT OLAB_MTU=$MTU OLAB_BGNICE="$BGNICE"
 EOF
 }
 
@@ -175,7 +180,7 @@ bg_flow() {
   while ((SECONDS < end)); do
     off=$((off_ms / 2 + (RANDOM * 32768 + RANDOM) % (off_ms + 1)))
     sleep "$(printf '%d.%03d' $((off / 1000)) $((off % 1000)))"
-    timeout 10 ip netns exec "$(rank_ns "$src")" iperf3 -c "$(rank_ip "$dst")" -p "$port" \
+    timeout 10 ip netns exec "$(rank_ns "$src")" $BGNICE iperf3 -c "$(rank_ip "$dst")" -p "$port" \
       -n "${burst_kb}K" -C cubic >/dev/null 2>&1 || true
   done
 }
@@ -192,13 +197,57 @@ bg_start() {
     src=$((RANDOM % n))
     dst=$(((src + 1 + RANDOM % (n - 1)) % n))
     # One server per flow (an iperf3 server serves one test at a time), on its destination.
-    timeout $((secs + 15)) ip netns exec "$(rank_ns "$dst")" iperf3 -s -p $((5300 + f)) \
+    timeout $((secs + 15)) ip netns exec "$(rank_ns "$dst")" $BGNICE iperf3 -s -p $((5300 + f)) \
       >/dev/null 2>&1 &
     echo $! >>"$STATE/bg.pids"
-    setsid bash -c "$(declare -f bg_flow rank_ns rank_ip); P=$P SUBNET=$SUBNET; \
+    setsid bash -c "$(declare -f bg_flow rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\"; \
       bg_flow $src $dst $burst_kb $off_ms $((seed * 1000 + f)) $secs $((5300 + f))" &
     echo $! >>"$STATE/bg.pids"
   done
+  sleep 0.5
+}
+
+# Background jobs: after each random pause of OFF_MS/2 .. 3*OFF_MS/2 (seeded), every rank sends
+# BURST_KB to every other rank at once (one cubic flow per ordered pair), as a background
+# collective job does; the next pause starts when the last flow ends. Every link then carries
+# N-1 competing flows together, so the iterations that overlap a job slow down by up to that
+# factor while the others run alone: the duty cycle sets how many, which makes P99/P50 of 3
+# reachable (independent flows between random pairs rarely pile up on one link on 2 cores).
+bg_jobs_loop() {
+  local n=$1 burst_kb=$2 off_ms=$3 seed=$4 secs=$5 s d off
+  RANDOM=$seed
+  local end=$((SECONDS + secs))
+  while ((SECONDS < end)); do
+    off=$((off_ms / 2 + (RANDOM * 32768 + RANDOM) % (off_ms + 1)))
+    sleep "$(printf '%d.%03d' $((off / 1000)) $((off % 1000)))"
+    for ((s = 0; s < n; s++)); do
+      for ((d = 0; d < n; d++)); do
+        ((s == d)) && continue
+        timeout 10 ip netns exec "$(rank_ns "$s")" $BGNICE iperf3 -c "$(rank_ip "$d")" \
+          -p $((5400 + s * 16 + d)) -n "${burst_kb}K" -C cubic >/dev/null 2>&1 &
+      done
+    done
+    wait
+  done
+}
+
+bg_jobs() {
+  need_root
+  local burst_kb=$1 off_ms=$2 seed=$3 secs=$4 n s d
+  n=$(nranks)
+  ((n > 0)) || die "lab is not up"
+  bg_stop
+  for ((s = 0; s < n; s++)); do
+    for ((d = 0; d < n; d++)); do
+      ((s == d)) && continue
+      timeout $((secs + 15)) ip netns exec "$(rank_ns "$d")" $BGNICE iperf3 -s -p $((5400 + s * 16 + d)) \
+        >/dev/null 2>&1 &
+      echo $! >>"$STATE/bg.pids"
+    done
+  done
+  setsid bash -c "$(declare -f bg_jobs_loop rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\"; \
+    bg_jobs_loop $n $burst_kb $off_ms $seed $secs" &
+  echo $! >>"$STATE/bg.pids"
   sleep 0.5
 }
 
@@ -232,7 +281,14 @@ case $cmd in
   loss) loss "${1:?probability}" ;;
   bg)
     case ${1:-} in
-      start) bg_start "${2:?flows}" "${3:?burst_kb}" "${4:?off_ms}" "${5:-1}" "${6:-600}" ;;
+      start)
+        # FLOWS "all": synchronized all-pairs bursts (bg_jobs), else independent flows.
+        if [[ ${2:?flows} == all ]]; then
+          bg_jobs "${3:?burst_kb}" "${4:?off_ms}" "${5:-1}" "${6:-600}"
+        else
+          bg_start "$2" "${3:?burst_kb}" "${4:?off_ms}" "${5:-1}" "${6:-600}"
+        fi
+        ;;
       stop) bg_stop ;;
       *) die "bg start|stop" ;;
     esac

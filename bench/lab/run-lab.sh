@@ -13,7 +13,7 @@ SIZE_MIN=${SIZE_MIN:-$SIZE}
 SIZE_MAX=${SIZE_MAX:-$SIZE}
 ITERS=${ITERS:-300}         # measured iterations per (environment, algorithm, size)
 WARMUP=${WARMUP:-5}         # TAR bounded adds its calibration steps on top
-CAL_ITERS=${CAL_ITERS:-150} # per calibration level
+CAL_ITERS=${CAL_ITERS:-200} # per calibration level
 STRAG_ITERS=${STRAG_ITERS:-50}
 STRAG_PROB=${STRAG_PROB:-0.1}
 STRAG_MS=${STRAG_MS:-2000}
@@ -22,6 +22,9 @@ SEED=${SEED:-1}
 ENVS=${ENVS:-"idle bg15 bg30 loss straggler"}
 ALGOS=${ALGOS:-tar-bounded-ht,tar-bounded,tar-exact,gloo-ring,gloo-bcube}
 MPI=${MPI:-1}
+# bg30 again for the bounded variants at each of these OPTIREDUCE_TIMEOUT_HEADROOM values (env
+# "bg30-h<value>"): the trade between the P99 and the delivered fraction. Empty: skip.
+HEADROOMS=${HEADROOMS-"1.1 1.3"}
 BUILD=${BUILD:-$ROOT/build-lab}
 OUT=${OUT:-$ROOT/bench/results}
 LINK_GBPS=${LINK_GBPS:-1}
@@ -33,8 +36,10 @@ export OLAB_RATE=${OLAB_RATE:-${LINK_GBPS}gbit}
 # each connection's rate to its share of the known link.
 export OPTIREDUCE_RATE_GBPS=${OPTIREDUCE_RATE_GBPS:-$(awk -v l="$LINK_GBPS" -v n="$N" \
   'BEGIN { printf "%.3f", l / (n - 1) }')}
-# Background levels tried by the calibration: "FLOWS BURST_KB OFF_MS" (lab.sh bg start).
-LEVELS=${LEVELS:-"2:4096:500 4:4096:500 4:8192:1000 8:16384:1500 4:16384:1500 6:16384:1000"}
+# Background levels tried by the calibration: "FLOWS:BURST_KB:OFF_MS" (lab.sh bg start); FLOWS
+# "all" = background jobs (every rank bursts to every other at once). Independent flows between
+# random pairs topped out at a Gloo ring P99/P50 of about 2 on 2 cores; jobs reach 3 (lab.md).
+LEVELS=${LEVELS:-"all:1024:1500 all:2048:1500 all:4096:2000 all:8192:3000 all:8192:2000"}
 
 BENCH=$BUILD/bench/optireduce-bench
 MPIBENCH=$BUILD/bench/optireduce-mpi-bench
@@ -90,7 +95,20 @@ run_mpi() {
   : >"$hosts"
   for ((r = 0; r < N; r++)); do echo "$("$LAB" ns "$r") slots=1" >>"$hosts"; done
   # mpirun runs inside rank 0's namespace so that its daemons reach it over the lab network;
-  # yield_when_idle: 4 busy-polling ranks on 2 cores would otherwise measure the CPU.
+  # yield_when_idle: 4 busy-polling ranks on 2 cores would otherwise measure the CPU. One retry:
+  # Debian's orted now and then dies at start-up in hwloc's shared-memory topology export
+  # (SIGSEGV in hwloc_shmem_topology_write) before any rank ran.
+  local attempt
+  for attempt in 1 2; do
+    mpi_once "$env" "$iters" "$hosts" "$@" && break
+    log "WARNING: MPI failed in $env, attempt $attempt (see logs/$env.log)"
+  done
+  grep -E "^$env +mpi " "$OUT/logs/$env.log" | tail -n 5 || true
+}
+
+mpi_once() {
+  local env=$1 iters=$2 hosts=$3
+  shift 3
   PMIX_MCA_gds=hash timeout -k 5 $((120 + iters * 6)) ip netns exec "$("$LAB" ns 0)" \
     mpirun --allow-run-as-root --oversubscribe -np "$N" --hostfile "$hosts" \
     --mca plm_rsh_agent "$HERE/netns-agent.sh" --mca btl self,tcp \
@@ -98,8 +116,7 @@ run_mpi() {
     -x PMIX_MCA_gds=hash -x OLAB_PREFIX="${OLAB_PREFIX:-olab}" \
     "$MPIBENCH" -b "$SIZE_MIN" -e "$SIZE_MAX" -f 2 -n "$iters" -w "$WARMUP" -c 1 --env "$env" \
     --csv "$OUT/results.csv" --samples "$OUT/samples.csv" --seed "$SEED" "$@" \
-    >>"$OUT/logs/$env.log" 2>&1 || log "WARNING: MPI failed in $env (see logs/$env.log)"
-  grep -E "^$env +mpi " "$OUT/logs/$env.log" | tail -n 5 || true
+    >>"$OUT/logs/$env.log" 2>&1
 }
 
 bg_secs() { echo $((200 + ITERS)); }
@@ -151,6 +168,13 @@ for env in $ENVS; do
   log "environment $env"
   run_bench "$env" "$iters" "$OUT/results.csv" "$OUT/samples.csv" "$ALGOS" "${extra[@]}"
   run_mpi "$env" "$iters" "${extra[@]}"
+  if [[ $env == bg30 ]]; then
+    for h in $HEADROOMS; do
+      log "environment bg30, OPTIREDUCE_TIMEOUT_HEADROOM=$h"
+      OPTIREDUCE_TIMEOUT_HEADROOM=$h run_bench "bg30-h$h" "$iters" "$OUT/results.csv" \
+        "$OUT/samples.csv" tar-bounded-ht,tar-bounded
+    done
+  fi
   case $env in
     bg15 | bg30) "$LAB" bg stop ;;
     loss) "$LAB" loss 0 ;;
