@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/calibration.h"
 #include "tests/plugin/procs.h"
 
 namespace optireduce::testing {
@@ -34,7 +35,7 @@ struct Options {
   int ranks = 4;
   size_t size = size_t{256} << 10;
   int steps = 1000;
-  int warmup = 50;
+  int warmup = -1;  // -1: the calibration's steps (OPTIREDUCE_CALIBRATION_STEPS) + 10, >= 50
   double drop = 0.01;
   // A datagram in a hundred waits at least 0.5 ms, and the Pareto tail (alpha 1.2, infinite
   // variance) makes one in a few hundred of those wait tens of ms: a straggler in most steps.
@@ -89,8 +90,10 @@ Options parse(int argc, char** argv) {
       usage(argv[0]);
   }
   if (o.ranks < 2 || o.ranks > 4 || o.size == 0 || o.size > (size_t{1} << 30) || o.steps < 1 ||
-      o.warmup < 0)
+      o.warmup < -1)
     usage(argv[0]);
+  // A step is one receive from each of the N-1 peers.
+  if (o.warmup < 0) o.warmup = std::max(50, optireduce::bench::calibration_calls(o.ranks - 1) + 10);
   return o;
 }
 

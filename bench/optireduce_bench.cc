@@ -25,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/calibration.h"
 #include "bench/lab_common.h"
 #include "collectives/optireduce.h"
 
@@ -124,12 +125,9 @@ class TarAlgo : public Algo {
     ::mkdir(dir.c_str(), 0700);
     check(optiHostCommInitFile(&comm_, dir.c_str(), o.rank, o.world, &opts),
           "optiHostCommInitFile");
-    const char* cal = std::getenv("OPTIREDUCE_CALIBRATION_STEPS");
     // Bounded communicators run their first calls exact to calibrate tB: keep those out of the
-    // measured window (a call makes 2(N-1) receives, each a calibration step; plus margin).
-    const int steps = cal ? std::atoi(cal) : 100;
-    const int per_call = std::max(1, 2 * (o.world - 1));
-    warmup_ = mode == optiBounded ? (steps + per_call - 1) / per_call + 5 : 0;
+    // measured window, plus margin.
+    warmup_ = mode == optiBounded ? optireduce::bench::calibration_calls(2 * (o.world - 1)) + 5 : 0;
   }
   ~TarAlgo() override {
     if (comm_ != nullptr) optiCommDestroy(comm_);
