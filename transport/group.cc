@@ -35,21 +35,11 @@ namespace {
 constexpr uint64_t kGroupBurstBytes = 256 * 1024;
 }  // namespace
 
-void ConnGroup::add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns) {
+void ConnGroup::add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns, bool restart,
+                              bool idle_after) {
   std::lock_guard<std::mutex> lock(rate_mu_);
-  if (window_start_ns_ == 0 || now < window_start_ns_) {
-    window_start_ns_ = now;
-    window_bytes_ = 0;
-    return;
-  }
-  window_bytes_ += bytes;
-  const uint64_t span = now - window_start_ns_;
-  if (span < window_ns) return;
-  const double sample = static_cast<double>(window_bytes_) / static_cast<double>(span);
-  delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
-  pacer_.set_rate(1.25 * delivery_rate_, kGroupBurstBytes);
-  window_start_ns_ = now;
-  window_bytes_ = 0;
+  if (delivery_.on_ack(bytes, now, window_ns, restart, idle_after))
+    pacer_.set_rate(1.25 * delivery_.rate(), kGroupBurstBytes);
 }
 
 uint64_t ConnGroup::bounded_tokens(uint64_t now) {

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "transport/delivery_rate.h"
 #include "transport/pacer.h"
 
 namespace optireduce {
@@ -28,7 +29,10 @@ class ConnGroup {
   // the group's path delivered together (a decaying maximum), and bounded packets of all of
   // them draw from one bucket at 1.25x that rate. Per-connection pacing alone overshoots
   // where a rank's connections share one link (measured in the tail lab: 45% delivered).
-  void add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns);
+  // restart / idle_after: the reporting connection had nothing in flight before / after these
+  // bytes (see DeliveryRate: no window spans idle time).
+  void add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns, bool restart,
+                     bool idle_after);
   // Bytes bounded packets may send now (UINT64_MAX while nothing was measured).
   uint64_t bounded_tokens(uint64_t now);
   void consume_bounded(uint64_t bytes);
@@ -38,9 +42,7 @@ class ConnGroup {
   std::vector<Conn*> conns_;
 
   std::mutex rate_mu_;  // leaf lock: taken under a connection's lock, takes nothing
-  double delivery_rate_ = 0;  // bytes per ns
-  uint64_t window_start_ns_ = 0;
-  uint64_t window_bytes_ = 0;
+  DeliveryRate delivery_;
   Pacer pacer_;
 };
 

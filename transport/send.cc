@@ -142,8 +142,8 @@ void SendConn::set_bounded_rate_locked() {
   double rate = 0;
   if (cfg_.rate_gbps > 0) {
     rate = cfg_.rate_gbps / 8.0;  // the operator knows the link: no measurement overrides it
-  } else if (delivery_rate_ > 0) {
-    rate = 1.25 * delivery_rate_;
+  } else if (delivery_.rate() > 0) {
+    rate = 1.25 * delivery_.rate();
   } else if (rtt_.has_sample()) {
     rate = 1.25 * static_cast<double>(cwnd_.ceiling()) / static_cast<double>(rtt_.srtt_ns());
   }
@@ -153,24 +153,14 @@ void SendConn::set_bounded_rate_locked() {
 }
 
 void SendConn::sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now) {
-  if (ConnGroup* g = conn_group(); g != nullptr)
-    g->add_delivered(newly_acked, now, std::max<uint64_t>(500'000, rtt_.srtt_ns()));
-  if (rate_window_start_ns_ == 0) {
-    rate_window_start_ns_ = now;
-    rate_window_bytes_ = 0;
-    return;
-  }
-  rate_window_bytes_ += newly_acked;
+  const bool restart = rate_restart_;
+  rate_restart_ = false;
+  const bool idle_after = inflight_ == 0 && retx_head_ == retx_.size();
   // Windows of at least one RTT (and 0.5 ms) average out ACK batching.
-  const uint64_t span = now - rate_window_start_ns_;
   const uint64_t min_span = std::max<uint64_t>(500'000, rtt_.srtt_ns());
-  if (span < min_span) return;
-  const double sample = static_cast<double>(rate_window_bytes_) / static_cast<double>(span);
-  // A decaying maximum: idle or application-limited windows (a sender with little to send)
-  // measure less than the path can carry and must not drag the estimate down at once.
-  delivery_rate_ = std::max(sample, 0.9 * delivery_rate_);
-  rate_window_start_ns_ = now;
-  rate_window_bytes_ = 0;
+  if (ConnGroup* g = conn_group(); g != nullptr)
+    g->add_delivered(newly_acked, now, min_span, restart, idle_after);
+  delivery_.on_ack(newly_acked, now, min_span, restart, idle_after);
 }
 
 void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -541,6 +531,8 @@ void SendConn::transmit_locked(uint64_t now) {
       if (pend[k].retx) {
         ++stats_.retx_pkts;
         m.resent.set(pend[k].pkt);
+      } else if (inflight_ == 0 && retx_head_ == retx_.size()) {
+        rate_restart_ = true;  // leaving idle (DeliveryRate: no window spans idle time)
       }
       inflight_ += len;
       m.sent_ns[pend[k].pkt] = now;

@@ -15,6 +15,7 @@
 
 #include <vector>
 
+#include "transport/delivery_rate.h"
 #include "transport/conn.h"
 #include "transport/pacer.h"
 #include "transport/rtt.h"
@@ -116,12 +117,11 @@ class SendConn final : public Conn, public SendComm {
   CongestionWindow cwnd_;
   Pacer pacer_;          // OPTIREDUCE_RATE_GBPS for every packet
   Pacer bounded_pacer_;  // bounded packets, which no window governs
-  // Delivery rate of exact traffic (bytes acknowledged per ns over windows of about one RTT),
-  // a decaying maximum: what the path actually carried, the pace for bounded packets.
-  double delivery_rate_ = 0;
+  // Delivery rate of exact traffic: what the path actually carried, the pace for bounded
+  // packets. rate_restart_: the connection just left idle (its next ACK starts a window).
+  DeliveryRate delivery_;
+  bool rate_restart_ = true;
   uint64_t acked_bytes_ = 0;  // every byte ever acknowledged (exact mode)
-  uint64_t rate_window_start_ns_ = 0;
-  uint64_t rate_window_bytes_ = 0;
   uint64_t inflight_ = 0;      // bytes sent at least once and not acknowledged (exact mode)
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
