@@ -77,6 +77,13 @@ TEST(ConnGroup, ABusyPeriodShorterThanTheWindowIsASample) {
   EXPECT_NEAR(refill_100us(g, 2'000'000), 1.25 * 1 * 100'000, 2.0);
 }
 
+TEST(ConnGroup, AnAckBatchIsNoSample) {
+  ConnGroup g;
+  // Four ACKs handled in one batch, 2 us apart: 1 MB "in 8 us" says nothing about the path.
+  busy(g, 1'000'000, 1'008'000, 1'000'000, 4, 500'000, true, true);
+  EXPECT_EQ(g.bounded_tokens(1'100'000), UINT64_MAX);
+}
+
 TEST(ConnGroup, FewAcksAreNoSampleAndNeverStretchOverIdleTime) {
   ConnGroup g;
   // Two ACKs say little (the first one's bytes are not counted): no sample, still unpaced...
