@@ -151,9 +151,9 @@ void BoundedGroup::finish_calibration_locked() {
     const uint32_t n = std::min<uint32_t>(whole ? k.nsamples : k.nall, kMaxSamples);
     if (n == 0) continue;
     std::sort(v.begin(), v.begin() + n);
-    // The calibration steps come from a few calls whose receives share one fate: one call that
-    // met a burst of congestion brings 2(N-1) slow samples, enough to become the P95 and set
-    // tB for the whole job. Samples beyond kOutlierFactor x the median are that congestion,
+    // The calibration steps come in calls whose 2(N-1) receives share one fate: a call that
+    // met a burst of congestion brings them all slow, enough to become the P95 and set tB for
+    // the whole job. Samples beyond kOutlierFactor x the median are that congestion,
     // not the path's own variation, and tB exists to cut them: the P95 is of the others.
     const uint64_t median = v[(n - 1) / 2];
     const auto kept = static_cast<uint32_t>(
