@@ -114,13 +114,18 @@ inline std::vector<bool> straggler_schedule(uint64_t seed, int iters, double pro
   return s;
 }
 
-// Nearest-rank percentile (q in [0, 1]) of an unsorted sample; NaN when empty.
+// Nearest-rank percentile (q in [0, 1]) of a sorted sample; NaN when empty.
+inline double percentile_sorted(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return NAN;
+  size_t k = size_t(std::ceil(q * double(sorted.size())));
+  k = std::clamp<size_t>(k, 1, sorted.size());
+  return sorted[k - 1];
+}
+
+// The same of an unsorted sample.
 inline double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return NAN;
   std::sort(v.begin(), v.end());
-  size_t k = size_t(std::ceil(q * double(v.size())));
-  k = std::clamp<size_t>(k, 1, v.size());
-  return v[k - 1];
+  return percentile_sorted(v, q);
 }
 
 // Per-iteration figures, already reduced over ranks (time: max; lost/expected: sums; deadline:
@@ -171,11 +176,12 @@ inline Row summarize(const std::string& env, const std::string& algo, int ranks,
     }
   }
   if (it.empty()) return r;
-  r.p50_ms = percentile(ms, 0.50);
-  r.p99_ms = percentile(ms, 0.99);
-  r.p999_ms = percentile(ms, 0.999);
+  std::sort(ms.begin(), ms.end());
+  r.p50_ms = percentile_sorted(ms, 0.50);
+  r.p99_ms = percentile_sorted(ms, 0.99);
+  r.p999_ms = percentile_sorted(ms, 0.999);
   r.mean_ms = sum / double(it.size());
-  r.max_ms = *std::max_element(ms.begin(), ms.end());
+  r.max_ms = ms.back();
   r.tail_ratio = r.p50_ms > 0 ? r.p99_ms / r.p50_ms : 0;
   r.algbw = r.p50_ms > 0 ? double(bytes) / (r.p50_ms * 1e-3) / 1e9 : 0;
   r.busbw = ranks > 0 ? r.algbw * 2.0 * double(ranks - 1) / double(ranks) : 0;

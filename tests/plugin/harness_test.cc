@@ -808,7 +808,9 @@ TEST_P(MiniProxy, SimpleProtocolPatternEveryByteChecked) {
 
 INSTANTIATE_TEST_SUITE_P(EveryVersion, MiniProxy, ::testing::ValuesIn(kAllVersions),
                          [](const ::testing::TestParamInfo<int>& p) {
-                           return "v" + std::to_string(p.param);
+                           std::string name = "v";
+                           name += std::to_string(p.param);
+                           return name;
                          });
 
 // ---- The same transfers under 5% loss, 1% duplication and 5% reordering: still byte-exact,
