@@ -1,6 +1,6 @@
-// Implements plugin/api.h: the reference-counted process state (engine, contexts, NCCL's
-// logger), the comm wrappers that give NCCL's opaque request pointers an owner, and the C query
-// API of plugin/optireduce_net.h.
+// Implements plugin/api.h: NCCL's entry points over the transport, and the comm wrappers that
+// give NCCL's opaque pointers an owner. The process state and its lifetime live in
+// process_state.cc, the counters and their C query API in stats.cc, the logger glue in logger.cc.
 #include "plugin/api.h"
 
 #include <strings.h>
@@ -8,10 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -19,7 +17,10 @@
 #include <string>
 #include <vector>
 
-#include "plugin/optireduce_net.h"
+#include "plugin/context.h"
+#include "plugin/logger.h"
+#include "plugin/process_state.h"
+#include "plugin/stats.h"
 #include "transport/bounded.h"
 #include "transport/log.h"
 #include "transport/params.h"
@@ -27,8 +28,6 @@
 
 namespace optireduce::plugin {
 namespace {
-
-using nccl::ncclDebugLogLevel;
 
 // The peer's ConnectionHandle travels in the first bytes of NCCL's 128-byte handle. connect()
 // keeps the engine's per-attempt state pointer in the last 8 bytes, which listen() zeroes and
@@ -42,246 +41,23 @@ static_assert(kMaxRequests == nccl::NCCL_NET_MAX_REQUESTS);
 constexpr int kMaxComms = 65536;
 
 // ---------------------------------------------------------------------------------------------
-// Logging: the transport's sink forwards every line to the logger NCCL handed to init.
-
-std::atomic<ncclDebugLogger_t> g_logger{nullptr};
-
-ncclDebugLogLevel to_nccl_level(LogLevel level) {
-  switch (level) {
-    case LogLevel::kWarn:
-      return nccl::NCCL_LOG_WARN;
-    case LogLevel::kInfo:
-      return nccl::NCCL_LOG_INFO;
-    case LogLevel::kTrace:
-      return nccl::NCCL_LOG_TRACE;
-    case LogLevel::kNone:
-      break;
-  }
-  return nccl::NCCL_LOG_NONE;
-}
-
-void nccl_sink(LogLevel level, const char* file, int line, const char* msg) {
-  ncclDebugLogger_t logger = g_logger.load(std::memory_order_acquire);
-  if (logger == nullptr) {
-    std::fprintf(stderr, "NET/OptiReduce %s\n", msg);
-    return;
-  }
-  logger(to_nccl_level(level), nccl::NCCL_NET, file, line, "NET/OptiReduce : %s", msg);
-}
-
-void install_logger(ncclDebugLogger_t logger) {
-  if (logger != nullptr) g_logger.store(logger, std::memory_order_release);
-  log_set_sink(nccl_sink);
-  // NCCL filters by NCCL_DEBUG itself; raising our level only when NCCL will print INFO keeps
-  // per-connection lines from being formatted for nothing otherwise.
-  const char* debug = std::getenv("NCCL_DEBUG");
-  if (debug != nullptr && (strcasecmp(debug, "INFO") == 0 || strcasecmp(debug, "TRACE") == 0) &&
-      !log_enabled(LogLevel::kInfo)) {
-    log_set_level(LogLevel::kInfo);
-  }
-}
-
-// A line for the INIT/ENV subsystems (what NCCL users filter on for set-up decisions).
-void log_init_info(const char* msg) {
-  ncclDebugLogger_t logger = g_logger.load(std::memory_order_acquire);
-  if (logger != nullptr) {
-    logger(nccl::NCCL_LOG_INFO, nccl::NCCL_INIT | nccl::NCCL_ENV, __FILE__, __LINE__,
-           "NET/OptiReduce : %s", msg);
-  } else {
-    OR_INFO("%s", msg);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Counters: ConnStats sums, kept field by field because the C API mirrors them.
-
-static_assert(sizeof(ConnStats) == 20 * 8 + 2 * 4,
-              "ConnStats changed: update add_stats() and struct optireduceNetCounters");
-
-void add_stats(ConnStats* into, const ConnStats& s, bool live) {
-  into->msgs += s.msgs;
-  into->bytes += s.bytes;
-  into->data_pkts += s.data_pkts;
-  into->ctrl_pkts += s.ctrl_pkts;
-  into->retx_pkts += s.retx_pkts;
-  into->rto_events += s.rto_events;
-  into->probes += s.probes;
-  into->cts_resent += s.cts_resent;
-  into->drop_malformed += s.drop_malformed;
-  into->drop_token += s.drop_token;
-  into->drop_stale += s.drop_stale;
-  into->drop_duplicate += s.drop_duplicate;
-  into->drop_bounds += s.drop_bounds;
-  into->drop_unexpected += s.drop_unexpected;
-  into->bytes_expected += s.bytes_expected;
-  into->bytes_lost += s.bytes_lost;
-  into->deadline_hits += s.deadline_hits;
-  into->early_timeouts += s.early_timeouts;
-  into->late_pkts += s.late_pkts;
-  into->expired_sends += s.expired_sends;
-  // The timeouts are current values, not counters: only live connections have one.
-  if (live) {
-    into->tb_us = std::max(into->tb_us, s.tb_us);
-    into->tc_us = std::max(into->tc_us, s.tc_us);
-  }
-}
-
-void to_c(const ConnStats& s, optireduceNetCounters* c) {
-  *c = optireduceNetCounters{};
-  c->msgs = s.msgs;
-  c->bytes = s.bytes;
-  c->dataPkts = s.data_pkts;
-  c->ctrlPkts = s.ctrl_pkts;
-  c->retxPkts = s.retx_pkts;
-  c->rtoEvents = s.rto_events;
-  c->ctsResent = s.cts_resent;
-  c->dropMalformed = s.drop_malformed;
-  c->dropToken = s.drop_token;
-  c->dropStale = s.drop_stale;
-  c->dropDuplicate = s.drop_duplicate;
-  c->dropBounds = s.drop_bounds;
-  c->dropUnexpected = s.drop_unexpected;
-  c->bytesExpected = s.bytes_expected;
-  c->bytesLost = s.bytes_lost;
-  c->deadlineHits = s.deadline_hits;
-  c->earlyTimeouts = s.early_timeouts;
-  c->latePkts = s.late_pkts;
-  c->expiredSends = s.expired_sends;
-  c->tbUs = s.tb_us;
-  c->tcUs = s.tc_us;
-  c->probes = s.probes;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Contexts, comms and requests.
-
-struct SendWrap;
-struct RecvWrap;
-
-// One per communicator (v11) or one for the whole process (v8..v10).
-struct Context {
-  uint64_t comm_id = 0;
-  bool bounded = false;
-  Fill fill = Fill::kZero;
-  std::shared_ptr<Engine> engine;
-  // Deadlines of this communicator's bounded connections (tB, tC, calibration) are shared:
-  // see docs/architecture.md, "Where deadlines come from". Outlives every comm (they hold ctx).
-  std::unique_ptr<BoundedGroup> group;
-  // Set when setNetAttr announced LL/LL128 on a bounded context: later connections go exact.
-  std::atomic<bool> exact_only{false};
-  std::atomic<uint32_t> proto_bits{0};
-
-  std::mutex mu;  // guards the four members below; taken after g_state.mu
-  std::vector<SendWrap*> live_send;
-  std::vector<RecvWrap*> live_recv;
-  ConnStats closed_send;
-  ConnStats closed_recv;
-};
-
-constexpr uint32_t kSendMagic = 0x53454E44;  // "SEND"
-constexpr uint32_t kRecvMagic = 0x52454356;  // "RECV"
-
-// What NCCL holds as a send or recv comm. The magic turns a foreign or closed pointer into an
-// error instead of a crash. NCCL's requests are the transport's own (they know their comm).
-struct CommBase {
-  CommBase(uint32_t m, std::shared_ptr<Context> c) : magic(m), ctx(std::move(c)) {}
-  virtual ~CommBase() = default;
-
-  uint32_t magic;
-  std::shared_ptr<Context> ctx;
-  // The first fatal error sticks: NCCL tears the communicator down after it anyway, and a
-  // half-failed connection must not report success later. Touched only by the comm's progress
-  // thread (isend/irecv).
-  ncclResult_t sticky = nccl::ncclSuccess;
-};
-
-struct SendWrap final : CommBase {
-  explicit SendWrap(std::shared_ptr<Context> c) : CommBase(kSendMagic, std::move(c)) {}
-  std::unique_ptr<SendComm> comm;
-};
-
-struct RecvWrap final : CommBase {
-  explicit RecvWrap(std::shared_ptr<Context> c) : CommBase(kRecvMagic, std::move(c)) {}
-  std::unique_ptr<RecvComm> comm;
-  bool sentinel_warned = false;
-};
-
-struct ListenWrap {
-  std::shared_ptr<Context> ctx;
-  std::unique_ptr<ListenComm> comm;
-  int dev = 0;
-};
-
-// Host memory needs no registration over UDP; the handle only records what NCCL asked for.
-struct MemHandle {
-  void* data;
-  size_t size;
-  int type;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Process state. A namespace-scope object: it lives exactly as long as the loaded library.
-
-struct ProcessState {
-  std::mutex mu;
-  std::vector<std::shared_ptr<Context>> contexts;  // initialised and not yet finalized (v11)
-  std::shared_ptr<Context> legacy;                 // v8..v10
-  std::weak_ptr<Engine> engine;                    // devices/getProperties get no context
-  ConnStats closed_send;                           // every comm closed in this process
-  ConnStats closed_recv;
-  // Stable storage for the strings getProperties hands out: NCCL may keep the pointers longer
-  // than one engine lives.
-  std::deque<std::string> interned;
-};
-ProcessState g_state;
-
-const char* intern(const std::string& s) {
-  std::lock_guard<std::mutex> lock(g_state.mu);
-  for (const std::string& k : g_state.interned) {
-    if (k == s) return k.c_str();
-  }
-  return g_state.interned.emplace_back(s).c_str();
-}
-
-std::shared_ptr<Context> find_context(void* ctx) {
-  std::lock_guard<std::mutex> lock(g_state.mu);
-  if (ctx == nullptr) return nullptr;
-  if (g_state.legacy.get() == ctx) return g_state.legacy;
-  for (const auto& c : g_state.contexts) {
-    if (c.get() == ctx) return c;
-  }
-  return nullptr;
-}
-
-std::shared_ptr<Engine> current_engine() {
-  std::lock_guard<std::mutex> lock(g_state.mu);
-  return g_state.engine.lock();
-}
-
-// A library unloaded without a finalize (always so for v8..v10, whose NCCL adapters have none)
-// must still stop the engine's thread before its code disappears. GCC runs destructor functions
-// before the library's C++ static destructors, so every static is still alive here. Comms that
-// NCCL never closed keep their context (and the engine) alive: leaked, but never freed under a
-// running thread.
-__attribute__((destructor)) void release_at_unload() {
-  std::shared_ptr<Context> legacy;
-  std::vector<std::shared_ptr<Context>> contexts;
-  {
-    std::lock_guard<std::mutex> lock(g_state.mu);
-    legacy.swap(g_state.legacy);
-    contexts.swap(g_state.contexts);
-  }
-  legacy.reset();
-  contexts.clear();
-  log_set_sink(nullptr);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Helpers shared by the entry points.
 
-// Every entry point runs inside this: nothing may unwind through NCCL's C frames.
+// A call that came after exit() began (NCCL's proxy thread may still be running) or, in
+// principle, during the unload. Warned about once: a proxy loop would repeat it for every comm.
+ncclResult_t refused(const char* what) {
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true)) {
+    OR_WARN("%s called while the process exits: refused (as is every later call)", what);
+  }
+  return nccl::ncclInternalError;
+}
+
+// Every entry point runs inside this: nothing may unwind through NCCL's C frames, and nothing
+// starts once the plugin's phase left kAlive (see process_state.h).
 template <typename F>
 ncclResult_t guarded(const char* what, F&& body) noexcept {
+  if (!alive()) return refused(what);
   try {
     return body();
   } catch (const std::bad_alloc&) {
@@ -339,7 +115,9 @@ void keep_simple_protocol() {
   }
 }
 
-ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<Context>* out) {
+// Makes a context and records its engine in the process state, which `*state` then points to.
+ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<Context>* out,
+                          ProcessState** state) {
   std::string error;
   if (Status s = global_config_status(&error); !s) {
     OR_WARN("invalid configuration: %s", error.c_str());
@@ -363,9 +141,11 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<C
   c->engine = engine;
   c->group = std::make_unique<BoundedGroup>(cfg);
   c->group->set_label(comm_id);
+  *state = state_for_new_context();
+  if (*state == nullptr) return refused("init");
   {
-    std::lock_guard<std::mutex> lock(g_state.mu);
-    g_state.engine = engine;
+    std::lock_guard<std::mutex> lock((*state)->mu);
+    (*state)->engine = engine;
   }
   if (c->bounded) keep_simple_protocol();
   OR_INFO("context %p comm 0x%016" PRIx64 ": %s delivery%s", static_cast<void*>(c.get()), comm_id,
@@ -379,14 +159,16 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<C
 template <typename Wrap>
 void retire(Wrap* w, std::vector<Wrap*> Context::*live, ConnStats Context::*ctx_closed,
             ConnStats ProcessState::*proc_closed) {
-  std::lock_guard<std::mutex> lock(g_state.mu);
+  // A comm exists only under a context, and a context only once the state does.
+  ProcessState& state = *process_state();
+  std::lock_guard<std::mutex> lock(state.mu);
   Context& c = *w->ctx;
   std::lock_guard<std::mutex> lock_ctx(c.mu);
   auto& v = c.*live;
   v.erase(std::remove(v.begin(), v.end(), w), v.end());
   const ConnStats s = w->comm->stats();
   add_stats(&(c.*ctx_closed), s, false);
-  add_stats(&(g_state.*proc_closed), s, false);
+  add_stats(&(state.*proc_closed), s, false);
   OR_INFO("close %s comm %p (%s): msgs %" PRIu64 " bytes %" PRIu64 " data %" PRIu64 " retx %" PRIu64
           " rto %" PRIu64
           " drops malformed/token/stale/dup/bounds/unexpected "
@@ -427,9 +209,10 @@ ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* c
     *ctx = nullptr;
     std::shared_ptr<Context> c;
     const int tc = config != nullptr ? config->trafficClass : nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF;
-    if (ncclResult_t r = make_context(comm_id, tc, &c); r != nccl::ncclSuccess) return r;
-    std::lock_guard<std::mutex> lock(g_state.mu);
-    g_state.contexts.push_back(c);
+    ProcessState* state = nullptr;
+    if (ncclResult_t r = make_context(comm_id, tc, &c, &state); r != nccl::ncclSuccess) return r;
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->contexts.push_back(c);
     *ctx = c.get();
     return nccl::ncclSuccess;
   });
@@ -439,15 +222,17 @@ ncclResult_t finalize(void* ctx) noexcept {
   return guarded("finalize", [&] {
     // NCCL finalizes even after a failed init, whose ctx we left NULL.
     if (ctx == nullptr) return nccl::ncclSuccess;
+    ProcessState* state = process_state();
+    if (state == nullptr) return misuse("finalize: unknown context");
     std::shared_ptr<Context> c;
     {
-      std::lock_guard<std::mutex> lock(g_state.mu);
-      if (g_state.legacy.get() == ctx) return nccl::ncclSuccess;  // released at unload
-      auto it = std::find_if(g_state.contexts.begin(), g_state.contexts.end(),
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->legacy.get() == ctx) return nccl::ncclSuccess;  // released at unload
+      auto it = std::find_if(state->contexts.begin(), state->contexts.end(),
                              [&](const auto& p) { return p.get() == ctx; });
-      if (it == g_state.contexts.end()) return misuse("finalize: unknown context");
+      if (it == state->contexts.end()) return misuse("finalize: unknown context");
       c = std::move(*it);
-      g_state.contexts.erase(it);
+      state->contexts.erase(it);
     }
     // Dropping the last reference outside the lock: the engine's destructor joins its thread.
     c.reset();
@@ -458,24 +243,28 @@ ncclResult_t finalize(void* ctx) noexcept {
 ncclResult_t init_legacy(ncclDebugLogger_t logger) noexcept {
   return guarded("init", [&] {
     install_logger(logger);
-    {
-      std::lock_guard<std::mutex> lock(g_state.mu);
-      if (g_state.legacy != nullptr) return nccl::ncclSuccess;
+    if (ProcessState* state = process_state(); state != nullptr) {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->legacy != nullptr) return nccl::ncclSuccess;
     }
     std::shared_ptr<Context> c;
-    if (ncclResult_t r = make_context(0, nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF, &c);
+    ProcessState* state = nullptr;
+    if (ncclResult_t r = make_context(0, nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF, &c, &state);
         r != nccl::ncclSuccess) {
       return r;
     }
-    std::lock_guard<std::mutex> lock(g_state.mu);
-    if (g_state.legacy == nullptr) g_state.legacy = std::move(c);
+    std::lock_guard<std::mutex> lock(state->mu);
+    if (state->legacy == nullptr) state->legacy = std::move(c);
     return nccl::ncclSuccess;
   });
 }
 
 void* legacy_context() noexcept {
-  std::lock_guard<std::mutex> lock(g_state.mu);
-  return g_state.legacy.get();
+  // Null once the process exits: the v8..v10 entry point that asked then refuses the call.
+  ProcessState* state = alive() ? process_state() : nullptr;
+  if (state == nullptr) return nullptr;
+  std::lock_guard<std::mutex> lock(state->mu);
+  return state->legacy.get();
 }
 
 ncclResult_t devices(int* ndev) noexcept {
@@ -641,8 +430,10 @@ ncclResult_t reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64
 }
 
 ncclResult_t dereg_mr(void* /*comm*/, void* mhandle) noexcept {
-  delete static_cast<MemHandle*>(mhandle);
-  return nccl::ncclSuccess;
+  return guarded("deregMr", [&] {
+    delete static_cast<MemHandle*>(mhandle);
+    return nccl::ncclSuccess;
+  });
 }
 
 ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* /*mhandle*/,
@@ -697,10 +488,12 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
 
 ncclResult_t iflush(void* /*recv_comm*/, int /*n*/, void** /*data*/, int* /*sizes*/,
                     void** /*mhandles*/, void** request) noexcept {
-  // Host memory is final once the receive completed: nothing to flush, no request to test.
-  if (request == nullptr) return nccl::ncclInternalError;
-  *request = nullptr;
-  return nccl::ncclSuccess;
+  return guarded("iflush", [&] {
+    // Host memory is final once the receive completed: nothing to flush, no request to test.
+    if (request == nullptr) return nccl::ncclInternalError;
+    *request = nullptr;
+    return nccl::ncclSuccess;
+  });
 }
 
 ncclResult_t test(void* request, int* done, int* sizes) noexcept {
@@ -770,76 +563,3 @@ ncclResult_t set_net_attr(void* ctx, ncclNetAttr_v11_t* attr) noexcept {
 }
 
 }  // namespace optireduce::plugin
-
-// ---------------------------------------------------------------------------------------------
-// The C query API (plugin/optireduce_net.h). Exported with default visibility for dlsym.
-
-namespace optireduce::plugin {
-namespace {
-
-int collect_stats(uint64_t comm_id, optireduceNetStats* out) {
-  ConnStats comm_send, comm_recv;
-  ConnStats proc_send, proc_recv;
-  bool found = false;
-  bool bounded = false;
-  uint32_t live_send = 0;
-  uint32_t live_recv = 0;
-  {
-    std::lock_guard<std::mutex> lock(g_state.mu);
-    proc_send = g_state.closed_send;
-    proc_recv = g_state.closed_recv;
-    std::vector<Context*> all;
-    for (const auto& c : g_state.contexts) all.push_back(c.get());
-    if (g_state.legacy != nullptr) all.push_back(g_state.legacy.get());
-    for (Context* c : all) {
-      std::lock_guard<std::mutex> lock_ctx(c->mu);
-      const bool match = c->comm_id == comm_id;
-      if (match) {
-        found = true;
-        bounded = bounded || c->bounded;
-        add_stats(&comm_send, c->closed_send, false);
-        add_stats(&comm_recv, c->closed_recv, false);
-        live_send += static_cast<uint32_t>(c->live_send.size());
-        live_recv += static_cast<uint32_t>(c->live_recv.size());
-      }
-      for (SendWrap* w : c->live_send) {
-        const ConnStats s = w->comm->stats();
-        add_stats(&proc_send, s, true);
-        if (match) add_stats(&comm_send, s, true);
-      }
-      for (RecvWrap* w : c->live_recv) {
-        const ConnStats s = w->comm->stats();
-        add_stats(&proc_recv, s, true);
-        if (match) add_stats(&comm_recv, s, true);
-      }
-    }
-  }
-  *out = optireduceNetStats{};
-  out->version = OPTIREDUCE_NET_STATS_VERSION;
-  out->bounded = bounded ? 1 : 0;
-  out->commId = comm_id;
-  out->liveSendComms = live_send;
-  out->liveRecvComms = live_recv;
-  to_c(comm_send, &out->send);
-  to_c(comm_recv, &out->recv);
-  to_c(proc_send, &out->processSend);
-  to_c(proc_recv, &out->processRecv);
-  return found ? 0 : 1;
-}
-
-}  // namespace
-}  // namespace optireduce::plugin
-
-extern "C" __attribute__((visibility("default"))) int optireduceNetStatsVersion(void) {
-  return OPTIREDUCE_NET_STATS_VERSION;
-}
-
-extern "C" __attribute__((visibility("default"))) int optireduceNetGetStats(
-    uint64_t commId, struct optireduceNetStats* out) {
-  if (out == nullptr) return -1;
-  try {
-    return optireduce::plugin::collect_stats(commId, out);
-  } catch (...) {
-    return -1;
-  }
-}

@@ -4,6 +4,7 @@
 #include <sys/random.h>
 
 #include <chrono>
+#include <cstdlib>
 
 #include "transport/fault.h"
 #include "transport/log.h"
@@ -13,6 +14,10 @@ namespace optireduce {
 namespace {
 std::mutex g_engine_mu;
 std::weak_ptr<EngineImpl> g_engine;
+bool g_quiesced = false;         // guarded by g_engine_mu; see quiesce_engine()
+bool g_exit_hook_armed = false;  // guarded by g_engine_mu
+
+void arm_quiesce_at_exit_locked();
 }  // namespace
 
 uint64_t random_token() {
@@ -28,6 +33,11 @@ uint64_t random_token() {
 
 Status Engine::acquire(std::shared_ptr<Engine>* out, const Clock* clock, DeviceOpener opener) {
   std::lock_guard<std::mutex> lock(g_engine_mu);
+  if (g_quiesced) {
+    // A thread started now would outlive quiesce_engine() and run on into destroyed statics.
+    OR_WARN("the transport was stopped for the end of the process: no new engine");
+    return Status(Errc::kInvalidUsage);
+  }
   if (auto e = g_engine.lock()) {
     *out = e;
     return Status::ok();
@@ -48,6 +58,7 @@ Status Engine::acquire(std::shared_ptr<Engine>* out, const Clock* clock, DeviceO
   }
   auto e = std::make_shared<EngineImpl>(cfg, clock ? *clock : SteadyClock::instance(),
                                         std::move(devices));
+  arm_quiesce_at_exit_locked();
   g_engine = e;
   *out = e;
   return Status::ok();
@@ -61,12 +72,17 @@ EngineImpl::EngineImpl(const Config& cfg, const Clock& clock,
 }
 
 EngineImpl::~EngineImpl() {
+  stop_progress();
+}
+
+void EngineImpl::stop_progress() {
   {
     std::lock_guard<std::mutex> lock(thread_mu_);
     stop_ = true;
   }
   thread_cv_.notify_all();
-  thread_.join();
+  std::lock_guard<std::mutex> lock(join_mu_);
+  if (thread_.joinable()) thread_.join();
 }
 
 EndpointOptions EngineImpl::endpoint_options() const {
@@ -89,8 +105,15 @@ Status EngineImpl::open_endpoint(int dev, std::unique_ptr<Endpoint>* out) {
   return st;
 }
 
-uint32_t EngineImpl::window_bytes() const {
-  return static_cast<uint32_t>(cfg_.socket_buffer_bytes / 2);
+uint32_t EngineImpl::window_bytes(const Endpoint& ep, uint32_t pkt_payload) {
+  // The endpoint counts whole datagrams of its largest size; each carries at most pkt_payload
+  // bytes of window (fewer when the peer's datagrams are smaller, and a verbs slot holds one
+  // datagram whatever its size). At least one packet: a sender always keeps one in flight.
+  const uint64_t datagram = ep.max_datagram_bytes() > 0 ? ep.max_datagram_bytes() : 1;
+  uint64_t packets = ep.receive_buffer_bytes() / datagram;
+  if (packets == 0) packets = 1;
+  const uint64_t window = packets * pkt_payload;
+  return window < UINT32_MAX ? static_cast<uint32_t>(window) : UINT32_MAX;
 }
 
 Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out,
@@ -156,5 +179,46 @@ void EngineImpl::progress_loop() {
     lock.lock();
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The end of the process (issue 10). A program may return from main, or call exit() on any
+// thread, with comms still open (liboptireduce's communicators, NCCL's). The progress thread
+// would then run on while exit() destroys the statics it reads (SteadyClock::instance(): a call
+// through the destroyed clock aborted with "pure virtual method called"), so an atexit handler
+// stops it first. Nothing is freed at exit: other threads may still be inside the transport,
+// and the OS takes the memory back.
+
+void quiesce_engine() {
+  std::shared_ptr<EngineImpl> e;
+  {
+    std::lock_guard<std::mutex> lock(g_engine_mu);
+    g_quiesced = true;
+    e = g_engine.lock();
+  }
+  // Joined outside g_engine_mu: a join lasts up to a progress round, acquire() must not wait.
+  if (e != nullptr) e->stop_progress();
+}
+
+namespace {
+
+void quiesce_at_exit() {
+  quiesce_engine();
+}
+
+// Handlers run in the reverse order of registration, at exit() and, for those registered from a
+// shared library, when it is unloaded too (atexit from a DSO registers with the DSO's handle).
+// Armed after the first engine is built: SteadyClock::instance() and every static the device
+// discovery created exist by then, so they are destroyed after the thread has stopped.
+void arm_quiesce_at_exit_locked() {
+  if (g_exit_hook_armed) return;
+  (void)SteadyClock::instance();  // built before arming, whichever clock this engine uses
+  if (std::atexit(quiesce_at_exit) != 0) {
+    OR_WARN("atexit failed: the progress thread may run on while the process exits");
+    return;
+  }
+  g_exit_hook_armed = true;
+}
+
+}  // namespace
 
 }  // namespace optireduce

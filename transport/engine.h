@@ -16,7 +16,12 @@ namespace optireduce {
 class EngineImpl final : public Engine {
  public:
   EngineImpl(const Config& cfg, const Clock& clock, std::vector<std::unique_ptr<Device>> devices);
-  ~EngineImpl() override;
+  ~EngineImpl() override;  // stop_progress(), then the members
+
+  // Stops and joins the progress thread for good (issue 10: the end of the process, the unload
+  // of the library that embeds the transport). Idempotent and callable from any thread but the
+  // progress thread; comms stay valid memory, but nothing progresses them in the background.
+  void stop_progress();
 
   int device_count() const override { return static_cast<int>(devices_.size()); }
   const DeviceInfo& device(int dev) const override { return devices_[dev]->info(); }
@@ -31,9 +36,10 @@ class EngineImpl final : public Engine {
   EndpointOptions endpoint_options() const;
   // Opens an endpoint on `dev`, behind the fault injector when OPTIREDUCE_FAULT_* asks.
   Status open_endpoint(int dev, std::unique_ptr<Endpoint>* out);
-  // Bytes of receive buffering this side promises a sender (half the socket buffer: the
-  // kernel charges per-datagram overhead against the same budget).
-  uint32_t window_bytes() const;
+  // The receive window a HELLO or HELLO_ACK advertises for `ep`: the buffering the endpoint
+  // really has (Endpoint::receive_buffer_bytes, the kernel's grant rather than the size asked),
+  // as payload bytes of the connection's `pkt_payload`-byte packets.
+  static uint32_t window_bytes(const Endpoint& ep, uint32_t pkt_payload);
 
  private:
   void progress_loop();
@@ -51,6 +57,7 @@ class EngineImpl final : public Engine {
   std::condition_variable thread_cv_;
   bool stop_ = false;
   std::thread thread_;
+  std::mutex join_mu_;  // a second stop_progress() waits for the first one's join
 };
 
 uint64_t random_token();

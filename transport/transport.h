@@ -130,4 +130,10 @@ class Engine {
                          void** state, std::unique_ptr<SendComm>* out) = 0;
 };
 
+// Stops and joins the live engine's progress thread, if any, for good, and makes every later
+// Engine::acquire fail (issue 10). Runs by itself at exit (acquire arms it with atexit); a
+// library that embeds the transport calls it when it is unloaded with comms still open, so that
+// no thread runs on in unmapped code. Frees nothing: open comms stay valid memory.
+void quiesce_engine();
+
 }  // namespace optireduce
