@@ -3,7 +3,9 @@
 #include "transport/conn.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "transport/log.h"
 
@@ -15,7 +17,8 @@ uint32_t payload_for_datagram(uint32_t max_datagram_bytes) {
 
 Conn::Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
            std::shared_ptr<Registry> registry)
-    : cfg_(cfg), clock_(clock), ep_(std::move(ep)), params_(p), registry_(std::move(registry)) {}
+    : cfg_(cfg), clock_(clock), ep_(std::move(ep)), params_(p), registry_(std::move(registry)),
+      liveness_(static_cast<uint64_t>(cfg.peer_timeout_ms) * 1'000'000) {}
 
 Conn::~Conn() { deactivate(); }
 
@@ -42,8 +45,60 @@ void Conn::progress_locked(uint64_t now) {
   last_progress_ns_.store(now, std::memory_order_relaxed);
   if (!fatal_.is_ok()) return;
   drain_rx_locked(now);
+  check_liveness_locked(now);
+  if (!fatal_.is_ok()) return;
   on_timers_locked(now);
   transmit_locked(now);
+}
+
+void Conn::check_liveness_locked(uint64_t now) {
+  const uint64_t unreachable = ep_->counters().peer_unreachable;
+  liveness_.on_unreachable(unreachable - unreachable_seen_);
+  unreachable_seen_ = unreachable;
+  switch (liveness_.poll(now, waiting_on_peer_locked())) {
+    case PeerLiveness::Verdict::kAlive:
+      return;
+    case PeerLiveness::Verdict::kPing: {
+      PacketHeader h;
+      h.type = PacketType::kPing;
+      send_ctrl_locked(h);
+      liveness_.on_ping_sent(now);
+      return;
+    }
+    case PeerLiveness::Verdict::kDead:
+      break;
+  }
+  char why[160];
+  if (liveness_.why() == PeerLiveness::Why::kUnreachable) {
+    std::snprintf(why, sizeof(why), "its host reported its port closed %llu times (ICMP)",
+                  static_cast<unsigned long long>(liveness_.unreachable_reports()));
+  } else {
+    std::snprintf(why, sizeof(why),
+                  "no answer to %u keepalives for OPTIREDUCE_PEER_TIMEOUT_MS=%lld ms",
+                  liveness_.unanswered_pings(), static_cast<long long>(cfg_.peer_timeout_ms));
+  }
+  peer_gone_locked(why);
+}
+
+void Conn::peer_gone_locked(const char* why) {
+  if (!fatal_.is_ok()) return;
+  fatal_ = Status(Errc::kRemote);
+  const std::string peer = ep_->peer_text();
+  OR_WARN("connection %016llx to %s: the peer is gone: %s; its pending and later requests fail "
+          "(ncclRemoteError)",
+          static_cast<unsigned long long>(params_.token), peer.empty() ? "?" : peer.c_str(), why);
+}
+
+Status Conn::check_peer_locked() {
+  if (peer_closed_) peer_gone_locked("it closed the connection");
+  return fatal_;
+}
+
+void Conn::say_close_locked() {
+  if (!fatal_.is_ok() || peer_closed_) return;
+  PacketHeader h;
+  h.type = PacketType::kClose;
+  send_ctrl_locked(h);
 }
 
 Status Conn::test_request(Request* req, bool* done, size_t* size) {
@@ -90,7 +145,25 @@ void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t no
     ++stats_.drop_token;
     return;
   }
-  on_packet_locked(h, data + kHeaderBytes, now);
+  liveness_.on_heard(now);
+  switch (h.type) {
+    case PacketType::kPing: {
+      PacketHeader pong;
+      pong.type = PacketType::kPong;
+      send_ctrl_locked(pong);
+      return;
+    }
+    case PacketType::kPong:
+      return;  // being heard was the point
+    case PacketType::kClose:
+      if (!peer_closed_) {
+        peer_closed_ = true;
+        on_peer_closed_locked(now);
+      }
+      return;
+    default:
+      on_packet_locked(h, data + kHeaderBytes, now);
+  }
 }
 
 void Conn::poll() {

@@ -1,6 +1,7 @@
 // What both ends of a connection share: the lock, the endpoint, the negotiated parameters,
-// the counters, the receive loop that validates and dispatches datagrams, and the transmit
-// batch. SendConn (send.h) and RecvConn (recv.h) add their side's state machine.
+// the counters, the receive loop that validates and dispatches datagrams, the transmit batch,
+// and the peer's liveness (PING/PONG, CLOSE, ICMP reports: see liveness.h). SendConn (send.h)
+// and RecvConn (recv.h) add their side's state machine.
 //
 // Locking: every member below mu_ is guarded by mu_. The owning NCCL thread takes it in each
 // call; the engine's progress thread takes it with try_lock only, so it never makes NCCL wait.
@@ -14,6 +15,7 @@
 #include "transport/clock.h"
 #include "transport/datapath.h"
 #include "transport/group.h"
+#include "transport/liveness.h"
 #include "transport/params.h"
 #include "transport/stats.h"
 #include "transport/status.h"
@@ -83,6 +85,11 @@ class Conn {
 
   // Side-specific hooks, all called with mu_ held.
   virtual void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) = 0;
+  // A posted request waits for something only the peer can send (a CTS, an ACK, DATA).
+  virtual bool waiting_on_peer_locked() const = 0;
+  // The peer said CLOSE: end what waits on it (bounded requests as expired, exact ones with
+  // peer_gone_locked()); later requests fail through check_peer_locked().
+  virtual void on_peer_closed_locked(uint64_t now) = 0;
   virtual void after_rx_burst_locked(uint64_t now) = 0;
   virtual void on_timers_locked(uint64_t now) = 0;
   virtual void transmit_locked(uint64_t now) = 0;
@@ -103,6 +110,13 @@ class Conn {
   int flush_locked();
 
   void fail_locked(Status s, const char* why);
+  // The peer is gone (CLOSE, silence, ICMP): the connection fails with Errc::kRemote, which
+  // NCCL sees as ncclRemoteError, and one warning names the peer and the reason.
+  void peer_gone_locked(const char* why);
+  // For isend/irecv: the error a new request gets once the peer closed, else ok.
+  Status check_peer_locked();
+  // Tells the peer this end is going away (each side's destructor, after deactivate()).
+  void say_close_locked();
   ConnGroup* conn_group() const { return group_; }
 
   mutable std::mutex mu_;
@@ -112,14 +126,18 @@ class Conn {
   const ConnParams params_;
   ConnStats stats_;
   Status fatal_;  // sticky: the first fatal error fails every later call
+  bool peer_closed_ = false;  // the peer said CLOSE
   uint32_t timeout_hint_us_ = 0;  // tC piggybacked on outgoing packets (bounded mode)
 
  private:
   void drain_rx_locked(uint64_t now);
   void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
+  void check_liveness_locked(uint64_t now);
 
   std::shared_ptr<Registry> registry_;
   ConnGroup* group_ = nullptr;
+  PeerLiveness liveness_;
+  uint64_t unreachable_seen_ = 0;  // the endpoint's peer_unreachable already counted
   std::atomic<uint64_t> last_progress_ns_{0};
   TxPacket batch_[kBatch];
   uint8_t batch_hdr_[kBatch][kHeaderBytes];

@@ -63,6 +63,9 @@ struct DatapathCounters {
   uint64_t rx_syscalls = 0;
   uint64_t rx_truncated = 0;  // datagrams larger than the receive slot: dropped
   uint64_t rx_errors = 0;     // error completions / error queue entries
+  // The network said the peer's address has no listener (ICMP port or host unreachable): the
+  // peer process is gone. The protocol counts these towards declaring it dead (liveness.h).
+  uint64_t peer_unreachable = 0;
 };
 
 // A local end of a datagram exchange with one peer. Not thread-safe: the owning connection
@@ -89,6 +92,19 @@ class Endpoint {
   virtual uint32_t max_datagram_bytes() const = 0;
 
   virtual const DatapathCounters& counters() const = 0;
+
+  // The receive buffering this endpoint really has, in datagram bytes (headers included): how
+  // many bytes of max_datagram_bytes()-long datagrams may arrive between two rx_burst calls
+  // without one being dropped for want of room. It is net of the datapath's own cost of holding
+  // a datagram (the kernel's per-datagram charge on a socket) and of the datagrams the caller
+  // may still be reading from the last rx_burst (at most 32, the transport's burst), and it
+  // reflects what the system granted, not what EndpointOptions asked for. The protocol derives
+  // the receive window it advertises from it, so it must never overstate. Fixed once open.
+  virtual uint64_t receive_buffer_bytes() const = 0;
+
+  // The peer as a person reads it ("10.0.0.7:41234", "gid ...:qpn 0x1a2"), for the log line
+  // that reports it dead; empty before set_peer or where the datapath cannot say.
+  virtual std::string peer_text() const { return {}; }
 };
 
 // What the plugin reports to NCCL about one device.

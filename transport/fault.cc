@@ -122,6 +122,9 @@ class FaultyEndpoint final : public Endpoint {
   Status set_peer(const PeerAddress& peer) override { return inner_->set_peer(peer); }
   uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
   const DatapathCounters& counters() const override { return inner_->counters(); }
+  // Faults (delays, reordering) are applied on transmit only: receiving is the inner endpoint's.
+  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
+  std::string peer_text() const override { return inner_->peer_text(); }
   const FaultCounters& fault_counters() const { return counters_; }
 
   int tx_burst(const TxPacket* pkts, int n) override;

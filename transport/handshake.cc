@@ -40,7 +40,10 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     const Config& cfg = engine_->config();
     HelloBody mine;
     mine.max_datagram_bytes = ep_->max_datagram_bytes();
-    mine.window_bytes = engine_->window_bytes();
+    const uint32_t pkt_payload =
+        payload_for_datagram(std::min(mine.max_datagram_bytes, peer.max_datagram_bytes));
+    // What this endpoint can hold: the window the sender keeps to (never the size asked for).
+    mine.window_bytes = EngineImpl::window_bytes(*ep_, pkt_payload);
     mine.features = peer.features;
     uint8_t body[kHelloBodyBytes];
     encode_hello(mine, body);
@@ -54,8 +57,7 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     if (ep_->tx_burst(&p, 1) < 0) return Status(Errc::kSystem);
     ConnParams params;
     params.token = token_;
-    params.pkt_payload =
-        payload_for_datagram(std::min(mine.max_datagram_bytes, peer.max_datagram_bytes));
+    params.pkt_payload = pkt_payload;
     params.peer_window = peer.window_bytes;
     params.delivery = (peer.features & kFeatureBounded) ? Delivery::kBounded : Delivery::kExact;
     params.fill = (peer.features & kFeatureMarkerFill) ? Fill::kMarker : Fill::kZero;
@@ -114,7 +116,10 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
   if (now >= next_hello_ns_) {
     HelloBody mine;
     mine.max_datagram_bytes = ep_->max_datagram_bytes();
-    mine.window_bytes = engine->window_bytes();
+    // The peer's datagram size is unknown until it answers, so packets of our largest size;
+    // only control packets travel this way (the receiver sends no data).
+    mine.window_bytes =
+        EngineImpl::window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
     mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
                     (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0);
     uint8_t body[kHelloBodyBytes];

@@ -59,6 +59,8 @@ const ParamSpec kParams[] = {
    "Pacing rate per connection in Gbit/s: a ceiling for exact packets, the rate of bounded ones. 0: exact traffic follows its congestion window, bounded traffic 1.25x the delivery rate the communicator's exact traffic measured, shared by its connections. On a known link, set it to the link's share per peer."},
   {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
    "Period of the background progress thread that serves timers and idle connections, in microseconds."},
+  {"OPTIREDUCE_PEER_TIMEOUT_MS", &Config::peer_timeout_ms, 100, 3'600'000, nullptr,
+   "A peer that answers no keepalive for this long while a request waits on it, or whose host reports its port closed three times, is dead: every pending and later request on its connections fails with ncclRemoteError (bounded ones too). At least 4 x OPTIREDUCE_RTO_MAX_US."},
   {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",
    "`bounded` makes every connection of every communicator bounded (the only way on ABI v8/v9)."},
   {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", &Config::bounded_traffic_class, 0, 2147483647, nullptr,
@@ -228,6 +230,15 @@ Status parse_config(Config* out, std::string* error, std::vector<std::string>* w
   }
   if (c.rto_min_us > c.rto_max_us) {
     if (error) *error = "invalid OPTIREDUCE_RTO_MIN_US: larger than OPTIREDUCE_RTO_MAX_US";
+    return Status(Errc::kInvalidUsage);
+  }
+  // Below a few retransmission timeouts, a peer behind a congested path would be condemned
+  // while the protocol is still legitimately backing off.
+  if (c.peer_timeout_ms * 1000 < 4 * c.rto_max_us) {
+    if (error)
+      *error = "invalid OPTIREDUCE_PEER_TIMEOUT_MS=" + std::to_string(c.peer_timeout_ms) +
+               ": must be at least 4 x OPTIREDUCE_RTO_MAX_US (" +
+               std::to_string(4 * c.rto_max_us / 1000) + " ms)";
     return Status(Errc::kInvalidUsage);
   }
   if (c.hadamard_block & (c.hadamard_block - 1)) {

@@ -31,7 +31,11 @@ RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoi
   for (auto& m : msgs_) m.req.conn = this;
 }
 
-RecvConn::~RecvConn() { deactivate(); }
+RecvConn::~RecvConn() {
+  deactivate();
+  std::lock_guard<std::mutex> lock(mu_);
+  say_close_locked();
+}
 
 Delivery RecvConn::delivery() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -57,7 +61,7 @@ void RecvConn::set_hello_ack(const uint8_t* body) {
 Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
   *req = nullptr;
-  if (!fatal_.is_ok()) return fatal_;
+  if (Status st = check_peer_locked(); !st) return st;
   if (data == nullptr && capacity != 0) return Status(Errc::kInternal);
   const uint64_t now = clock_.now_ns();
   if (next_seq_ - oldest_ >= static_cast<uint32_t>(kMaxRequests)) {
@@ -156,12 +160,33 @@ void RecvConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
         send_ctrl_locked(a, hello_ack_, kHelloBodyBytes);
       }
       break;
-    case PacketType::kClose:
-      break;
     default:
       ++stats_.drop_unexpected;
       break;
   }
+}
+
+bool RecvConn::waiting_on_peer_locked() const {
+  for (uint32_t s = floor_; s != next_seq_; ++s) {
+    if (msgs_[s % kMaxRequests].state == State::kPosted) return true;
+  }
+  return false;
+}
+
+// The sender left: nothing more will arrive. A receive that may end without all its data
+// (bounded, or calibrating on a bounded connection) ends now as if the sender had expired it,
+// holes filled and counted; one that may not (exact) is an error.
+void RecvConn::on_peer_closed_locked(uint64_t now) {
+  for (uint32_t s = floor_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kPosted) continue;
+    if (!expiry_allowed_locked(m)) {
+      peer_gone_locked("it closed the connection while a receive was pending");
+      return;
+    }
+    complete_locked(m, End::kExpired, now);
+  }
+  advance_floor_locked(now);
 }
 
 void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -387,9 +412,9 @@ Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
   *done = false;
   const uint32_t s = req->seq;
   if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
-  if (!fatal_.is_ok()) return fatal_;
   Msg& m = slot(s);
-  if (m.state != State::kComplete) return Status::ok();
+  // A receive that completed before the connection failed is still reported as complete.
+  if (m.state != State::kComplete) return fatal_;
   *done = true;
   if (size) *size = m.size;
   m.state = State::kFree;

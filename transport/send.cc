@@ -37,13 +37,8 @@ SendConn::SendConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoi
 
 SendConn::~SendConn() {
   deactivate();
-  // Advisory: lets the receiver stop serving us. Harmless if lost.
   std::lock_guard<std::mutex> lock(mu_);
-  if (fatal_.is_ok()) {
-    PacketHeader h;
-    h.type = PacketType::kClose;
-    send_ctrl_locked(h);
-  }
+  say_close_locked();
 }
 
 Delivery SendConn::delivery() const {
@@ -79,7 +74,7 @@ uint32_t SendConn::pkt_len(const Msg& m, uint32_t i) const {
 Status SendConn::isend(const void* data, size_t size, Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
   *req = nullptr;
-  if (!fatal_.is_ok()) return fatal_;
+  if (Status st = check_peer_locked(); !st) return st;
   if (data == nullptr && size != 0) return Status(Errc::kInternal);
   const uint64_t now = clock_.now_ns();
   if (next_seq_ - oldest_ >= static_cast<uint32_t>(kMaxRequests)) {
@@ -172,11 +167,41 @@ void SendConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, u
       on_ack_locked(h, payload, now);
       break;
     case PacketType::kHelloAck:
-    case PacketType::kClose:
-      break;  // a repeated handshake answer, or the peer leaving: nothing to do
+      break;  // a repeated handshake answer: nothing to do
     default:
       ++stats_.drop_unexpected;
       break;
+  }
+}
+
+// A bounded message under way waits on nobody (it is done once its packets have left); every
+// other posted message needs the receiver: its CTS, or (exact) its ACKs.
+bool SendConn::waiting_on_peer_locked() const {
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    const Msg& m = msgs_[s % kMaxRequests];
+    if (m.state == State::kWaitCts || (m.state == State::kSending && !m.bounded)) return true;
+  }
+  return false;
+}
+
+// The receiver left. On a bounded connection what it never took ends as expired, as it would
+// have at its deadline; an exact message can never be delivered now, which is an error.
+void SendConn::on_peer_closed_locked(uint64_t) {
+  const bool may_expire = params_.delivery == Delivery::kBounded && !force_exact_;
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kWaitCts && m.state != State::kSending) continue;
+    if (!may_expire) {
+      peer_gone_locked("it closed the connection while a send was pending");
+      return;
+    }
+    if (m.state == State::kSending) {
+      give_up_locked(m);
+    } else {
+      m.state = State::kDone;
+      m.expired = true;
+      ++stats_.expired_sends;
+    }
   }
 }
 
@@ -558,8 +583,8 @@ Status SendConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
   const uint32_t s = req->seq;
   if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
   Msg& m = slot(s);
-  if (!fatal_.is_ok()) return fatal_;
-  if (m.state != State::kDone) return Status::ok();
+  // A message that finished before the connection failed is still reported as finished.
+  if (m.state != State::kDone) return fatal_;
   if (!m.error.is_ok()) return m.error;
   *done = true;
   if (size) *size = m.size;

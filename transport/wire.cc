@@ -78,6 +78,8 @@ DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
       break;
     case PacketType::kCts:
     case PacketType::kClose:
+    case PacketType::kPing:
+    case PacketType::kPong:
       if (h->payload_len != 0) return DecodeError::kBadLength;
       break;
     case PacketType::kAck:

@@ -21,9 +21,13 @@ enum class PacketType : uint8_t {
   kData = 3,      // sender -> receiver: bytes [offset, offset+payload_len) of message msg_seq
   kCts = 4,       // receiver -> sender: clear to send msg_seq into a buffer of msg_size bytes
   kAck = 5,       // receiver -> sender: packets of msg_seq received; payload = SACK bitmap
-  kClose = 6,     // either side: the connection is going away (advisory; lost CLOSE is harmless)
+  kClose = 6,     // either side: the connection is going away. Pending requests end (bounded
+                  // ones as expired, exact ones with an error); a lost CLOSE leaves the rest to
+                  // the keepalive (liveness.h)
+  kPing = 7,      // either side: are you there? Sent only while a request waits on a silent peer
+  kPong = 8,      // the answer to PING, from the peer's transport whatever its application does
 };
-inline constexpr uint8_t kMaxPacketType = 6;
+inline constexpr uint8_t kMaxPacketType = 8;
 
 // Flag bits.
 enum : uint16_t {
@@ -42,7 +46,7 @@ inline constexpr uint16_t kKnownFlags = 0x3F;
 //   token       random 64-bit connection identifier from the listen handle; every packet of the
 //               connection carries it, a mismatch is dropped as spoofed. Written by both sides.
 //   msg_seq     index of the message on this connection, from 0, the k-th isend/irecv.
-//               HELLO/HELLO_ACK/CLOSE: 0.
+//               HELLO/HELLO_ACK/CLOSE/PING/PONG: 0.
 //   payload_len bytes after the header; must equal datagram length - kHeaderBytes.
 //   msg_size    DATA: total bytes of the message. CTS: capacity of the posted buffer.
 //               ACK: number of packets of the message (0 if unknown). Others: 0.

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -56,7 +57,15 @@ constexpr uint32_t kUdpHeaderBytes = 8;
 constexpr uint32_t kMinDatagramBytes = 256;
 
 constexpr size_t kTxCtrlBytes = CMSG_SPACE(sizeof(uint16_t));
-constexpr size_t kRxCtrlBytes = CMSG_SPACE(sizeof(int));
+// Room for both control messages a receive may carry: the GRO segment size and the socket's
+// drop count (SO_RXQ_OVFL).
+constexpr size_t kRxCtrlBytes = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t));
+// The most SO_RCVBUF can grant: the kernel caps a request at INT_MAX / 2 before doubling it.
+constexpr uint32_t kMaxGrantBytes = INT32_MAX / 2;
+
+// A short receive buffer is a property of the host, the same for every endpoint: said once per
+// process, not once per connection.
+std::atomic<bool> g_short_rcvbuf_warned{false};
 
 int sys_sendmmsg(int fd, mmsghdr* msgs, unsigned int n, int flags) {
   return ::sendmmsg(fd, msgs, n, flags);
@@ -90,11 +99,16 @@ std::string sockaddr_text(const sockaddr* sa) {
   return std::string(host) + ":" + std::to_string(port);
 }
 
+// What set_socket_buffer asks the kernel for when the options say `bytes`.
+uint32_t socket_buffer_request(uint32_t bytes) {
+  return std::min<uint32_t>(bytes, 1u << 30);
+}
+
 // Sets a socket buffer: the FORCE variant lifts the net.core.*mem_max ceiling but needs
 // CAP_NET_ADMIN; without it the plain option gets what the ceiling allows. Returns the size the
 // kernel reports afterwards (it doubles the request to account for its own overhead).
 int set_socket_buffer(int fd, int force_opt, int opt, uint32_t bytes) {
-  const int want = static_cast<int>(std::min<uint32_t>(bytes, 1u << 30));
+  const int want = static_cast<int>(socket_buffer_request(bytes));
   if (setsockopt(fd, SOL_SOCKET, force_opt, &want, sizeof(want)) != 0)
     (void)setsockopt(fd, SOL_SOCKET, opt, &want, sizeof(want));
   int got = 0;
@@ -232,8 +246,38 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     }
   }
 
+  // A send buffer smaller than asked costs no datagram: a full one makes sendmmsg return
+  // EAGAIN (tx_would_block), the protocol retries, and the peer's window is unaffected. So only
+  // the receive side's grant shapes what this endpoint promises, and only its shortfall is
+  // worth a warning; the send buffer's grant is in the INFO line below.
   const int snd = set_socket_buffer(fd_, SO_SNDBUFFORCE, SO_SNDBUF, opts.socket_buffer_bytes);
   const int rcv = set_socket_buffer(fd_, SO_RCVBUFFORCE, SO_RCVBUF, opts.socket_buffer_bytes);
+  if (rcv <= 0) {
+    const int err = errno;
+    OR_WARN("UDP endpoint: cannot read the receive buffer's size: %s", std::strerror(err));
+    return Status(Errc::kSystem, err);
+  }
+  // The kernel reports twice what it granted and charges each queued datagram's true size
+  // (its data buffer plus the sk_buff) against that. Peers used to be promised half the size
+  // asked, a quarter of the reported budget: room for a charge of up to 4x a datagram's length
+  // (an MTU-sized datagram in a driver's 2-4 KiB page fragment costs 1.6-3.3x; loopback's large
+  // paged datagrams about 1x) and for the protocol's headers. The same quarter of what the
+  // kernel really granted keeps that margin when the grant falls short.
+  receive_buffer_ = static_cast<uint64_t>(rcv) / 4;
+  const uint32_t asked = socket_buffer_request(opts.socket_buffer_bytes);
+  const uint64_t full_grant = 2 * uint64_t{std::min(asked, kMaxGrantBytes)};
+  if (static_cast<uint64_t>(rcv) < full_grant && !g_short_rcvbuf_warned.exchange(true)) {
+    // Without CAP_NET_ADMIN, SO_RCVBUF is cut to net.core.rmem_max; the request itself is the
+    // ceiling that would let it through whole.
+    OR_WARN(
+        "UDP endpoint: the kernel granted a %d-byte receive buffer where "
+        "OPTIREDUCE_SOCKET_BUFFER asked for %u (without CAP_NET_ADMIN, net.core.rmem_max caps "
+        "it): connections offer their peers %llu bytes of receive window instead of %u, a "
+        "ceiling on their throughput where that is below OPTIREDUCE_WINDOW_BYTES. Raise the cap "
+        "with `sysctl -w net.core.rmem_max=%u` or give the process CAP_NET_ADMIN (said once per "
+        "process).",
+        rcv / 2, asked, static_cast<unsigned long long>(receive_buffer_), asked / 2, asked);
+  }
 
   // Oversize datagrams must fail at the sender rather than travel as IP fragments, which one
   // lost fragment turns into a lost datagram and which many middleboxes drop outright.
@@ -284,6 +328,12 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     const int one = 1;
     gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof(one)) == 0;
   }
+  // The socket's drop count rides on received datagrams from the first drop on (rx_kernel_drops):
+  // without it, losses at a full receive buffer are invisible to the endpoint. Best effort.
+  {
+    const int one = 1;
+    (void)setsockopt(fd_, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
+  }
 
   buf_.reset(new (std::nothrow) Buffers());
   if (!buf_) return Status(Errc::kSystem, ENOMEM);
@@ -309,15 +359,21 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     b.rx_msgs[i].msg_hdr.msg_iov = &b.rx_iov[i];
     b.rx_msgs[i].msg_hdr.msg_iovlen = 1;
     b.rx_msgs[i].msg_hdr.msg_name = &b.rx_from[i];
-    b.rx_msgs[i].msg_hdr.msg_control = gro_ ? b.rx_ctrl[i] : nullptr;
+    b.rx_msgs[i].msg_hdr.msg_control = b.rx_ctrl[i];
   }
 
   OR_INFO(
-      "UDP endpoint %s: max datagram %u bytes, send buffer %d, receive buffer %d bytes "
-      "(asked %u), GSO %s, GRO %s",
+      "UDP endpoint %s: max datagram %u bytes, send buffer %d, receive buffer %d bytes as the "
+      "kernel reports them (asked %u each), %llu bytes of receive buffering offered, GSO %s, "
+      "GRO %s",
       sockaddr_text(reinterpret_cast<const sockaddr*>(&bound)).c_str(), max_datagram_, snd, rcv,
-      opts.socket_buffer_bytes, gso_ ? "on" : "off", gro_ ? "on" : "off");
+      opts.socket_buffer_bytes, static_cast<unsigned long long>(receive_buffer_),
+      gso_ ? "on" : "off", gro_ ? "on" : "off");
   return Status::ok();
+}
+
+std::string UdpEndpoint::peer_text() const {
+  return has_peer_ ? sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_)) : std::string();
 }
 
 Status UdpEndpoint::set_peer(const PeerAddress& peer) {
@@ -417,6 +473,7 @@ int UdpEndpoint::tx_burst(const TxPacket* pkts, int n) {
     }
     if (is_unreachable(err)) {
       ++udp_counters_.peer_unreachable;
+      ++counters_.peer_unreachable;
       ++counters_.rx_errors;
       // A reported ICMP error is consumed by the report, so the retry normally goes out. A
       // second refusal of the same datagram is the route's own answer: drop it like the
@@ -463,7 +520,7 @@ int UdpEndpoint::recv_batch(int max) {
   for (int i = 0; i < n; ++i) {
     // The kernel overwrites these with what it used; restore the capacities.
     b.rx_msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
-    b.rx_msgs[i].msg_hdr.msg_controllen = gro_ ? kRxCtrlBytes : 0;
+    b.rx_msgs[i].msg_hdr.msg_controllen = kRxCtrlBytes;
   }
   // A pending ICMP error is reported instead of data once; the second try gets the data.
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -480,6 +537,7 @@ int UdpEndpoint::recv_batch(int max) {
     if (err == EINTR) continue;
     if (is_unreachable(err)) {
       ++udp_counters_.peer_unreachable;
+      ++counters_.peer_unreachable;
       ++counters_.rx_errors;
       continue;
     }
@@ -505,6 +563,21 @@ bool UdpEndpoint::from_peer(const sockaddr_storage& src) const {
          std::memcmp(&a->sin6_addr, &p->sin6_addr, sizeof(in6_addr)) == 0;
 }
 
+// Takes the socket's running drop count from a received message's SO_RXQ_OVFL, if it has one.
+// The kernel stamps it at enqueue time and only once the socket has dropped something.
+void UdpEndpoint::count_kernel_drops(msghdr& h) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+      uint32_t total = 0;
+      std::memcpy(&total, CMSG_DATA(c), sizeof(total));
+      // The kernel's count is 32 bits wide and may wrap; the difference does not mind.
+      udp_counters_.rx_kernel_drops += static_cast<uint32_t>(total - kernel_drops_seen_);
+      kernel_drops_seen_ = total;
+      return;
+    }
+  }
+}
+
 // Hands out received datagrams not yet handed out, up to `max`.
 int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
   Buffers& b = *buf_;
@@ -517,6 +590,7 @@ int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
     if (seg == 0 || seg > len) seg = len;
     bool drop = false;
     if (rx_offset_ == 0) {
+      count_kernel_drops(m.msg_hdr);
       if (m.msg_hdr.msg_flags & MSG_TRUNC) {
         ++counters_.rx_truncated;
         drop = true;

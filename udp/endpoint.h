@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "transport/datapath.h"
 #include "transport/status.h"
@@ -35,6 +36,10 @@ struct UdpCounters {
   uint64_t gso_fallbacks = 0;      // 1 once GSO was refused by the kernel and turned off
   uint64_t gro_receives = 0;       // receives that held more than one coalesced datagram
   uint64_t rx_foreign = 0;         // datagrams from a source other than the peer: dropped
+  // Datagrams the kernel dropped on their way into this socket (a full receive buffer, a bad
+  // checksum), from SO_RXQ_OVFL: known only when a later datagram arrives, which carries the
+  // socket's running count.
+  uint64_t rx_kernel_drops = 0;
 };
 
 // The system calls an endpoint makes to move datagrams. Production uses ::sendmmsg and
@@ -59,10 +64,12 @@ class UdpEndpoint final : public Endpoint {
 
   const PeerAddress& local_address() const override { return local_; }
   Status set_peer(const PeerAddress& peer) override;
+  std::string peer_text() const override;
   int tx_burst(const TxPacket* pkts, int n) override;
   int rx_burst(RxPacket* pkts, int max) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
+  uint64_t receive_buffer_bytes() const override { return receive_buffer_; }
 
   const UdpCounters& udp_counters() const { return udp_counters_; }
   bool gso_active() const { return gso_; }
@@ -82,6 +89,7 @@ class UdpEndpoint final : public Endpoint {
   int recv_batch(int max);
   int drain_rx(RxPacket* pkts, int max);
   bool from_peer(const sockaddr_storage& src) const;
+  void count_kernel_drops(msghdr& h);
 
   int fd_ = -1;
   int family_ = 0;
@@ -95,6 +103,10 @@ class UdpEndpoint final : public Endpoint {
   bool gro_ = false;
   uint32_t max_datagram_ = 0;
   uint32_t rx_slot_bytes_ = 0;
+  // receive_buffer_bytes(), from the kernel's grant.
+  uint64_t receive_buffer_ = 0;
+  // The socket's running drop count as the last SO_RXQ_OVFL message gave it.
+  uint32_t kernel_drops_seen_ = 0;
   int fatal_ = 0;  // first fatal errno; every later call reports it again
   // Receive state left by the last recvmmsg: messages [rx_next_, rx_count_) are not yet
   // handed out; rx_offset_ is how far into message rx_next_ (a GRO batch) we got.

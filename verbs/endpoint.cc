@@ -3,6 +3,7 @@
 // the hot path only fills the fields that change per datagram.
 #include "verbs/endpoint.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -26,6 +27,9 @@ uint8_t* alloc_pages(size_t bytes) {
 uint32_t min_u32(uint32_t a, uint32_t b) {
   return a < b ? a : b;
 }
+
+// A device too small for the asked ring is the same for every endpoint: said once per process.
+std::atomic<bool> g_short_ring_warned{false};
 
 }  // namespace
 
@@ -64,6 +68,16 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   if (recv_slots_ < kMinRecvSlots || dev_limit < kSendSlots) {
     OR_WARN("verbs: %s: device queue limit %u too small", pc.name.c_str(), dev_limit);
     return Status(Errc::kSystem, ENOMEM);
+  }
+  if (uint64_t{recv_slots_} * max_datagram_ < opts.socket_buffer_bytes &&
+      !g_short_ring_warned.exchange(true)) {
+    OR_WARN(
+        "verbs: %s: the receive ring holds %u datagrams of %u bytes where "
+        "OPTIREDUCE_SOCKET_BUFFER asked for %u bytes (the device allows %u work requests per "
+        "queue, the endpoint at most %u): connections offer their peers %llu bytes of receive "
+        "window (said once per process).",
+        pc.name.c_str(), recv_slots_, max_datagram_, opts.socket_buffer_bytes, dev_limit,
+        kMaxRecvSlots, static_cast<unsigned long long>(receive_buffer_bytes()));
   }
 
   const size_t recv_bytes = size_t{recv_slots_} * recv_layout_.stride_bytes;
@@ -133,6 +147,16 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   OR_INFO("verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u",
           pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_);
   return Status::ok();
+}
+
+// Slots that stay posted whatever happens between two rx_burst calls: completed slots are
+// reposted in chains of at least kRecvSlack, so up to kRecvSlack - 1 may wait, and the slots of
+// the datagrams the last call handed out (at most kPollBatch: the transport takes 32 per call)
+// are reposted only by the next, since the caller reads them in between. A slot holds one
+// datagram whatever its length, so each counts max_datagram_ bytes and nothing more.
+uint64_t UdEndpoint::receive_buffer_bytes() const {
+  return uint64_t{recv_slots_ - (kRecvSlack - 1) - static_cast<uint32_t>(kPollBatch)} *
+         max_datagram_;
 }
 
 Status UdEndpoint::bring_up() {

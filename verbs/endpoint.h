@@ -60,6 +60,7 @@ class UdEndpoint final : public Endpoint {
   static_assert(is_pow2(kSendSlots) && is_pow2(kMinRecvSlots) && is_pow2(kMaxRecvSlots));
   static_assert(kSendSlots >= 2 * kSignalEvery, "posting must not wait for a signaled group");
   static_assert(kRecvSlack * 4 <= kMinRecvSlots, "slack must be small against the ring");
+  static_assert(kRecvSlack + kPollBatch < kMinRecvSlots, "the ring must keep slots posted");
 
   // Creates the QP and rings on `port` and posts every receive slot.
   static Status open(std::shared_ptr<PortContext> port, const EndpointOptions& opts,
@@ -70,10 +71,12 @@ class UdEndpoint final : public Endpoint {
 
   const PeerAddress& local_address() const override { return local_; }
   Status set_peer(const PeerAddress& peer) override;
+  std::string peer_text() const override { return has_peer_ ? format_address(peer_) : std::string(); }
   int tx_burst(const TxPacket* pkts, int n) override;
   int rx_burst(RxPacket* pkts, int max) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
+  uint64_t receive_buffer_bytes() const override;
 
   const UdCounters& ud_counters() const { return ud_; }
   uint32_t max_inline_bytes() const { return max_inline_; }

@@ -257,7 +257,12 @@ struct ExchangeOptions {
   bool expect_exact = false;
   int ring = 4;
   double hang_s = 20;  // a step longer than this is a hang: the rank fails
+  // A peer that is meant to die: its requests may fail with ncclRemoteError, after which that
+  // direction (send to it, receive from it) leaves the exchange. Any other error still fails.
+  int mortal = -1;
 };
+
+inline constexpr int kNcclRemoteError = 6;
 
 struct StepRecord {
   double step_ms = 0;
@@ -268,6 +273,13 @@ struct StepRecord {
   size_t missing = 0;                // ... bytes filled
   int holed = 0;                     // receives with at least one filled byte
   std::vector<size_t> missing_from;  // per peer
+};
+
+// When each direction to the mortal peer failed (mono_s(); 0 = not yet).
+struct MortalFate {
+  double recv_failed_s = 0;
+  double send_failed_s = 0;
+  int receives_done = 0;  // receives from it that completed before (by data or deadline)
 };
 
 class Exchange {
@@ -319,22 +331,30 @@ class Exchange {
     const double t0 = mono_s();
     for (int j : peers_) {
       std::vector<uint8_t>& b = rx_[j][slot];
+      if (j == o_.mortal && fate_.recv_failed_s != 0) continue;
       while (rreq[j] == nullptr) {
         rpost[j] = mono_s();
-        HCHECK_OK(net.irecv(node_.peer[j].recv, b.data(), o_.size, 0, nullptr, &rreq[j]));
+        const int r = net.irecv(node_.peer[j].recv, b.data(), o_.size, 0, nullptr, &rreq[j]);
+        if (remote_failure(j, r, &fate_.recv_failed_s)) break;
+        HCHECK(r == 0, "rank %d: irecv from %d returned %d", rank_, j, r);
         HCHECK(mono_s() - t0 < o_.hang_s, "rank %d: irecv refused for %.0f s", rank_, o_.hang_s);
       }
+      if (rreq[j] == nullptr) continue;
       rdone[j] = false;
       scribbled_[j][slot] = false;  // the transport owns the buffer again
     }
     for (int j : peers_) {
       std::vector<uint8_t>& b = tx_[j][slot];
       if (o_.verify) fill_pattern(b.data(), o_.size, seed(rank_, j), static_cast<uint64_t>(k));
+      if (j == o_.mortal && fate_.send_failed_s != 0) continue;
       while (sreq[j] == nullptr) {
         spost[j] = mono_s();
-        HCHECK_OK(net.isend(node_.peer[j].send, b.data(), o_.size, 0, nullptr, &sreq[j]));
+        const int r = net.isend(node_.peer[j].send, b.data(), o_.size, 0, nullptr, &sreq[j]);
+        if (remote_failure(j, r, &fate_.send_failed_s)) break;
+        HCHECK(r == 0, "rank %d: isend to %d returned %d", rank_, j, r);
         HCHECK(mono_s() - t0 < o_.hang_s, "rank %d: isend refused for %.0f s", rank_, o_.hang_s);
       }
+      if (sreq[j] == nullptr) continue;
       sdone[j] = false;
     }
     if (die_after_ms == 0) raise(SIGKILL);  // everything posted, nothing completed
@@ -345,6 +365,10 @@ class Exchange {
         int done = 0;
         int size = -1;
         const int r = net.test(rreq[j], &done, &size);
+        if (remote_failure(j, r, &fate_.recv_failed_s)) {
+          rdone[j] = true;
+          continue;
+        }
         HCHECK(r == 0, "rank %d: test of the receive from %d (step %d) returned %d", rank_, j, k,
                r);
         if (!done) {
@@ -352,6 +376,7 @@ class Exchange {
           continue;
         }
         rdone[j] = true;
+        if (j == o_.mortal) ++fate_.receives_done;
         rec.max_recv_ms = std::max(rec.max_recv_ms, (mono_s() - rpost[j]) * 1e3);
         HCHECK(size == static_cast<int>(o_.size),
                "rank %d: receive from %d (step %d) reported %d bytes, %zu were sent", rank_, j, k,
@@ -363,6 +388,10 @@ class Exchange {
         int done = 0;
         int size = -1;
         const int r = net.test(sreq[j], &done, &size);
+        if (remote_failure(j, r, &fate_.send_failed_s)) {
+          sdone[j] = true;
+          continue;
+        }
         HCHECK(r == 0, "rank %d: test of the send to %d (step %d) returned %d", rank_, j, k, r);
         if (!done) {
           all = false;
@@ -392,6 +421,8 @@ class Exchange {
     return rec;
   }
 
+  const MortalFate& mortal_fate() const { return fate_; }
+
   // Every slot that holds a completed receive must still hold the scribble.
   void check_all_scribbles() const {
     for (int j : peers_) {
@@ -408,6 +439,13 @@ class Exchange {
   }
 
  private:
+  // True when `r` is the mortal peer's ncclRemoteError on j: records its first time.
+  bool remote_failure(int j, int r, double* failed_s) {
+    if (j != o_.mortal || r != kNcclRemoteError) return false;
+    if (*failed_s == 0) *failed_s = mono_s();
+    return true;
+  }
+
   void check_received(int j, int k, int slot, StepRecord* rec) {
     std::vector<uint8_t>& b = rx_[j][slot];
     fill_pattern(want_.data(), o_.size, seed(j, rank_), static_cast<uint64_t>(k));
@@ -431,6 +469,7 @@ class Exchange {
   int rank_;
   std::vector<int> peers_;
   ExchangeOptions o_;
+  MortalFate fate_;
   std::vector<std::vector<std::vector<uint8_t>>> tx_, rx_;  // [peer][slot]
   std::vector<std::vector<bool>> scribbled_;
   std::vector<uint8_t> want_;

@@ -8,13 +8,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "tests/udp/net_admin.h"
+#include "transport/log.h"
 
 namespace optireduce {
 namespace {
@@ -290,6 +296,92 @@ TEST(UdpEndpoint, TinyBuffersNeverFailOnLoopback) {
     const int r = a->tx_burst(pkts.data(), static_cast<int>(pkts.size()));
     ASSERT_GE(r, 0);
   }
+}
+
+// Warnings logged while a test runs (the endpoint logs through transport/log.h).
+std::atomic<int> g_rmem_warnings{0};
+void counting_sink(LogLevel level, const char*, int, const char* msg) {
+  if (level == LogLevel::kWarn && std::strstr(msg, "net.core.rmem_max") != nullptr)
+    g_rmem_warnings.fetch_add(1);
+  std::fprintf(stderr, "%s\n", msg);
+}
+
+// The buffering an endpoint reports is a quarter of what the kernel says it holds: half the size
+// asked when granted in full, half of net.core.rmem_max when an unprivileged process asks for
+// more. Said once per process however many endpoints fall short.
+TEST(UdpEndpoint, ReceiveBufferFollowsTheGrant) {
+  const uint64_t rmem_max = testing::rmem_max_bytes();
+  ASSERT_GT(rmem_max, 0u) << "cannot read /proc/sys/net/core/rmem_max";
+  const bool privileged = testing::has_net_admin();
+  EndpointOptions opts;
+  opts.socket_buffer_bytes = 1u << 20;
+  auto full = open_v4(opts);
+  ASSERT_NE(full, nullptr);
+  const uint64_t granted = privileged ? opts.socket_buffer_bytes
+                                      : std::min<uint64_t>(opts.socket_buffer_bytes, rmem_max);
+  EXPECT_EQ(full->receive_buffer_bytes(), 2 * granted / 4);
+
+  // 64x the cap (within the parameter's 1 GiB) is a grant clearly short of the request.
+  const uint64_t asked = std::min<uint64_t>(64 * rmem_max, uint64_t{1} << 30);
+  if (asked < 4 * rmem_max) GTEST_SKIP() << "net.core.rmem_max " << rmem_max << " is too large";
+  g_rmem_warnings = 0;
+  log_set_sink(counting_sink);
+  uint64_t short_a = 0, short_b = 0;
+  bool dropped = false;
+  // Capabilities are per thread: only this one loses CAP_NET_ADMIN.
+  std::thread([&] {
+    dropped = testing::drop_net_admin() && !testing::has_net_admin();
+    EndpointOptions big;
+    big.socket_buffer_bytes = static_cast<uint32_t>(asked);
+    auto a = open_v4(big);
+    auto b = open_v4(big);
+    if (a) short_a = a->receive_buffer_bytes();
+    if (b) short_b = b->receive_buffer_bytes();
+  }).join();
+  log_set_sink(nullptr);
+  ASSERT_TRUE(dropped) << "could not drop CAP_NET_ADMIN";
+  EXPECT_EQ(short_a, 2 * rmem_max / 4);
+  EXPECT_EQ(short_b, 2 * rmem_max / 4);
+  // Another test of this process may have been the first to fall short (when not run as root).
+  if (privileged) {
+    EXPECT_EQ(g_rmem_warnings.load(), 1);
+  } else {
+    EXPECT_LE(g_rmem_warnings.load(), 1);
+  }
+}
+
+// A receiver that does not read overflows its buffer; the kernel's drop count reaches
+// rx_kernel_drops with the next datagram that does get in.
+TEST(UdpEndpoint, CountsKernelDropsAtAFullBuffer) {
+  EndpointOptions tx_opts;
+  tx_opts.gso = false;
+  EndpointOptions rx_opts;
+  rx_opts.gro = false;
+  rx_opts.socket_buffer_bytes = 65536;  // room for a few dozen of the 300 below
+  auto a = open_v4(tx_opts);
+  auto b = open_v4(rx_opts);
+  pair_up(*a, *b);
+  // Fewer than net.core.netdev_max_backlog (1000 by default), so that every loss is the
+  // socket's, not the backlog queue's.
+  constexpr uint32_t kFlood = 300;
+  Outbox out;
+  for (uint32_t i = 0; i < kFlood + 1; ++i) out.add(1000);
+  const auto pkts = out.packets();
+  send_all(*a, std::vector<TxPacket>(pkts.begin(), pkts.begin() + kFlood));
+  // Everything that got in, taken until the socket stays quiet for 50 ms.
+  size_t first = 0;
+  RxPacket rx[64];
+  for (;;) {
+    const int r = b->rx_burst(rx, 64);
+    ASSERT_GE(r, 0);
+    first += static_cast<size_t>(r);
+    pollfd p{b->fd(), POLLIN, 0};
+    if (r == 0 && ::poll(&p, 1, 50) == 0) break;
+  }
+  ASSERT_LT(first, kFlood) << "nothing was dropped: the buffer was not small";
+  send_all(*a, std::vector<TxPacket>(pkts.begin() + kFlood, pkts.end()));
+  ASSERT_EQ(receive(*b, 1).size(), 1u);
+  EXPECT_EQ(b->udp_counters().rx_kernel_drops, kFlood - first);
 }
 
 TEST(UdpEndpoint, FallsBackFromGsoWhenTheKernelRefuses) {

@@ -1,6 +1,7 @@
 // Protocol tests of SendConn/RecvConn over an in-memory link with a FakeClock: exact delivery
 // under loss, duplication and back-pressure; bounds checks on hostile datagrams; bounded-mode
-// deadlines, fills, expiry and late packets.
+// deadlines, fills, expiry and late packets; a dead peer (silent, closed, port unreachable)
+// against an idle or stalled live one.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -27,8 +28,10 @@ struct Rig {
   std::unique_ptr<SendConn> s;
   std::unique_ptr<RecvConn> r;
 
-  explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero) {
+  explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero,
+               int64_t peer_timeout_ms = Config().peer_timeout_ms) {
     cfg.timeout_ms = 50;
+    cfg.peer_timeout_ms = peer_timeout_ms;
     auto p = make_mem_pair(kDgram);
     tx_ep = p.a.get();
     rx_ep = p.b.get();
@@ -378,6 +381,195 @@ TEST(Bounded, SendExpiresWithoutCtsAndReceiverCompletesAtOnce) {
   ASSERT_TRUE(rig.s->isend(src3.data(), src3.size(), &sr).is_ok());
   ASSERT_TRUE(rig.run(sr, rr, &sz, 10, 10));
   EXPECT_EQ(src3, dst3);
+}
+
+// ---- A dead peer is an error within OPTIREDUCE_PEER_TIMEOUT_MS, in exact and bounded mode; a
+// live one, however long its application stays idle, never is.
+
+constexpr int64_t kPeerTimeoutMs = 1000;
+
+// Every byte holds the erasure marker 0x7FF1 (little-endian: F1 7F F1 7F ...).
+bool all_marker(const std::vector<uint8_t>& v) {
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (v[i] != (i % 2 == 0 ? 0xF1 : 0x7F)) return false;
+  }
+  return true;
+}
+
+// Polls one side every millisecond (the other side's process is gone: nobody polls it) until
+// its request fails. Returns the failure and how long it took (ms); ok and -1 if none within
+// `limit_ms`.
+template <typename Comm>
+std::pair<Status, int64_t> wait_for_failure(Rig& rig, Comm& c, Request* req, int64_t limit_ms) {
+  for (int64_t ms = 0; ms <= limit_ms; ++ms) {
+    bool done = false;
+    size_t sz = 0;
+    const Status st = c.test(req, &done, &sz);
+    if (!st.is_ok()) return {st, ms};
+    EXPECT_FALSE(done) << "the request completed although its peer is gone";
+    rig.clock.advance_ms(1);
+  }
+  return {Status::ok(), -1};
+}
+
+TEST(PeerDeath, ExactReceiveFromASilentSenderFailsAtTheTimeout) {
+  Rig rig(Delivery::kExact, Fill::kZero, kPeerTimeoutMs);
+  std::vector<uint8_t> dst(5000);
+  Request* rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  const auto [st, ms] = wait_for_failure(rig, *rig.r, rr, 3 * kPeerTimeoutMs);
+  EXPECT_EQ(st.code(), Errc::kRemote);
+  EXPECT_GE(ms, kPeerTimeoutMs);
+  EXPECT_LE(ms, kPeerTimeoutMs + 2);
+  // Later requests fail too, at once.
+  Request* r2 = nullptr;
+  EXPECT_EQ(rig.r->irecv(dst.data(), dst.size(), &r2).code(), Errc::kRemote);
+  EXPECT_EQ(r2, nullptr);
+}
+
+TEST(PeerDeath, ExactSendToASilentReceiverFailsAtTheTimeout) {
+  for (const bool posted : {false, true}) {
+    SCOPED_TRACE(posted ? "the receiver died mid-transfer" : "the receiver never posted");
+    Rig rig(Delivery::kExact, Fill::kZero, kPeerTimeoutMs);
+    auto src = pattern(4'000'000, 9);  // many windows: it cannot finish in three rounds
+    std::vector<uint8_t> dst(src.size());
+    Request *sr, *rr;
+    if (posted) {
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    }
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    if (posted) {
+      // A few packets' worth of progress, then the receiver's process is gone.
+      bool done = false;
+      size_t sz;
+      for (int i = 0; i < 3; ++i) {
+        ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+        ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+      }
+      ASSERT_FALSE(done);
+    }
+    const auto [st, ms] = wait_for_failure(rig, *rig.s, sr, 3 * kPeerTimeoutMs);
+    EXPECT_EQ(st.code(), Errc::kRemote);
+    EXPECT_GE(ms, kPeerTimeoutMs - 1);
+    EXPECT_LE(ms, kPeerTimeoutMs + 2);
+  }
+}
+
+TEST(PeerDeath, BoundedStepsToADeadPeerEndInAnErrorNotAStreamOfEmptySteps) {
+  Rig rig(Delivery::kBounded, Fill::kMarker, kPeerTimeoutMs);
+  std::vector<uint8_t> dst(3000);
+  int steps = 0;
+  int64_t elapsed_ms = 0;
+  Status st;
+  while (st.is_ok() && elapsed_ms < 3 * kPeerTimeoutMs) {
+    Request* rr = nullptr;
+    st = rig.r->irecv(dst.data(), dst.size(), &rr);
+    if (!st.is_ok()) break;
+    bool done = false;
+    size_t sz = 0;
+    while (!done && st.is_ok()) {
+      st = rig.r->test(rr, &done, &sz);
+      rig.clock.advance_ms(1);
+      ++elapsed_ms;
+    }
+    if (done) {
+      ++steps;
+      ASSERT_TRUE(all_marker(dst)) << "step " << steps;  // all missing: the marker
+    }
+  }
+  EXPECT_EQ(st.code(), Errc::kRemote);
+  // Each step ended by its 50 ms deadline, as bounded steps do, until the peer was dead.
+  EXPECT_GE(steps, kPeerTimeoutMs / 51 - 1);
+  EXPECT_LE(elapsed_ms, kPeerTimeoutMs + 60);
+  EXPECT_EQ(rig.r->stats().deadline_hits, static_cast<uint64_t>(steps));
+}
+
+// The sender's application posts nothing for ten timeouts while its transport (the progress
+// thread: poll()) answers, through 5% loss each way; then a stall of half the timeout (the
+// process stopped). The receive still completes, byte-exact, with no error.
+TEST(PeerDeath, AnIdleOrBrieflyStalledLivePeerIsNeverDeclaredDead) {
+  Rig rig(Delivery::kExact, Fill::kZero, kPeerTimeoutMs);
+  std::mt19937 rng(7);
+  auto lossy = [&rng](const std::vector<uint8_t>&) {
+    return std::uniform_real_distribution<double>(0, 1)(rng) < 0.05 ? 0 : 1;
+  };
+  rig.tx_ep->policy = lossy;
+  rig.rx_ep->policy = lossy;
+  auto src = pattern(100'000, 4);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr = nullptr, *rr = nullptr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  bool done = false;
+  size_t sz;
+  for (int64_t ms = 0; ms < 10 * kPeerTimeoutMs; ++ms) {
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok()) << ms << " ms";
+    ASSERT_FALSE(done);
+    rig.s->poll();
+    rig.clock.advance_ms(1);
+  }
+  for (int64_t ms = 0; ms < kPeerTimeoutMs / 2; ++ms) {  // SIGSTOP: nobody runs the sender
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok()) << "stalled " << ms << " ms";
+    rig.clock.advance_ms(1);
+  }
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr, &sz, 20000, 100));
+  EXPECT_EQ(src, dst);
+  EXPECT_GT(rig.r->stats().ctrl_pkts, 10u);  // the keepalives really went out
+}
+
+TEST(PeerDeath, CloseEndsPendingRequests) {
+  {
+    SCOPED_TRACE("exact: a receive the closed sender never completed is an error");
+    Rig rig(Delivery::kExact, Fill::kZero);
+    std::vector<uint8_t> dst(5000);
+    Request* rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    rig.s.reset();  // CLOSE
+    bool done = false;
+    size_t sz;
+    EXPECT_EQ(rig.r->test(rr, &done, &sz).code(), Errc::kRemote);
+  }
+  {
+    SCOPED_TRACE("bounded: it completes at once, holes marked and counted; later ones fail");
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    std::vector<uint8_t> dst(5000);
+    Request* rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    rig.s.reset();
+    bool done = false;
+    size_t sz;
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+    EXPECT_TRUE(done);
+    EXPECT_TRUE(all_marker(dst));
+    EXPECT_EQ(rig.r->stats().bytes_lost, dst.size());
+    EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
+    Request* r2 = nullptr;
+    EXPECT_EQ(rig.r->irecv(dst.data(), dst.size(), &r2).code(), Errc::kRemote);
+  }
+  {
+    SCOPED_TRACE("exact send to a receiver that closed");
+    Rig rig(Delivery::kExact, Fill::kZero);
+    auto src = pattern(5000, 1);
+    Request* sr;
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    rig.r.reset();
+    bool done = false;
+    size_t sz;
+    EXPECT_EQ(rig.s->test(sr, &done, &sz).code(), Errc::kRemote);
+  }
+}
+
+TEST(PeerDeath, RepeatedPortUnreachableFailsAtOnce) {
+  Rig rig(Delivery::kExact, Fill::kZero);
+  std::vector<uint8_t> dst(5000);
+  Request* rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  bool done = false;
+  size_t sz;
+  rig.rx_ep->report_unreachable(1);  // one stray report proves nothing
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  rig.rx_ep->report_unreachable(PeerLiveness::kUnreachableLimit - 1);
+  EXPECT_EQ(rig.r->test(rr, &done, &sz).code(), Errc::kRemote);
 }
 
 }  // namespace

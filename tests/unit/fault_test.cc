@@ -45,7 +45,10 @@ class RecordingEndpoint final : public Endpoint {
   int rx_burst(RxPacket*, int) override { return 0; }
   uint32_t max_datagram_bytes() const override { return 1472; }
   const DatapathCounters& counters() const override { return counters_; }
+  uint64_t receive_buffer_bytes() const override { return kReceiveBufferBytes; }
 
+  // Any value: the fault injector must pass it through unchanged.
+  static constexpr uint64_t kReceiveBufferBytes = 123456;
   std::vector<Sent> sent;
   int budget = -1;
   int calls = 0;
@@ -126,6 +129,14 @@ TEST(FaultCounters, NullForOtherEndpoints) {
   FakeClock clock;
   RecordingEndpoint rec(clock);
   EXPECT_EQ(fault_counters(rec), nullptr);
+}
+
+// Faults touch transmit only, so the buffering a peer may count on is the inner endpoint's.
+TEST(FaultyEndpoint, ReportsTheInnerReceiveBuffer) {
+  FaultPlan plan;
+  plan.drop = 0.5;
+  Bench b(plan);
+  EXPECT_EQ(b.ep->receive_buffer_bytes(), RecordingEndpoint::kReceiveBufferBytes);
 }
 
 TEST(FaultyEndpoint, NoFaultsPassesEverythingInOrder) {

@@ -64,6 +64,12 @@ class MemEndpoint final : public Endpoint {
   }
   uint32_t max_datagram_bytes() const override { return max_; }
   const DatapathCounters& counters() const override { return counters_; }
+  // The queue this endpoint reads holds `cap` datagrams; the sender's tx_burst stops there, so
+  // nothing is dropped for want of room below that many full-size ones.
+  uint64_t receive_buffer_bytes() const override { return uint64_t{rx_->cap} * max_; }
+
+  // What a host's ICMP "port unreachable" does to a UDP socket: counted by the datapath.
+  void report_unreachable(uint64_t n) { counters_.peer_unreachable += n; }
 
   LinkPolicy policy;  // applied to what this endpoint sends
 
