@@ -48,14 +48,13 @@ const char* plugin_path() {
 enum class Mode { kExact, kBounded };
 enum class Wait { kRecv, kSendUnposted, kSendPosted };
 
-Env env_for(Mode mode, double drop) {
+Env env_for(double drop) {
   Env env = {{"OPTIREDUCE_PEER_TIMEOUT_MS", std::to_string(static_cast<int>(kBoundMs))},
              {"OPTIREDUCE_TIMEOUT_MS", std::to_string(static_cast<int>(kDeadlineMs))}};
   if (drop > 0) {
     env.push_back({"OPTIREDUCE_FAULT_DROP", std::to_string(drop)});
     env.push_back({"OPTIREDUCE_FAULT_SEED", "4242"});
   }
-  (void)mode;
   return env;
 }
 
@@ -183,7 +182,7 @@ TEST_P(PeerKilled, TheWaitingSideGetsRemoteErrorWithinTheBound) {
     HCHECK(r == kNcclRemoteError && again == nullptr, "a request after the error returned %d", r);
     close_node(node);  // closing a failed connection is no error
   };
-  EXPECT_EQ(run_ranks(2, rank, env_for(c.mode, 0), 60, kPeer), "");
+  EXPECT_EQ(run_ranks(2, rank, env_for(0), 60, kPeer), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, PeerKilled,
@@ -231,7 +230,7 @@ TEST_P(PeerStopped, PastTheBoundIsAnError) {
     kill(peer, SIGKILL);
     close_node(node);  // closing a failed connection is no error
   };
-  EXPECT_EQ(run_ranks(2, rank, env_for(mode, 0), 60, kPeer), "");
+  EXPECT_EQ(run_ranks(2, rank, env_for(0), 60, kPeer), "");
 }
 
 class PeerAlive : public ::testing::TestWithParam<Mode> {};
@@ -309,7 +308,7 @@ TEST_P(PeerAlive, IdleOrBrieflyStoppedUnderLossIsNeverDead) {
     m.channel[kPeer]->send<uint32_t>(1);
     close_node(node);
   };
-  EXPECT_EQ(run_ranks(2, rank, env_for(mode, 0.05), 60), "");
+  EXPECT_EQ(run_ranks(2, rank, env_for(0.05), 60), "");
 }
 
 auto mode_name = [](const ::testing::TestParamInfo<Mode>& p) {
