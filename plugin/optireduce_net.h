@@ -11,7 +11,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
-#define OPTIREDUCE_NET_STATS_VERSION 1
+#define OPTIREDUCE_NET_STATS_VERSION 2 /* 2: cutSends, repairedPkts */
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. Meanings as in
@@ -21,7 +21,7 @@ struct optireduceNetCounters {
   uint64_t bytes;          /* payload bytes completed: sent, or delivered */
   uint64_t dataPkts;       /* DATA datagrams sent (send side) or accepted (receive side) */
   uint64_t ctrlPkts;       /* control datagrams sent */
-  uint64_t retxPkts;       /* DATA datagrams sent again (exact mode) */
+  uint64_t retxPkts;       /* DATA datagrams sent again */
   uint64_t rtoEvents;      /* retransmission timer expiries */
   uint64_t ctsResent;      /* clear-to-send repeated */
   uint64_t dropMalformed;  /* datagrams dropped: failed to decode */
@@ -38,7 +38,9 @@ struct optireduceNetCounters {
   uint64_t expiredSends;   /* bounded sends given up for want of a clear-to-send */
   uint64_t tbUs;           /* hard bound tB, microseconds */
   uint64_t tcUs;           /* adaptive estimate tC, microseconds */
-  uint64_t probes;         /* tail-loss probes sent (exact mode) */
+  uint64_t probes;         /* tail-loss probes sent */
+  uint64_t cutSends;       /* bounded sends ended with packets unacknowledged (deadline) */
+  uint64_t repairedPkts;   /* bounded DATA sent again: lost early in a step, repaired in time */
 };
 
 struct optireduceNetStats {

@@ -13,7 +13,7 @@
 
 namespace optireduce::plugin {
 
-static_assert(sizeof(ConnStats) == 20 * 8 + 2 * 4,
+static_assert(sizeof(ConnStats) == 22 * 8 + 2 * 4,
               "ConnStats changed: update add_stats() and struct optireduceNetCounters");
 
 void add_stats(ConnStats* into, const ConnStats& s, bool live) {
@@ -37,6 +37,8 @@ void add_stats(ConnStats* into, const ConnStats& s, bool live) {
   into->early_timeouts += s.early_timeouts;
   into->late_pkts += s.late_pkts;
   into->expired_sends += s.expired_sends;
+  into->cut_sends += s.cut_sends;
+  into->repaired_pkts += s.repaired_pkts;
   // The timeouts are current values, not counters: only live connections have one.
   if (live) {
     into->tb_us = std::max(into->tb_us, s.tb_us);
@@ -70,6 +72,8 @@ void to_c(const ConnStats& s, optireduceNetCounters* c) {
   c->tbUs = s.tb_us;
   c->tcUs = s.tc_us;
   c->probes = s.probes;
+  c->cutSends = s.cut_sends;
+  c->repairedPkts = s.repaired_pkts;
 }
 
 // 0: `comm_id` has a context; 1: it has none (the process totals are still filled in).

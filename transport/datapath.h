@@ -105,6 +105,11 @@ class Endpoint {
   // The peer as a person reads it ("10.0.0.7:41234", "gid ...:qpn 0x1a2"), for the log line
   // that reports it dead; empty before set_peer or where the datapath cannot say.
   virtual std::string peer_text() const { return {}; }
+
+  // The peer's host as a stable key (an IP address, a GID: no port, no queue pair), so that
+  // every connection to the same host shares one congestion state (congestion.h). Empty where
+  // the datapath cannot say: such a connection gets a path of its own.
+  virtual std::string peer_host() const { return {}; }
 };
 
 // What the plugin reports to NCCL about one device.

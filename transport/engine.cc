@@ -131,6 +131,14 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
   return Status::ok();
 }
 
+std::shared_ptr<Path> EngineImpl::path_to(int dev, const Endpoint& ep, uint32_t pkt_payload) {
+  const double ceiling = cfg_.rate_gbps / 8.0;  // Gbit/s to bytes per ns
+  const std::string host = ep.peer_host();
+  if (host.empty())
+    return std::make_shared<Path>(make_default_controller(pkt_payload), pkt_payload, ceiling);
+  return paths_.get(std::to_string(dev) + "/" + host, pkt_payload, ceiling);
+}
+
 Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts,
                            void** state, std::unique_ptr<SendComm>* out) {
   *out = nullptr;
@@ -146,7 +154,7 @@ Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOp
     if (!st) return st;
     st = ep->set_peer(handle.addr);
     if (!st) return st;
-    auto owned = std::make_unique<PendingConnect>(std::move(ep), handle, opts);
+    auto owned = std::make_unique<PendingConnect>(dev, std::move(ep), handle, opts);
     pc = owned.get();
     std::lock_guard<std::mutex> lock(pending_mu_);
     pending_.push_back(std::move(owned));

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "transport/congestion.h"
 #include "transport/conn.h"
 #include "transport/handshake.h"
 
@@ -40,6 +41,9 @@ class EngineImpl final : public Engine {
   // really has (Endpoint::receive_buffer_bytes, the kernel's grant rather than the size asked),
   // as payload bytes of the connection's `pkt_payload`-byte packets.
   static uint32_t window_bytes(const Endpoint& ep, uint32_t pkt_payload);
+  // The congestion state of the path from device `dev` to `ep`'s peer host, shared by every
+  // connection between the two (congestion.h); a private one where the host is unknown.
+  std::shared_ptr<Path> path_to(int dev, const Endpoint& ep, uint32_t pkt_payload);
 
  private:
   void progress_loop();
@@ -48,6 +52,7 @@ class EngineImpl final : public Engine {
   const Clock& clock_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::shared_ptr<Registry> registry_;
+  PathTable paths_;
   std::atomic<uint64_t> endpoints_opened_{0};
 
   std::mutex pending_mu_;

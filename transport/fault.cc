@@ -125,6 +125,7 @@ class FaultyEndpoint final : public Endpoint {
   // Faults (delays, reordering) are applied on transmit only: receiving is the inner endpoint's.
   uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
   std::string peer_text() const override { return inner_->peer_text(); }
+  std::string peer_host() const override { return inner_->peer_host(); }
   const FaultCounters& fault_counters() const { return counters_; }
 
   int tx_burst(const TxPacket* pkts, int n) override;

@@ -26,30 +26,3 @@ void ConnGroup::serve_siblings(const Conn* self, uint64_t now, uint64_t idle_ns)
 }
 
 }  // namespace optireduce
-
-namespace optireduce {
-
-namespace {
-// Bucket depth: 256 KiB lets a burst of packets leave back to back without overflowing a
-// shallow (1 MB) bottleneck queue, and is a fraction of a millisecond on fast links.
-constexpr uint64_t kGroupBurstBytes = 256 * 1024;
-}  // namespace
-
-void ConnGroup::add_delivered(uint64_t bytes, uint64_t now, uint64_t window_ns, bool restart,
-                              bool idle_after) {
-  std::lock_guard<std::mutex> lock(rate_mu_);
-  if (delivery_.on_ack(bytes, now, window_ns, restart, idle_after))
-    pacer_.set_rate(1.25 * delivery_.rate(), kGroupBurstBytes);
-}
-
-uint64_t ConnGroup::bounded_tokens(uint64_t now) {
-  std::lock_guard<std::mutex> lock(rate_mu_);
-  return pacer_.available(now);
-}
-
-void ConnGroup::consume_bounded(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(rate_mu_);
-  pacer_.consume(bytes);
-}
-
-}  // namespace optireduce

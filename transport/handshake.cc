@@ -77,9 +77,9 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
   return Status::ok();
 }
 
-PendingConnect::PendingConnect(std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
+PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
                                const ConnOptions& opts)
-    : ep_(std::move(ep)), handle_(h), opts_(opts), backoff_ns_(kHelloFirstRetryNs) {}
+    : dev_(dev), ep_(std::move(ep)), handle_(h), opts_(opts), backoff_ns_(kHelloFirstRetryNs) {}
 
 Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) {
   *out = nullptr;
@@ -101,8 +101,9 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     params.peer_window = peer.window_bytes;
     params.delivery = opts_.delivery;
     params.fill = opts_.fill;
+    auto path = engine->path_to(dev_, *ep_, params.pkt_payload);
     auto conn = std::make_unique<SendConn>(engine->config(), engine->clock(), std::move(ep_),
-                                           params, engine->registry());
+                                           params, engine->registry(), std::move(path));
     if (opts_.group != nullptr) {
       conn->set_group(opts_.group);
       conn->set_conn_group(opts_.group);

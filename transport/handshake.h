@@ -32,11 +32,13 @@ class ListenCommImpl final : public ListenComm {
 
 class PendingConnect {
  public:
-  PendingConnect(std::unique_ptr<Endpoint> ep, const ConnectionHandle& h, const ConnOptions& opts);
+  PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
+                 const ConnOptions& opts);
   // Advances the handshake; *out becomes non-null once it completed.
   Status poll(EngineImpl* engine, std::unique_ptr<SendComm>* out);
 
  private:
+  int dev_;
   std::unique_ptr<Endpoint> ep_;
   ConnectionHandle handle_;
   ConnOptions opts_;

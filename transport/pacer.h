@@ -1,6 +1,6 @@
-// Sender rate control: a congestion window (AIMD on loss, slow start below ssthresh) that
-// bounds the bytes in flight, and a token-bucket pacer that spreads a window over the round
-// trip so that bursts do not overflow the receiver's socket buffer or a switch queue.
+// A token-bucket pacer: spreads a path's window over its round trip (congestion.h) so that a
+// window's worth of packets does not leave as one burst and overflow a switch queue or the
+// receiver's socket buffer.
 #pragma once
 
 #include <algorithm>
@@ -8,33 +8,9 @@
 
 namespace optireduce {
 
-class CongestionWindow {
- public:
-  // `mss` = payload bytes per packet; `ceiling` = most bytes in flight ever allowed (the
-  // peer's receive buffering, the configured window).
-  CongestionWindow(uint32_t mss, uint64_t ceiling);
-
-  uint64_t cwnd() const { return cwnd_; }
-  uint64_t ceiling() const { return ceiling_; }
-  void on_ack(uint64_t acked_bytes);
-  // A loss detected by SACK: multiplicative decrease, at most once per recovery epoch (the
-  // caller passes the current send sequence; losses of packets sent before the epoch began
-  // do not cut again).
-  void on_loss(uint64_t now_send_seq, uint64_t lost_pkt_send_seq);
-  // A retransmission timeout: restart from a small window.
-  void on_timeout();
-
- private:
-  uint32_t mss_;
-  uint64_t ceiling_;
-  uint64_t cwnd_;
-  uint64_t ssthresh_;
-  uint64_t recovery_end_ = 0;
-};
-
 class Pacer {
  public:
-  // rate_bps = 0: unlimited.
+  // bytes_per_ns = 0: unlimited.
   void set_rate(double bytes_per_ns, uint64_t burst_bytes);
   // Bytes that may leave now.
   uint64_t available(uint64_t now_ns);

@@ -191,16 +191,23 @@ void RecvConn::on_peer_closed_locked(uint64_t now) {
 
 void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
   const uint32_t s = h.msg_seq;
-  if (policy_ != nullptr && h.timeout_us != 0) policy_->on_peer_estimate(h.timeout_us, h.msg_size);
   if (static_cast<int32_t>(s - floor_) < 0 ||
       (s - floor_ < next_seq_ - floor_ && slot(s).state != State::kPosted)) {
-    // For a message already complete: a late bounded packet, or an exact retransmission
-    // whose final ACK was lost (answer it so the sender can finish).
-    if (h.flags & kFlagBounded) {
+    // For a message already complete: a late bounded packet, or a retransmission whose FINAL
+    // was lost. Answer it (once per message for bounded ones: a sender cut off by the deadline
+    // may have a window of them in flight) so that the sender can finish.
+    if (h.flags & kFlagExpired) {
+      ++stats_.drop_stale;
+    } else if (h.flags & kFlagBounded) {
       ++stats_.late_pkts;
+      if (!(answered_late_ && answered_seq_ == s)) {
+        send_final_for_locked(s, true);
+        answered_late_ = true;
+        answered_seq_ = s;
+      }
     } else {
       ++stats_.drop_stale;
-      if (!(h.flags & kFlagExpired)) send_final_for_locked(s);
+      send_final_for_locked(s, false);
     }
     return;
   }
@@ -235,6 +242,10 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     const uint64_t npkts =
         std::max<uint64_t>(1, (h.msg_size + params_.pkt_payload - 1) / params_.pkt_payload);
     m.started = true;
+    // One peer estimate per message per connection: per packet, one large message would fill
+    // the policy's memory of its peers and decide the median alone.
+    if (policy_ != nullptr && h.timeout_us != 0 && (h.flags & kFlagBounded))
+      policy_->on_peer_estimate(h.timeout_us, h.msg_size);
     m.size = h.msg_size;
     m.npkts = static_cast<uint32_t>(npkts);
     m.got.reset(m.npkts);
@@ -256,7 +267,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   if (!m.got.set(static_cast<uint32_t>(idx))) {
     ++stats_.drop_duplicate;
     // A retransmission of something we hold means our ACK was lost: acknowledge again.
-    if (!m.bounded) dirty_ |= 1u << (s % kMaxRequests);
+    dirty_ |= 1u << (s % kMaxRequests);
     return;
   }
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
@@ -265,8 +276,11 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   ++stats_.data_pkts;
   ++m.pkts_since_ack;
   m.cum = m.got.first_clear(m.cum);
-  if ((h.flags & kFlagTail) && m.bounded && !m.tail_seen) {
-    m.tail_seen = true;
+  // Early timeout: a quiet period after the tail. Every packet that still arrives (a repair of
+  // an early loss) starts it again, so repairs in flight are waited for; only a sender that
+  // fell silent with holes left (lost repairs, a dead sender) meets it before the deadline.
+  if ((h.flags & kFlagTail) && m.bounded) m.tail_seen = true;
+  if (m.tail_seen) {
     const uint64_t early = policy_ ? policy_->early_ns(m.size)
                                    : static_cast<uint64_t>(cfg_.early_fraction * 1e6);
     m.early_ns = now + early;
@@ -276,7 +290,8 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     advance_floor_locked(now);
     return;
   }
-  if (m.bounded) return;
+  // Bounded packets are acknowledged too: the sender's congestion window needs the feedback
+  // during bounded steps, and a packet lost early in a step is repaired from it.
   // Normally one SACK per burst (after_rx_burst_locked); within a long burst also every
   // kAckEveryPkts packets, so that one lost ACK never hides a whole window.
   if (m.pkts_since_ack >= kAckEveryPkts) send_ack_locked(m, false);
@@ -314,10 +329,10 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   m.pkts_since_ack = 0;
 }
 
-void RecvConn::send_final_for_locked(uint32_t seq) {
+void RecvConn::send_final_for_locked(uint32_t seq, bool bounded) {
   PacketHeader h;
   h.type = PacketType::kAck;
-  h.flags = kFlagFinal;
+  h.flags = kFlagFinal | (bounded ? kFlagBounded : 0);
   h.msg_seq = seq;
   h.msg_floor = floor_;
   send_ctrl_locked(h);
@@ -359,8 +374,11 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     if (how == End::kDeadline) ++stats_.deadline_hits;
     if (how == End::kEarly) ++stats_.early_timeouts;
   }
-  // FINAL only when everything arrived: it releases the sender's buffer.
-  if (!m.bounded && how == End::kAll) send_ack_locked(m, true);
+  // FINAL releases the sender's buffer: a plain one when everything arrived, a bounded one when
+  // the deadline came first (nothing more is wanted; the sender stops repairing). A sender that
+  // expired the message already knows.
+  if (how == End::kAll) send_ack_locked(m, true);
+  else if (m.bounded && how != End::kExpired) send_final_for_locked(m.req.seq, true);
   if (policy_ != nullptr) {
     const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
     StepReport st;

@@ -1,9 +1,11 @@
 // The receiving side of a connection. irecv posts a buffer and sends a clear-to-send (CTS) for
 // its sequence; DATA is placed by offset after every bounds check, duplicates and stale
-// packets are counted and dropped, and SACKs go back once per received burst. Exact mode: done
-// when every packet arrived. Bounded mode: done when every packet arrived, when the deadline
+// packets are counted and dropped, and SACKs go back once per received burst (bounded messages
+// too: the sender's congestion window and its repair of early losses need them). Exact mode:
+// done when every packet arrived. Bounded mode: done when every packet arrived, when the deadline
 // passes, when the early timeout after the tail packets passes, or at once when the sender
-// says it expired; missing bytes are then filled (zeros or the erasure marker) and counted.
+// says it expired; missing bytes are then filled (zeros or the erasure marker) and counted, and a
+// FINAL tells the sender to stop.
 //
 // Message slot states (legal orders: Free -> Posted -> Complete -> Free):
 //   Free      unused
@@ -76,7 +78,7 @@ class RecvConn final : public Conn, public RecvComm {
   void on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now);
   void send_cts_locked(Msg& m, uint64_t now);
   void send_ack_locked(Msg& m, bool final_ack);
-  void send_final_for_locked(uint32_t seq);
+  void send_final_for_locked(uint32_t seq, bool bounded);
   void complete_locked(Msg& m, End how, uint64_t now);
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
@@ -96,6 +98,9 @@ class RecvConn final : public Conn, public RecvComm {
   bool have_hello_ack_ = false;
   uint8_t hello_ack_[kHelloBodyBytes] = {};
   uint64_t cts_rto_ns_;
+  // The last completed message whose late bounded DATA was answered with a FINAL.
+  bool answered_late_ = false;
+  uint32_t answered_seq_ = 0;
 };
 
 }  // namespace optireduce

@@ -1,23 +1,36 @@
 // The sending side of a connection. Messages wait for the receiver's clear-to-send (CTS), are
-// cut into packets on the connection's packet grid, and leave under the congestion window and
-// the pacer. Exact mode: a message is done when every packet is acknowledged; lost packets are
-// found by SACK (a hole with >= 3 acknowledged packets above it) or by the retransmission
-// timer. Bounded mode: done when every packet has left once, or, without a CTS, when the send
-// deadline passes (the message is then "expired" and the receiver is told so).
+// cut into packets on the connection's packet grid, and leave within the receiver's buffer
+// (the flow window), the path's congestion window and its pacer (congestion.h). Every packet,
+// exact or bounded, is acknowledged by SACK, so that the path's window follows the network in
+// bounded steps too, and lost packets (a hole with >= 3 acknowledged packets above it, a loss
+// probe, the retransmission timer) are sent again.
 //
-// Message slot states (legal orders: Free -> WaitCts -> Sending -> Done -> Free, and
-// WaitCts -> Done in bounded mode when the send deadline passes):
+// Exact mode: a message is done when every packet is acknowledged. Bounded mode: also when the
+// receiver says it completed the message (its deadline passed: what is still missing is not
+// sent again), and, without that word, when the receiver's budget has passed since the CTS
+// (the packets still unacknowledged then are given up) or since the isend without a CTS (the
+// message "expires" and the receiver is told so). A bounded loss is therefore repaired while
+// the deadline leaves time, and costs data only when time is short.
+//
+// Message slot states. The legal edges, the only ones set_state_locked() accepts:
+//   Free    -> WaitCts   isend
+//   WaitCts -> Sending   its CTS arrived
+//   WaitCts -> Done      bounded: it expired without a CTS, or its receiver left; any mode: the
+//                        CTS's buffer is too small (an error)
+//   Sending -> Done      acknowledged, completed by the receiver, or given up (bounded)
+//   Done    -> Free      test() reported it
+// Meanings:
 //   Free      unused
 //   WaitCts   posted by isend; no CTS for its sequence yet
-//   Sending   CTS received; packets leave (and, exact mode, are acknowledged)
+//   Sending   CTS received; packets leave and are acknowledged
 //   Done      complete; test() reports it and frees the slot
 #pragma once
 
+#include <memory>
 #include <vector>
 
-#include "transport/delivery_rate.h"
+#include "transport/congestion.h"
 #include "transport/conn.h"
-#include "transport/pacer.h"
 #include "transport/rtt.h"
 #include "transport/sack.h"
 
@@ -27,8 +40,11 @@ class DeadlinePolicy;
 
 class SendConn final : public Conn, public SendComm {
  public:
+  // `path`: the congestion state shared with every connection to the same host (PathTable);
+  // null gives the connection a path of its own.
   SendConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
-           const ConnParams& p, std::shared_ptr<Registry> registry);
+           const ConnParams& p, std::shared_ptr<Registry> registry,
+           std::shared_ptr<Path> path = nullptr);
   ~SendConn() override;
 
   Status isend(const void* data, size_t size, Request** req) override;
@@ -42,12 +58,16 @@ class SendConn final : public Conn, public SendComm {
   // Bounded mode: whose tC estimate DATA packets carry to the receiver (null: none).
   void set_group(DeadlinePolicy* group);
 
-  // For tests: bytes sent but not yet acknowledged, and the congestion window.
+  // For tests: bytes sent but not yet acknowledged, and the path this connection sends on.
   uint64_t inflight_bytes() const;
-  uint64_t cwnd_bytes() const;
+  const std::shared_ptr<Path>& path() const { return path_; }
+
+  enum class State : uint8_t { kFree, kWaitCts, kSending, kDone };
+  // The edges listed above; anything else is a bug that set_state_locked() turns into a
+  // failed connection instead of a silent corruption.
+  static bool legal_transition(State from, State to);
 
  private:
-  enum class State : uint8_t { kFree, kWaitCts, kSending, kDone };
   struct Msg {
     Request req;
     State state = State::kFree;
@@ -62,10 +82,10 @@ class SendConn final : public Conn, public SendComm {
     uint32_t high = 0;      // one past the highest acknowledged packet
     PacketBitmap acked;
     PacketBitmap resent;            // sent more than once: no RTT sample (Karn)
-    std::vector<uint64_t> sent_ns;  // last transmission time per packet
+    std::vector<uint64_t> sent_ns;  // last transmission time per packet; kQueued: lost, queued
     uint64_t posted_ns = 0;
     uint64_t started_ns = 0;   // CTS arrived
-    uint64_t progress_ns = 0;  // last acknowledgement progress (exact)
+    uint64_t progress_ns = 0;  // last acknowledgement progress
   };
   struct CtsRecord {  // CTS may arrive before the matching isend
     uint32_t seq = 0;
@@ -75,7 +95,10 @@ class SendConn final : public Conn, public SendComm {
   };
   // Outcome of recent messages, to answer a late CTS for an expired one.
   static constexpr uint32_t kCtsRing = 2 * kMaxRequests;
+  // sent_ns of a packet found lost and waiting in the retransmission queue.
+  static constexpr uint64_t kQueued = UINT64_MAX;
 
+  // Conn hooks.
   void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) override;
   bool waiting_on_peer_locked() const override;
   void on_peer_closed_locked(uint64_t now) override;
@@ -84,22 +107,37 @@ class SendConn final : public Conn, public SendComm {
   void transmit_locked(uint64_t now) override;
   Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) override;
 
+  // send.cc: the message's life.
+  bool set_state_locked(Msg& m, State to);
   void on_cts_locked(const PacketHeader& h, uint64_t now);
-  void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
   void start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now);
-  void ack_packet_locked(Msg& m, uint32_t i, uint64_t* newest_sent);
   void finish_locked(Msg& m);
-  void mark_lost_locked(Msg& m, uint32_t i);
-  void detect_losses_locked(Msg& m, uint64_t now);
-  void send_expired_notice_locked(uint32_t seq);
-  void send_probe_locked();
-  void arm_probe_locked(uint64_t now);
-  void set_bounded_rate_locked();
-  void sample_delivery_rate_locked(uint64_t newly_acked, uint64_t now);
-  uint64_t give_up_ns_locked() const;
-  void give_up_locked(Msg& m);
+  bool may_expire_locked() const;
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
+
+  // send_recovery.cc: acknowledgements and loss recovery.
+  void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
+  void on_receiver_done_locked(Msg& m);
+  struct AckTally {
+    uint64_t acked = 0;        // bytes newly acknowledged
+    uint64_t left_flight = 0;  // of which were still counted in flight
+    uint64_t newest_sent = 0;  // latest send time among them that may give an RTT sample
+  };
+  void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
+  void detect_losses_locked(Msg& m, uint64_t now);
+  void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
+  void on_rto_locked(uint64_t now);
+  void send_probe_locked(uint64_t now);
+  void arm_probe_locked(uint64_t now);
+  // Takes a message's unacknowledged packets out of flight (it will send none of them again).
+  void forget_outstanding_locked(Msg& m);
+
+  // send_expiry.cc: bounded messages that run out of time.
+  void expire_bounded_locked(uint64_t now);
+  void send_expired_notice_locked(uint32_t seq);
+  uint64_t give_up_ns_locked() const;
+  void give_up_locked(Msg& m);
 
   Msg msgs_[kMaxRequests];
   uint32_t next_seq_ = 0;  // sequence of the next isend
@@ -116,15 +154,11 @@ class SendConn final : public Conn, public SendComm {
   size_t retx_head_ = 0;
 
   RttEstimator rtt_;
-  CongestionWindow cwnd_;
-  Pacer pacer_;          // OPTIREDUCE_RATE_GBPS for every packet
-  Pacer bounded_pacer_;  // bounded packets, which no window governs
-  // Delivery rate of exact traffic: what the path actually carried, the pace for bounded
-  // packets. rate_restart_: the connection just left idle (its next ACK starts a window).
-  DeliveryRate delivery_;
-  bool rate_restart_ = true;
-  uint64_t acked_bytes_ = 0;  // every byte ever acknowledged (exact mode)
-  uint64_t inflight_ = 0;      // bytes sent at least once and not acknowledged (exact mode)
+  std::shared_ptr<Path> path_;
+  // The receiver's buffering (and OPTIREDUCE_WINDOW_BYTES): a per-connection cap on the bytes
+  // in flight, whatever the path's window allows.
+  const uint64_t flow_window_;
+  uint64_t inflight_ = 0;        // this connection's bytes sent and not acknowledged or lost
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and

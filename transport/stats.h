@@ -30,6 +30,9 @@ struct ConnStats {
   uint64_t early_timeouts = 0;  // bounded receives ended by the early timeout
   uint64_t late_pkts = 0;       // DATA for a bounded receive that had already completed
   uint64_t expired_sends = 0;   // bounded sends given up for want of a CTS
+  uint64_t cut_sends = 0;       // bounded sends ended with packets unacknowledged (the
+                                // receiver's deadline or the send budget came first)
+  uint64_t repaired_pkts = 0;   // bounded packets sent again (lost early in a step)
   uint32_t tb_us = 0;           // current hard bound
   uint32_t tc_us = 0;           // current adaptive estimate
 };

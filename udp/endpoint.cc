@@ -376,6 +376,12 @@ std::string UdpEndpoint::peer_text() const {
   return has_peer_ ? sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_)) : std::string();
 }
 
+std::string UdpEndpoint::peer_host() const {
+  if (!has_peer_) return {};
+  std::string t = sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_));
+  return t.substr(0, t.rfind(':'));
+}
+
 Status UdpEndpoint::set_peer(const PeerAddress& peer) {
   sockaddr_storage sa;
   socklen_t len;

@@ -69,6 +69,12 @@ std::string format_address(const UdAddress& a) {
   return buf;
 }
 
+std::string format_gid(const UdAddress& a) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  inet_ntop(AF_INET6, a.gid, ip, sizeof(ip));
+  return ip;
+}
+
 bool gid_is_zero(const uint8_t gid[16]) {
   for (int i = 0; i < 16; i++)
     if (gid[i] != 0) return false;

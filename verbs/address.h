@@ -45,6 +45,8 @@ PeerAddress encode_address(const UdAddress& a);
 bool decode_address(const PeerAddress& p, UdAddress* out);
 // "gid ::ffff:10.77.0.1 qpn 17 qkey 0x4f525544", for logs.
 std::string format_address(const UdAddress& a);
+// The GID alone (the host part of an address: congestion state is shared per host).
+std::string format_gid(const UdAddress& a);
 
 bool gid_is_zero(const uint8_t gid[16]);
 bool gid_is_ipv4_mapped(const uint8_t gid[16]);  // ::ffff:a.b.c.d

@@ -72,6 +72,7 @@ class UdEndpoint final : public Endpoint {
   const PeerAddress& local_address() const override { return local_; }
   Status set_peer(const PeerAddress& peer) override;
   std::string peer_text() const override { return has_peer_ ? format_address(peer_) : std::string(); }
+  std::string peer_host() const override { return has_peer_ ? format_gid(peer_) : std::string(); }
   int tx_burst(const TxPacket* pkts, int n) override;
   int rx_burst(RxPacket* pkts, int max) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }

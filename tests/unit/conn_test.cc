@@ -268,11 +268,11 @@ TEST(ReceiverBounds, HostileDatagramsAreDroppedAndCounted) {
 
 TEST(Bounded, DeadlineFillsHolesWithMarkerAndCountsThem) {
   Rig rig(Delivery::kBounded, Fill::kMarker);
-  int n = 0;
   rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
     PacketHeader h;
     decode(d.data(), d.size(), &h);
-    return (h.type == PacketType::kData && n++ % 2 == 1) ? 0 : 1;  // every second DATA lost
+    // Every odd packet is lost, its repairs too: only the deadline ends the step.
+    return (h.type == PacketType::kData && (h.offset / 1000) % 2 == 1) ? 0 : 1;
   };
   auto src = pattern(10'000, 9);
   std::vector<uint8_t> dst(src.size(), 0);
@@ -280,14 +280,14 @@ TEST(Bounded, DeadlineFillsHolesWithMarkerAndCountsThem) {
   ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
   ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
   size_t sz = 0;
-  bool done = false;
-  ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
-  EXPECT_TRUE(done);  // bounded send: done once every packet left, no ACKs awaited
-  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
-  EXPECT_FALSE(done);
-  rig.clock.advance_ms(49);
-  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
-  EXPECT_FALSE(done);
+  bool sdone = false, done = false;
+  for (int ms = 0; ms < 49; ++ms) {
+    ASSERT_TRUE(rig.s->test(sr, &sdone, &sz).is_ok());
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+    ASSERT_FALSE(sdone) << "a bounded send waits for the receiver's word while time is left";
+    ASSERT_FALSE(done);
+    rig.clock.advance_ms(1);
+  }
   rig.clock.advance_ms(2);  // past OPTIREDUCE_TIMEOUT_MS = 50
   ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
   ASSERT_TRUE(done);
@@ -307,6 +307,42 @@ TEST(Bounded, DeadlineFillsHolesWithMarkerAndCountsThem) {
   EXPECT_EQ(st.deadline_hits, 1u);
   EXPECT_EQ(st.bytes_expected, 10'000u);
   EXPECT_EQ(st.bytes_lost, 5'000u);
+  // The receiver's FINAL ends the send at once; the sender tried to repair meanwhile.
+  ASSERT_TRUE(rig.s->test(sr, &sdone, &sz).is_ok());
+  EXPECT_TRUE(sdone);
+  EXPECT_EQ(rig.s->stats().cut_sends, 1u);
+  EXPECT_GT(rig.s->stats().repaired_pkts, 0u);
+  EXPECT_EQ(rig.s->inflight_bytes(), 0u);
+  EXPECT_EQ(rig.s->path()->snapshot().inflight, 0u);
+}
+
+TEST(Bounded, ALossEarlyInAStepIsRepairedBeforeTheDeadline) {
+  Rig rig(Delivery::kBounded);
+  bool dropped = false;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    if (h.type == PacketType::kData && h.offset == 3000 && !dropped) {
+      dropped = true;  // the first copy of packet 3 only
+      return 0;
+    }
+    return 1;
+  };
+  auto src = pattern(20'000, 4);
+  std::vector<uint8_t> dst(src.size(), 0);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  size_t sz = 0;
+  const uint64_t t0 = rig.clock.now_ns();
+  ASSERT_TRUE(rig.run(sr, rr, &sz, 2000, 100));
+  EXPECT_LT(rig.clock.now_ns() - t0, 50'000'000u) << "before the 50 ms deadline";
+  EXPECT_TRUE(dropped);
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(rig.r->stats().bytes_lost, 0u);
+  EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
+  EXPECT_EQ(rig.s->stats().repaired_pkts, 1u);
+  EXPECT_EQ(rig.s->stats().cut_sends, 0u);
 }
 
 TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {

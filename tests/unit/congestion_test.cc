@@ -1,0 +1,173 @@
+// The path's congestion control: DelayController's rules (slow start, a decrease in proportion
+// to the delay's excess once per RTT, random loss ignored and queue-full loss obeyed, a timeout
+// halving, the floor, the base-RTT filter forgetting), and Path/PathTable's sharing of one
+// window by every connection to the same host.
+#include <gtest/gtest.h>
+
+#include "transport/congestion.h"
+
+namespace optireduce {
+namespace {
+
+constexpr uint32_t kMss = 8000;
+constexpr uint64_t kUs = 1000;
+constexpr uint64_t kMs = 1000 * kUs;
+
+DelayController fresh() {
+  DelayControlOptions o;
+  o.mss = kMss;
+  o.max_window = 100 * kMss;
+  o.target_floor_ns = 500 * kUs;
+  return DelayController(o);
+}
+
+TEST(DelayController, SlowStartDoublesPerRttWhileTheDelayIsOnTarget) {
+  DelayController c = fresh();
+  const uint64_t w0 = c.window_bytes();
+  EXPECT_EQ(w0, 16u * kMss);
+  uint64_t now = kMs;
+  // One window acknowledged at the base RTT: the window doubles.
+  c.on_ack(w0, 100 * kUs, now);
+  EXPECT_EQ(c.window_bytes(), 2 * w0);
+  EXPECT_EQ(c.base_rtt_ns(), 100 * kUs);
+  EXPECT_EQ(c.target_ns(), 600 * kUs);  // base + the 500 us floor
+  // Growth stops at the ceiling.
+  for (int i = 0; i < 10; ++i) c.on_ack(c.window_bytes(), 100 * kUs, now += 100 * kUs);
+  EXPECT_EQ(c.window_bytes(), 100u * kMss);
+}
+
+TEST(DelayController, ExcessDelayShrinksInProportionOncePerRtt) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  c.on_ack(kMss, 100 * kUs, now);  // base 100 us, target 600 us
+  const double w = static_cast<double>(c.window_bytes());
+  // 1100 us: excess 500 of 1100 -> factor 1 - 0.8 * 500/1100.
+  c.on_ack(kMss, 1100 * kUs, now += 10 * kUs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), w * (1 - 0.8 * 500.0 / 1100.0), 1.0);
+  EXPECT_EQ(c.decreases(), 1u);
+  // More samples of the same RTT describe the same queue: no second cut yet.
+  const uint64_t after = c.window_bytes();
+  c.on_ack(kMss, 1100 * kUs, now += 10 * kUs);
+  EXPECT_EQ(c.window_bytes(), after);
+  // One smoothed RTT later it cuts again, never by more than half.
+  c.on_ack(kMss, 5 * kMs, now += 2 * kMs);
+  EXPECT_EQ(c.decreases(), 2u);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(after) * 0.5, 1.0);
+}
+
+TEST(DelayController, AfterSlowStartGrowsOnePacketPerRtt) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  c.on_ack(kMss, 100 * kUs, now);
+  c.on_ack(kMss, 2 * kMs, now += kMs);  // leaves slow start
+  const uint64_t w = c.window_bytes();
+  // A whole window acknowledged on target: about one packet more.
+  for (uint64_t acked = 0; acked < w; acked += kMss) c.on_ack(kMss, 100 * kUs, now += kUs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w + kMss), kMss * 0.1);
+}
+
+TEST(DelayController, RandomLossOnAnIdleQueueIsNotCongestion) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  c.on_ack(kMss, 100 * kUs, now);
+  c.on_ack(kMss, 2 * kMs, now += kMs);  // leave slow start
+  c.on_ack(kMss, 100 * kUs, now += kMs);
+  const uint64_t w = c.window_bytes();
+  c.on_loss(now += kMs);  // the last RTT was at the base: a random loss
+  EXPECT_EQ(c.window_bytes(), w);
+  // The same loss with the queue full (RTT far above target) cuts by 30%.
+  c.on_ack(kMss, 100 * kUs + 10, now += kMs);
+  const uint64_t w2 = c.window_bytes();
+  DelayController d = fresh();
+  d.on_ack(kMss, 100 * kUs, now);
+  d.on_ack(kMss, 2 * kMs, now + kMs);
+  const uint64_t before = d.window_bytes();
+  d.on_loss(now + 10 * kMs);
+  EXPECT_NEAR(static_cast<double>(d.window_bytes()), static_cast<double>(before) * 0.7, 1.0);
+  EXPECT_GT(w2, 0u);
+}
+
+TEST(DelayController, LossInSlowStartEndsIt) {
+  DelayController c = fresh();
+  const uint64_t w = c.window_bytes();
+  c.on_loss(kMs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w) * 0.7, 1.0);
+  c.on_ack(w, 100 * kUs, 2 * kMs);  // no more doubling
+  EXPECT_LT(c.window_bytes(), w);
+}
+
+TEST(DelayController, TimeoutsHalveDownToAFloorOfFourPackets) {
+  DelayController c = fresh();
+  for (int i = 0; i < 20; ++i) c.on_timeout(kMs * (i + 1));
+  EXPECT_EQ(c.window_bytes(), 4u * kMss);
+}
+
+TEST(DelayController, TheBaseRttForgetsARouteThatGotLonger) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  c.on_ack(kMss, 100 * kUs, now);
+  EXPECT_EQ(c.base_rtt_ns(), 100 * kUs);
+  // The path now takes 3 ms each way: within two 10 s windows the base follows.
+  for (int i = 0; i < 30; ++i) c.on_ack(kMss, 3 * kMs, now += 1'000 * kMs);
+  EXPECT_EQ(c.base_rtt_ns(), 3 * kMs);
+}
+
+TEST(DelayController, PacesAtAQuarterAboveWindowPerRtt) {
+  DelayController c = fresh();
+  EXPECT_EQ(c.pacing_rate(), 0.0);  // nothing measured: the window alone
+  c.on_ack(0, 100 * kUs, kMs);
+  EXPECT_NEAR(c.pacing_rate(), 1.25 * 16 * kMss / (100.0 * kUs), 1e-9);
+}
+
+std::unique_ptr<CongestionController> controller() {
+  DelayControlOptions o;
+  o.mss = kMss;
+  return std::make_unique<DelayController>(o);
+}
+
+TEST(Path, ConnectionsShareOneWindow) {
+  Path p(controller(), kMss, 0);
+  const uint64_t w = p.snapshot().window;
+  EXPECT_EQ(p.room(kMs), w);
+  p.on_sent(w / 2);  // connection A
+  p.on_sent(w / 2);  // connection B
+  EXPECT_EQ(p.room(kMs), 0u);
+  p.on_acked(w / 4, w / 4, 0, kMs);  // A's ACK opens room for B as well
+  EXPECT_EQ(p.room(kMs), w / 4 + w / 4);  // (slow start also grew the window by as much)
+  p.release(w);  // everything leaves flight: never below zero
+  EXPECT_EQ(p.snapshot().inflight, 0u);
+}
+
+TEST(Path, AnEmptyPathAlwaysLetsOnePacketGo) {
+  Path p(controller(), kMss, 0);
+  for (int i = 0; i < 20; ++i) p.on_timeout(kMs * (i + 1));
+  EXPECT_GE(p.room(kMs), uint64_t{kMss});
+}
+
+TEST(Path, TheRateCeilingCapsPacing) {
+  Path p(controller(), kMss, 0.125);  // 1 Gbit/s
+  uint64_t t = 10 * kMs;
+  p.room(t);  // starts the bucket
+  p.on_sent(p.room(t));
+  // 100 us later the ceiling allows 12.5 kB, not the (unmeasured, unpaced) window's worth.
+  EXPECT_NEAR(static_cast<double>(p.tokens(t + 100 * kUs)), 12'500.0, 1.0);
+}
+
+TEST(PathTable, OnePathPerHostWhileAnyConnectionUsesIt) {
+  PathTable t;
+  auto a = t.get("0/10.0.0.2", kMss, 0);
+  auto b = t.get("0/10.0.0.2", kMss, 0);
+  auto c = t.get("0/10.0.0.3", kMss, 0);
+  EXPECT_EQ(a.get(), b.get());
+  EXPECT_NE(a.get(), c.get());
+  a->on_sent(1000);
+  EXPECT_EQ(b->snapshot().inflight, 1000u);
+  a.reset();
+  b.reset();
+  // Nobody uses it any more: a later connection starts afresh.
+  auto d = t.get("0/10.0.0.2", kMss, 0);
+  EXPECT_EQ(d->snapshot().inflight, 0u);
+}
+
+}  // namespace
+}  // namespace optireduce

@@ -1,0 +1,168 @@
+// DelayController, Path and PathTable.
+#include "transport/congestion.h"
+
+#include <algorithm>
+
+namespace optireduce {
+
+namespace {
+// A fresh path starts with this many packets in flight and doubles per RTT from there while
+// the RTT stays on target (slow start). 16 jumbo packets are 128 KiB: a millisecond at 1 Gbit/s,
+// so three senders converging on one receiver start far below a 1 MB switch queue.
+constexpr uint64_t kInitialPkts = 16;
+// Never fewer: with fewer packets in flight, SACK-based loss detection (three acknowledged
+// packets above a hole) stops working and every loss becomes a timeout.
+constexpr uint64_t kMinPkts = 4;
+// Swift's multiplicative decrease: the excess delay's share of the RTT, scaled by kBeta, capped
+// at kMaxDecrease per RTT.
+constexpr double kBeta = 0.8;
+constexpr double kMaxDecrease = 0.5;
+// A loss while the RTT says the queue was full.
+constexpr double kLossDecrease = 0.7;
+// Base-RTT filter window (see base_rtt_).
+constexpr uint64_t kBaseWindowNs = 10'000'000'000;
+// Packets leave at this multiple of window / RTT, so that pacing smooths bursts without
+// becoming the bottleneck itself; and a burst of up to a quarter window may leave at once.
+constexpr double kPacingGain = 1.25;
+}  // namespace
+
+DelayController::DelayController(const DelayControlOptions& o)
+    : o_(o),
+      cwnd_(static_cast<double>(std::min<uint64_t>(o.max_window, kInitialPkts * o.mss))) {}
+
+uint64_t DelayController::target_ns() const {
+  return base_rtt_ + std::max(o_.target_floor_ns, base_rtt_ / 2);
+}
+
+double DelayController::pacing_rate() const {
+  if (srtt_ == 0) return 0;
+  return kPacingGain * cwnd_ / static_cast<double>(srtt_);
+}
+
+void DelayController::decrease(double factor, uint64_t now) {
+  // Once per RTT: the samples of the same RTT describe the same queue.
+  if (last_decrease_ns_ != 0 && now - last_decrease_ns_ < std::max<uint64_t>(srtt_, 1)) return;
+  last_decrease_ns_ = now;
+  slow_start_ = false;
+  ++decreases_;
+  cwnd_ = std::max(cwnd_ * factor, static_cast<double>(kMinPkts * o_.mss));
+}
+
+void DelayController::on_ack(uint64_t acked, uint64_t rtt, uint64_t now) {
+  if (rtt != 0) {
+    if (base_epoch_ns_ == 0 || now - base_epoch_ns_ >= kBaseWindowNs) {
+      base_prev_ = base_cur_;
+      base_cur_ = 0;
+      base_epoch_ns_ = now;
+    }
+    base_cur_ = base_cur_ == 0 ? rtt : std::min(base_cur_, rtt);
+    base_rtt_ = base_prev_ == 0 ? base_cur_ : std::min(base_cur_, base_prev_);
+    srtt_ = srtt_ == 0 ? rtt : (7 * srtt_ + rtt) / 8;
+    last_rtt_ = rtt;
+  }
+  if (last_rtt_ != 0 && last_rtt_ > target_ns()) {
+    const double excess = static_cast<double>(last_rtt_ - target_ns()) / static_cast<double>(last_rtt_);
+    decrease(std::max(1 - kBeta * excess, 1 - kMaxDecrease), now);
+    return;
+  }
+  const auto a = static_cast<double>(acked);
+  if (slow_start_) cwnd_ += a;
+  else cwnd_ += static_cast<double>(o_.mss) * a / cwnd_;  // one packet per RTT
+  cwnd_ = std::min(cwnd_, static_cast<double>(o_.max_window));
+}
+
+void DelayController::on_loss(uint64_t now) {
+  // Slow start overshoots by design; afterwards only a loss with the queue full is congestion.
+  if (slow_start_ || (last_rtt_ != 0 && last_rtt_ > target_ns())) decrease(kLossDecrease, now);
+}
+
+void DelayController::on_timeout(uint64_t now) {
+  last_decrease_ns_ = 0;  // a timeout always counts
+  decrease(kMaxDecrease, now);
+}
+
+std::unique_ptr<CongestionController> make_default_controller(uint32_t mss) {
+  DelayControlOptions o;
+  o.mss = mss;
+  return std::make_unique<DelayController>(o);
+}
+
+Path::Path(std::unique_ptr<CongestionController> cc, uint32_t mss, double ceiling)
+    : cc_(std::move(cc)), mss_(mss), ceiling_(ceiling) {
+  update_pacer_locked();
+}
+
+void Path::update_pacer_locked() {
+  double rate = cc_->pacing_rate();
+  if (ceiling_ > 0) rate = rate > 0 ? std::min(rate, ceiling_) : ceiling_;
+  const uint64_t burst = std::max<uint64_t>(4 * uint64_t{mss_}, cc_->window_bytes() / 4);
+  pacer_.set_rate(rate, burst);
+}
+
+uint64_t Path::room(uint64_t now) {
+  std::lock_guard<std::mutex> l(mu_);
+  const uint64_t w = cc_->window_bytes();
+  uint64_t r = inflight_ < w ? w - inflight_ : 0;
+  if (inflight_ == 0) r = std::max<uint64_t>(r, mss_);
+  return std::min(r, pacer_.available(now));
+}
+
+uint64_t Path::tokens(uint64_t now) {
+  std::lock_guard<std::mutex> l(mu_);
+  return pacer_.available(now);
+}
+
+void Path::on_sent(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  inflight_ += bytes;
+  pacer_.consume(bytes);
+}
+
+void Path::on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t now) {
+  std::lock_guard<std::mutex> l(mu_);
+  inflight_ -= std::min(inflight_, left_flight);
+  cc_->on_ack(acked, rtt_ns, now);
+  update_pacer_locked();
+}
+
+void Path::on_lost(uint64_t bytes, uint64_t now) {
+  std::lock_guard<std::mutex> l(mu_);
+  inflight_ -= std::min(inflight_, bytes);
+  cc_->on_loss(now);
+  update_pacer_locked();
+}
+
+void Path::on_timeout(uint64_t now) {
+  std::lock_guard<std::mutex> l(mu_);
+  cc_->on_timeout(now);
+  update_pacer_locked();
+}
+
+void Path::release(uint64_t bytes) {
+  std::lock_guard<std::mutex> l(mu_);
+  inflight_ -= std::min(inflight_, bytes);
+}
+
+PathSnapshot Path::snapshot() const {
+  std::lock_guard<std::mutex> l(mu_);
+  PathSnapshot s;
+  s.window = cc_->window_bytes();
+  s.inflight = inflight_;
+  s.rate = cc_->pacing_rate();
+  s.senders = senders_;
+  return s;
+}
+
+std::shared_ptr<Path> PathTable::get(const std::string& key, uint32_t mss, double ceiling) {
+  std::lock_guard<std::mutex> l(mu_);
+  for (auto it = paths_.begin(); it != paths_.end();) {  // forget paths nobody uses
+    if (it->second.expired()) it = paths_.erase(it);
+    else ++it;
+  }
+  if (auto p = paths_[key].lock()) return p;
+  auto p = std::make_shared<Path>(make_default_controller(mss), mss, ceiling);
+  paths_[key] = p;
+  return p;
+}
+
+}  // namespace optireduce

@@ -1,0 +1,157 @@
+// Congestion control of a path: how many bytes the connections from one local device to one
+// remote host may keep in the network, and how fast they may put them there.
+//
+// Why per path and not per connection: NCCL opens several channels (connections) per peer pair
+// and a communicator's collectives add more; TAR opens one per peer. Each of them controlled on
+// its own is as aggressive as one flow, so k connections take k shares of a bottleneck and
+// overflow a shallow queue k times as fast. All connections and communicators of a process
+// between the same two hosts therefore draw from one window (PathTable hands out the shared
+// Path).
+//
+// Why delay and not loss: a cloud fabric drops when a queue overflows, a lossless RoCE fabric
+// pauses instead and never drops, and a shallow queue overflows before a loss-based window
+// notices. The round-trip time rises in all three cases before anything is lost, so the window
+// follows it (Swift's rule: grow while the RTT is below a target of the path's base RTT plus a
+// small queueing allowance, shrink in proportion to the excess once per RTT). Loss alone cuts
+// the window only when the RTT says the queue was full: random loss on an idle link is not
+// congestion, and cutting for it starves the step that needs the link most.
+//
+// Bounded and exact traffic share the same window: bounded packets are acknowledged too (see
+// send.h), so the rate follows the network during bounded steps instead of freezing at a
+// figure measured during calibration.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "transport/pacer.h"
+
+namespace optireduce {
+
+// The decision rule, behind an interface so that a path can carry another one (a test double,
+// a future receiver-credit rule) without the send side changing. Not thread-safe: Path
+// serialises every call.
+class CongestionController {
+ public:
+  virtual ~CongestionController() = default;
+  // Bytes the path may have in flight.
+  virtual uint64_t window_bytes() const = 0;
+  // Bytes per ns at which packets may leave (0: unpaced, the window alone governs).
+  virtual double pacing_rate() const = 0;
+  // `acked` bytes newly acknowledged at `now`; rtt_ns: a round-trip sample taken from them (0 if
+  // none: every acknowledged packet had been retransmitted).
+  virtual void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) = 0;
+  // A packet was found lost (SACK hole).
+  virtual void on_loss(uint64_t now) = 0;
+  // The retransmission timer fired: nothing came back for a whole RTO.
+  virtual void on_timeout(uint64_t now) = 0;
+};
+
+struct DelayControlOptions {
+  uint32_t mss = 8192;                // payload bytes per packet
+  uint64_t max_window = 64u << 20;    // never more in flight than this
+  // Queueing allowed above the base RTT before the window shrinks. A floor, not a fraction of
+  // the base RTT alone: on a host path the RTT includes scheduling noise of a few hundred us.
+  uint64_t target_floor_ns = 500'000;
+};
+
+// Swift-like delay-based window with a pacing rate derived from it.
+class DelayController final : public CongestionController {
+ public:
+  explicit DelayController(const DelayControlOptions& o);
+
+  uint64_t window_bytes() const override { return static_cast<uint64_t>(cwnd_); }
+  double pacing_rate() const override;
+  void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) override;
+  void on_loss(uint64_t now) override;
+  void on_timeout(uint64_t now) override;
+
+  // For tests and statistics.
+  uint64_t base_rtt_ns() const { return base_rtt_; }
+  uint64_t srtt_ns() const { return srtt_; }
+  uint64_t target_ns() const;
+  uint64_t decreases() const { return decreases_; }
+
+ private:
+  void decrease(double factor, uint64_t now);
+
+  DelayControlOptions o_;
+  double cwnd_;
+  bool slow_start_ = true;  // multiplicative growth until the first decrease
+  // Base RTT: the smallest sample of the current and the previous window of kBaseWindowNs, so
+  // that a route change (or a VM migration) is forgotten within two windows.
+  uint64_t base_rtt_ = 0;
+  uint64_t base_cur_ = 0, base_prev_ = 0, base_epoch_ns_ = 0;
+  uint64_t srtt_ = 0;
+  uint64_t last_rtt_ = 0;
+  uint64_t last_decrease_ns_ = 0;
+  uint64_t decreases_ = 0;
+};
+
+// What a path's state looks like from outside (tests, statistics).
+struct PathSnapshot {
+  uint64_t window = 0;
+  uint64_t inflight = 0;
+  double rate = 0;  // bytes per ns
+  uint64_t senders = 0;
+};
+
+// One path: the controller, the bytes its connections have in flight, the pacer. Connections
+// call it under their own lock; its mutex is a leaf (it calls nothing outside).
+class Path {
+ public:
+  // ceiling_bytes_per_ns: OPTIREDUCE_RATE_GBPS (0: none), a cap on the pacing rate only.
+  Path(std::unique_ptr<CongestionController> cc, uint32_t mss, double ceiling_bytes_per_ns);
+
+  // Bytes a connection may start sending now: the window's room (at least one packet when
+  // nothing is in flight, so that a path can never stall) within the pacer's tokens.
+  uint64_t room(uint64_t now);
+  // The pacer's tokens alone: retransmissions replace packets that already left flight, so
+  // they are paced but not held back by the window (a full window must not stall repair).
+  uint64_t tokens(uint64_t now);
+  void on_sent(uint64_t bytes);
+  // `acked` bytes were acknowledged, `left_flight` of them were still counted in flight (a
+  // packet already declared lost was not); rtt_ns = 0: no sample.
+  void on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t now);
+  // Bytes found lost leave flight (their retransmission will be counted by on_sent again).
+  void on_lost(uint64_t bytes, uint64_t now);
+  void on_timeout(uint64_t now);
+  // Bytes that leave flight without telling anything about the network (a message given up,
+  // a connection closed with packets outstanding).
+  void release(uint64_t bytes);
+
+  void attach() { std::lock_guard<std::mutex> l(mu_); ++senders_; }
+  void detach() { std::lock_guard<std::mutex> l(mu_); --senders_; }
+  PathSnapshot snapshot() const;
+
+ private:
+  void update_pacer_locked();
+
+  mutable std::mutex mu_;
+  std::unique_ptr<CongestionController> cc_;
+  const uint32_t mss_;
+  const double ceiling_;
+  uint64_t inflight_ = 0;
+  uint64_t senders_ = 0;
+  Pacer pacer_;
+};
+
+// The paths of a process, by key ("device/remote host"). Holds them weakly: a path lives as long
+// as a connection uses it, and a later connection to the same host after all are gone starts
+// afresh (the network may have changed meanwhile).
+class PathTable {
+ public:
+  std::shared_ptr<Path> get(const std::string& key, uint32_t mss, double ceiling_bytes_per_ns);
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, std::weak_ptr<Path>> paths_;
+};
+
+// The controller every path gets: DelayController with the defaults above.
+std::unique_ptr<CongestionController> make_default_controller(uint32_t mss);
+
+}  // namespace optireduce

@@ -1,0 +1,67 @@
+// SendConn: bounded messages that run out of time. A message of a bounded connection never
+// waits forever: without a CTS it expires (and the receiver is told); under way, a bounded
+// message stops at the receiver's budget, and an exact one (calibration) whose receiver stopped
+// acknowledging is abandoned after a long fallback. Normally the receiver's FINAL ends a bounded
+// message first (send_recovery.cc); these timers are for a receiver that went quiet.
+#include <algorithm>
+
+#include "transport/send.h"
+
+namespace optireduce {
+
+namespace {
+// On a bounded connection, how long a message may wait when no receiver budget is known yet
+// (the receiver died before its first bounded CTS, or during calibration): long enough never
+// to cut a live calibration step, finite so that a dead peer never hangs anyone.
+constexpr uint64_t kFallbackGiveUpNs = 10'000'000'000;
+}  // namespace
+
+void SendConn::expire_bounded_locked(uint64_t now) {
+  const uint64_t give_up = give_up_ns_locked();
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state == State::kWaitCts && now - m.posted_ns >= give_up) {
+      if (!heard_cts_) presumed_dead_ = true;
+      m.expired = true;
+      expired_mask_ |= uint64_t{1} << (s % 64);
+      ++stats_.expired_sends;
+      if (!set_state_locked(m, State::kDone)) return;
+      send_expired_notice_locked(s);
+    } else if (m.state == State::kSending && m.bounded && now - m.started_ns >= give_up) {
+      give_up_locked(m);
+    } else if (m.state == State::kSending && !m.bounded &&
+               now - m.progress_ns >= std::max(give_up, kFallbackGiveUpNs)) {
+      give_up_locked(m);
+    }
+  }
+}
+
+void SendConn::send_expired_notice_locked(uint32_t seq) {
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.flags = kFlagExpired | kFlagBounded;
+  h.msg_seq = seq;
+  send_ctrl_locked(h);
+}
+
+// How long a message of a bounded connection may wait. With a budget from the receiver's CTS,
+// that budget. Before the receiver ever spoke, the long fallback: a receiver may still turn out
+// to be forced exact (NCCL using LL/LL128 on it), and an expired message would then hang it,
+// so only a receiver silent for that long is presumed dead; after that first expiry the later
+// messages expire at 2 x OPTIREDUCE_TIMEOUT_MS (else 1 s) instead of 10 s each.
+uint64_t SendConn::give_up_ns_locked() const {
+  if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
+  if (!presumed_dead_) return kFallbackGiveUpNs;
+  return cfg_.timeout_ms > 0 ? static_cast<uint64_t>(2e6 * cfg_.timeout_ms) : 1'000'000'000;
+}
+
+// Ends a message under way that ran out of time: packets not yet sent never will be, and
+// unacknowledged ones stop counting as in flight.
+void SendConn::give_up_locked(Msg& m) {
+  if (m.bounded) ++stats_.cut_sends;
+  else ++stats_.expired_sends;
+  forget_outstanding_locked(m);
+  finish_locked(m);
+}
+
+}  // namespace optireduce

@@ -1,0 +1,198 @@
+// SendConn: acknowledgements (SACK), loss detection, the retransmission timer and the tail loss
+// probe. Bounded messages go through the same machinery as exact ones, so a packet lost early
+// in a bounded step is sent again while the deadline leaves time; the receiver's word that it
+// completed a message (FINAL) ends its recovery.
+#include <algorithm>
+
+#include "transport/send.h"
+
+namespace optireduce {
+
+namespace {
+// A hole is declared lost once this many packets above it have been acknowledged (TCP's
+// duplicate-ACK threshold: tolerates mild reordering without spurious retransmissions).
+constexpr uint32_t kDupThresh = 3;
+// Shortest tail-loss-probe delay: below this a probe mostly duplicates packets still in flight.
+constexpr uint64_t kMinProbeNs = 100'000;
+}  // namespace
+
+void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
+  if (!m.acked.set(i)) return;
+  const uint32_t len = pkt_len(m, i);
+  t->acked += len;
+  // A packet queued for retransmission was already taken out of the bytes in flight.
+  if (m.sent_ns[i] != kQueued) {
+    inflight_ -= std::min<uint64_t>(inflight_, len);
+    t->left_flight += len;
+    if (!m.resent.test(i)) t->newest_sent = std::max(t->newest_sent, m.sent_ns[i]);
+  }
+  m.high = std::max(m.high, i + 1);
+}
+
+void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
+  const uint32_t s = h.msg_seq;
+  if (static_cast<int32_t>(s - oldest_) < 0) {
+    ++stats_.drop_stale;
+    return;
+  }
+  if (s - oldest_ >= static_cast<uint32_t>(kMaxRequests) || s >= next_seq_) {
+    ++stats_.drop_unexpected;
+    return;
+  }
+  Msg& m = slot(s);
+  if (m.state != State::kSending) {
+    if (m.state == State::kDone) ++stats_.drop_stale;
+    else ++stats_.drop_unexpected;
+    return;
+  }
+  if ((h.flags & kFlagFinal) && (h.flags & kFlagBounded)) {
+    // The receiver completed a bounded message without all of it (its deadline passed):
+    // nothing more is wanted. Only a bounded message may end so; for any other it is a lie.
+    if (!m.bounded) {
+      ++stats_.drop_unexpected;
+      return;
+    }
+    on_receiver_done_locked(m);
+    return;
+  }
+  AckTally t;
+  if (h.flags & kFlagFinal) {
+    if (m.next_new < m.npkts) {
+      // Acknowledging packets we never sent is a protocol violation; refuse it.
+      ++stats_.drop_bounds;
+      return;
+    }
+    // The receiver holds the whole message; packets we never saw acknowledged arrived anyway.
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.npkts; i = m.acked.first_clear(i + 1))
+      ack_packet_locked(m, i, &t);
+  } else {
+    if (h.msg_size != m.npkts || h.offset > m.next_new) {
+      ++stats_.drop_bounds;
+      return;
+    }
+    for (uint32_t i = m.acked.first_clear(m.cum); i < h.offset; i = m.acked.first_clear(i + 1))
+      ack_packet_locked(m, i, &t);
+    const uint32_t nbytes = std::min(h.payload_len, kSackBytes);
+    for (uint32_t byte = 0; byte < nbytes; ++byte) {
+      if (sack[byte] == 0) continue;
+      for (uint32_t bit = 0; bit < 8; ++bit) {
+        if (!(sack[byte] >> bit & 1)) continue;
+        const uint64_t i = uint64_t{h.offset} + byte * 8 + bit;
+        if (i >= m.next_new) {
+          ++stats_.drop_bounds;
+          break;
+        }
+        ack_packet_locked(m, static_cast<uint32_t>(i), &t);
+      }
+    }
+  }
+  const uint32_t old_cum = m.cum;
+  m.cum = m.acked.first_clear(m.cum);
+  const uint64_t rtt = t.newest_sent != 0 ? now - t.newest_sent : 0;
+  if (rtt != 0) rtt_.sample(rtt);
+  if (t.acked != 0) path_->on_acked(t.left_flight, t.acked, rtt, now);
+  if (m.cum != old_cum) m.progress_ns = now;
+  if (m.cum != old_cum || t.newest_sent != 0) {
+    rto_deadline_ = now + rtt_.rto_ns();
+    arm_probe_locked(now);  // progress: push the probe out again
+  }
+  if (m.acked.full()) {
+    finish_locked(m);
+    return;
+  }
+  detect_losses_locked(m, now);
+}
+
+void SendConn::on_receiver_done_locked(Msg& m) {
+  if (!m.acked.full()) ++stats_.cut_sends;
+  forget_outstanding_locked(m);
+  finish_locked(m);
+}
+
+void SendConn::forget_outstanding_locked(Msg& m) {
+  uint64_t bytes = 0;
+  for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
+    if (m.sent_ns[i] != kQueued) bytes += pkt_len(m, i);
+  inflight_ -= std::min(inflight_, bytes);
+  path_->release(bytes);
+}
+
+void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
+  // Holes with kDupThresh acknowledged packets above them are lost. Once the whole message
+  // has left, nothing more can arrive to push `high` up, so every aged hole below it counts.
+  uint32_t limit = m.high >= kDupThresh + 1 ? m.high - kDupThresh : 0;
+  if (m.next_new == m.npkts) limit = m.high;
+  if (limit == 0) return;
+  // A packet resent less than one smoothed RTT ago cannot have been acknowledged yet.
+  const uint64_t min_age = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns();
+  for (uint32_t i = m.acked.first_clear(m.cum); i < limit; i = m.acked.first_clear(i + 1)) {
+    if (m.sent_ns[i] == kQueued || now - m.sent_ns[i] < min_age) continue;
+    if (retx_.size() >= kRetxCap) break;  // the RTO will find the rest
+    mark_lost_locked(m, i, true, now);
+  }
+}
+
+// A packet believed lost leaves the bytes in flight (so the windows do not stay shut on packets
+// that are no longer in the network: new packets keep ACKs, and so loss detection, flowing) and
+// waits in the retransmission queue. loss_signal: a SACK hole, which tells the path's controller
+// something; a timeout or a probe has told it already, or tells it nothing.
+void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now) {
+  const uint32_t len = pkt_len(m, i);
+  inflight_ -= std::min<uint64_t>(inflight_, len);
+  if (loss_signal) path_->on_lost(len, now);
+  else path_->release(len);
+  m.sent_ns[i] = kQueued;
+  retx_.push_back({m.req.seq, i});
+}
+
+// Retransmission timeout: the oldest unacknowledged packets of every message under way go
+// again, up to one (shrunken) window.
+void SendConn::on_rto_locked(uint64_t now) {
+  rto_deadline_ = 0;
+  if (inflight_ == 0) return;  // everything was acknowledged meanwhile: nothing to time out
+  ++stats_.rto_events;
+  rtt_.backoff();
+  path_->on_timeout(now);
+  uint64_t budget = std::max<uint64_t>(path_->snapshot().window, params_.pkt_payload);
+  for (uint32_t s = oldest_; s != next_seq_ && budget > 0; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kSending) continue;
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new && budget > 0;
+         i = m.acked.first_clear(i + 1)) {
+      if (m.sent_ns[i] == kQueued) continue;  // already queued
+      if (retx_.size() >= kRetxCap) break;
+      mark_lost_locked(m, i, false, now);
+      budget -= std::min<uint64_t>(budget, pkt_len(m, i));
+    }
+  }
+}
+
+// Loss probe: when nothing has been acknowledged for about two RTTs although packets are in
+// flight, either the last packets or the ACKs for a whole burst were lost. No later packet
+// will reveal it, and the RTO would shrink the window, so resend the highest outstanding
+// packet of the oldest message: the receiver answers any packet with a complete SACK, which
+// exposes every hole at once.
+void SendConn::send_probe_locked(uint64_t now) {
+  probe_deadline_ = 0;
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kSending || m.acked.full()) continue;
+    uint32_t last = m.next_new;
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
+      last = i;
+    if (last == m.next_new) continue;  // nothing outstanding in this message
+    if (m.sent_ns[last] != kQueued && retx_.size() < kRetxCap) {
+      mark_lost_locked(m, last, false, now);
+      ++stats_.probes;
+    }
+    break;
+  }
+}
+
+void SendConn::arm_probe_locked(uint64_t now) {
+  const uint64_t srtt = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns() / 2;
+  // Always before the RTO would fire, so a lost burst costs a probe, not a window collapse.
+  probe_deadline_ = now + std::max(kMinProbeNs, std::min(2 * srtt, rtt_.rto_ns() * 3 / 4));
+}
+
+}  // namespace optireduce

@@ -1,0 +1,111 @@
+// SendConn: packetising and transmit. Retransmissions go first (they unblock the receiver's
+// oldest message), paced by the path; new packets go in message order within the receiver's
+// buffer (flow window), the path's congestion window and its pacer.
+#include <algorithm>
+
+#include "transport/deadline.h"
+#include "transport/send.h"
+
+namespace optireduce {
+
+void SendConn::transmit_locked(uint64_t now) {
+  // Exactly one of these records what a batch entry is, so that a short send (the datapath's
+  // queue full) can be rolled back precisely.
+  struct Pending {
+    uint32_t seq, pkt;
+    bool retx;
+    size_t retx_index;  // position in retx_ (retransmissions only)
+  } pend[kBatch];
+  for (;;) {
+    uint64_t tokens = path_->tokens(now);
+    int n = 0;
+    while (retx_head_ < retx_.size() && n < kBatch) {
+      const Retx r = retx_[retx_head_];
+      Msg& m = slot(r.seq);
+      if (m.req.seq != r.seq || m.state != State::kSending || m.acked.test(r.pkt)) {
+        ++retx_head_;  // finished meanwhile
+        continue;
+      }
+      const uint32_t len = pkt_len(m, r.pkt);
+      if (len > tokens) break;
+      PacketHeader h;
+      h.type = PacketType::kData;
+      h.flags = kFlagRetx | (m.bounded ? kFlagBounded : 0);
+      h.msg_seq = r.seq;
+      h.msg_size = m.size;
+      h.offset = uint64_t{r.pkt} * params_.pkt_payload;
+      h.msg_floor = oldest_;
+      batch_slot_locked(h, m.data + h.offset, len);
+      pend[n++] = {r.seq, r.pkt, true, retx_head_};
+      tokens -= len;
+      ++retx_head_;
+    }
+    // New packets: the path's room (window and pacer, shared with every connection to the same
+    // host) and this receiver's buffer; at least one packet when nothing of ours is in flight
+    // and the path has room for it.
+    uint64_t room = std::min(tokens, path_->room(now));
+    uint64_t flow = flow_window_ > inflight_ ? flow_window_ - inflight_ : 0;
+    for (int k = 0; k < n; ++k) flow -= std::min<uint64_t>(flow, pkt_len(slot(pend[k].seq), pend[k].pkt));
+    for (uint32_t s = oldest_; s != next_seq_ && n < kBatch; ++s) {
+      Msg& m = slot(s);
+      if (m.state != State::kSending) continue;
+      if (m.bounded && group_ != nullptr) timeout_hint_us_ = group_->estimate_us(m.size);
+      while (m.next_new < m.npkts && n < kBatch) {
+        const uint32_t i = m.next_new;
+        const uint32_t len = pkt_len(m, i);
+        if (len > room || len > flow) break;
+        if (i >= m.cum + kSackBits) break;  // beyond what one SACK can describe
+        PacketHeader h;
+        h.type = PacketType::kData;
+        h.flags = m.bounded ? kFlagBounded : 0;
+        // The last ~1% of a message carries the tail flag (early-timeout hint).
+        if (uint64_t{i} * 100 >= uint64_t{m.npkts} * 99 || i + 1 == m.npkts) h.flags |= kFlagTail;
+        h.msg_seq = s;
+        h.msg_size = m.size;
+        h.offset = uint64_t{i} * params_.pkt_payload;
+        h.msg_floor = oldest_;
+        batch_slot_locked(h, m.data + h.offset, len);
+        pend[n++] = {s, i, false, 0};
+        room -= len;
+        flow -= len;
+        ++m.next_new;
+      }
+      if (m.next_new < m.npkts) break;  // keep message order on the wire
+    }
+    if (n == 0) return;
+    const int sent = flush_locked();
+    // Roll back what the datapath did not take (in reverse, so next_new rewinds correctly).
+    for (int k = n - 1; k >= sent; --k) {
+      Msg& m = slot(pend[k].seq);
+      if (pend[k].retx) {
+        retx_head_ = pend[k].retx_index;  // still queued (sent_ns stays kQueued)
+      } else {
+        m.next_new = pend[k].pkt;
+      }
+    }
+    uint64_t sent_bytes = 0;
+    for (int k = 0; k < sent; ++k) {
+      Msg& m = slot(pend[k].seq);
+      const uint32_t len = pkt_len(m, pend[k].pkt);
+      ++stats_.data_pkts;
+      if (pend[k].retx) {
+        ++stats_.retx_pkts;
+        if (m.bounded) ++stats_.repaired_pkts;
+        m.resent.set(pend[k].pkt);
+      }
+      sent_bytes += len;
+      inflight_ += len;
+      m.sent_ns[pend[k].pkt] = now;
+      if (rto_deadline_ == 0) rto_deadline_ = now + rtt_.rto_ns();
+      if (probe_deadline_ == 0) arm_probe_locked(now);
+    }
+    path_->on_sent(sent_bytes);
+    if (retx_head_ == retx_.size()) {
+      retx_.clear();
+      retx_head_ = 0;
+    }
+    if (sent < n) return;  // the datapath is full; try again on the next call
+  }
+}
+
+}  // namespace optireduce
