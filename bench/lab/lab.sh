@@ -16,7 +16,12 @@ SW=$P-sw
 # Background senders and receivers run at the lowest CPU priority: in a cloud they are other
 # tenants on other machines, and here their CPU cost on the 2 shared cores would otherwise stand
 # in for network contention (every algorithm, baselines included, sees the same rule).
+# A command prefix, split into words where used (hence the SC2086 exceptions below).
 BGNICE=${OLAB_BGNICE-nice -n 19}
+# Background TCP (iperf3) uses only these ports, as servers: flows at 5300+f, jobs at
+# 5400+16s+d. Nothing else in the lab listens here (Gloo, Open MPI and optireduce bind ephemeral
+# ports, 32768 and up), so a counter on them measures the background's bytes and only those.
+BGPORTS=5300:5599
 
 die() {
   echo "lab.sh: $*" >&2
@@ -42,9 +47,12 @@ lab.sh bg start FLOWS BURST_KB OFF_MS [SEED [SECONDS]]
                        (seeded): bursts of BURST_KB at full speed, random pauses around OFF_MS;
                        FLOWS "all": every rank bursts to every other at once (background jobs)
 lab.sh bg stop         stop the background flows
+lab.sh bg bytes        print "EPOCH BYTES": now, and the TCP bytes delivered so far to the
+                       background's servers, all ranks together (iptables counters)
+lab.sh bg active T0 T1 print the seconds of [T0, T1] (epoch) in which background bursts ran
 lab.sh loss P          drop each packet arriving at a rank with probability P (0 removes)
-lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP,
-                       OPTIREDUCE_IFNAME set), kill all after SECS; fails if any rank fails
+lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP set),
+                       kill all after SECS; fails if any rank fails
 lab.sh exec R CMD      run CMD in rank R's namespace
 Environment: OLAB_PREFIX=$P OLAB_RATE=$RATE OLAB_QLIMIT=$QLIMIT OLAB_MTU=$MTU OLAB_BGNICE="$BGNICE"
 EOF
@@ -61,13 +69,16 @@ check() {
 # Kills processes living in our namespaces, by pid (ip netns pids lists exactly those).
 kill_ns_procs() {
   local ns=$1 sig=${2:-TERM} pids
-  pids=$(ip netns pids "$ns" 2>/dev/null || true)
-  [[ -n $pids ]] && kill "-$sig" $pids 2>/dev/null || true
+  mapfile -t pids < <(ip netns pids "$ns" 2>/dev/null || true)
+  if ((${#pids[@]})); then kill "-$sig" "${pids[@]}" 2>/dev/null || true; fi
 }
 
 down() {
   need_root
   local ns
+  # The background loops run in the root namespace (they enter the ranks' per burst): stop them
+  # first, or an interrupted run would leave them retrying until their SECONDS ran out.
+  bg_stop
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$P-(r[0-9]+|sw)$" || true); do
     kill_ns_procs "$ns" TERM
   done
@@ -119,6 +130,9 @@ up() {
     # BBR's RTT probing alone gives an idle P99/P50 of ~1.4 here; cubic per route and per netns.
     in_ns "$ns" sysctl -qw net.ipv4.tcp_congestion_control=cubic 2>/dev/null || true
     in_ns "$ns" ip route replace "$SUBNET.0/24" dev lab0 src "$(rank_ip "$r")" congctl cubic
+    # Counts what the background delivers to this rank (lab.sh bg bytes): mangle, not filter, so
+    # that the loss environment's flush of filter INPUT leaves it alone; no target, count only.
+    in_ns "$ns" iptables -t mangle -A INPUT -i lab0 -p tcp --dport "$BGPORTS"
   done
   # Wait for the bridge ports to forward, then prove every pair talks.
   for ((r = 1; r < n; r++)); do
@@ -165,7 +179,9 @@ bg_stop() {
   n=$(nranks)
   for ((r = 0; r < n; r++)); do
     for pid in $(ip netns pids "$(rank_ns "$r")" 2>/dev/null); do
-      [[ $(cat "/proc/$pid/comm" 2>/dev/null) == iperf3 ]] && kill "$pid" 2>/dev/null || true
+      if [[ $(cat "/proc/$pid/comm" 2>/dev/null) == iperf3 ]]; then
+        kill "$pid" 2>/dev/null || true
+      fi
     done
   done
 }
@@ -180,8 +196,11 @@ bg_flow() {
   while ((SECONDS < end)); do
     off=$((off_ms / 2 + (RANDOM * 32768 + RANDOM) % (off_ms + 1)))
     sleep "$(printf '%d.%03d' $((off / 1000)) $((off % 1000)))"
+    echo "$EPOCHREALTIME,1" >>"$ACT"
+    # shellcheck disable=SC2086
     timeout 10 ip netns exec "$(rank_ns "$src")" $BGNICE iperf3 -c "$(rank_ip "$dst")" -p "$port" \
       -n "${burst_kb}K" -C cubic >/dev/null 2>&1 || true
+    echo "$EPOCHREALTIME,-1" >>"$ACT"
   done
 }
 
@@ -191,16 +210,19 @@ bg_start() {
   n=$(nranks)
   ((n > 0)) || die "lab is not up"
   bg_stop
+  : >"$STATE/bg.activity"
   ((flows > 0)) || return 0
   RANDOM=$seed
   for ((f = 0; f < flows; f++)); do
     src=$((RANDOM % n))
     dst=$(((src + 1 + RANDOM % (n - 1)) % n))
     # One server per flow (an iperf3 server serves one test at a time), on its destination.
+    # shellcheck disable=SC2086
     timeout $((secs + 15)) ip netns exec "$(rank_ns "$dst")" $BGNICE iperf3 -s -p $((5300 + f)) \
       >/dev/null 2>&1 &
     echo $! >>"$STATE/bg.pids"
-    setsid bash -c "$(declare -f bg_flow rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\"; \
+    setsid bash -c "$(declare -f bg_flow rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\" \
+      ACT=$STATE/bg.activity; \
       bg_flow $src $dst $burst_kb $off_ms $((seed * 1000 + f)) $secs $((5300 + f))" &
     echo $! >>"$STATE/bg.pids"
   done
@@ -220,14 +242,17 @@ bg_jobs_loop() {
   while ((SECONDS < end)); do
     off=$((off_ms / 2 + (RANDOM * 32768 + RANDOM) % (off_ms + 1)))
     sleep "$(printf '%d.%03d' $((off / 1000)) $((off % 1000)))"
+    echo "$EPOCHREALTIME,1" >>"$ACT"
     for ((s = 0; s < n; s++)); do
       for ((d = 0; d < n; d++)); do
         ((s == d)) && continue
+        # shellcheck disable=SC2086
         timeout 10 ip netns exec "$(rank_ns "$s")" $BGNICE iperf3 -c "$(rank_ip "$d")" \
           -p $((5400 + s * 16 + d)) -n "${burst_kb}K" -C cubic >/dev/null 2>&1 &
       done
     done
     wait
+    echo "$EPOCHREALTIME,-1" >>"$ACT"
   done
 }
 
@@ -237,18 +262,57 @@ bg_jobs() {
   n=$(nranks)
   ((n > 0)) || die "lab is not up"
   bg_stop
+  : >"$STATE/bg.activity"
   for ((s = 0; s < n; s++)); do
     for ((d = 0; d < n; d++)); do
       ((s == d)) && continue
+      # shellcheck disable=SC2086
       timeout $((secs + 15)) ip netns exec "$(rank_ns "$d")" $BGNICE iperf3 -s -p $((5400 + s * 16 + d)) \
         >/dev/null 2>&1 &
       echo $! >>"$STATE/bg.pids"
     done
   done
-  setsid bash -c "$(declare -f bg_jobs_loop rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\"; \
-    bg_jobs_loop $n $burst_kb $off_ms $seed $secs" &
+  setsid bash -c "$(declare -f bg_jobs_loop rank_ns rank_ip); P=$P SUBNET=$SUBNET BGNICE=\"$BGNICE\" \
+    ACT=$STATE/bg.activity; bg_jobs_loop $n $burst_kb $off_ms $seed $secs" &
   echo $! >>"$STATE/bg.pids"
   sleep 0.5
+}
+
+# "EPOCH BYTES": the time, then the bytes of TCP delivered to the background's server ports
+# (BGPORTS) in all rank namespaces since the lab came up: IP packets with headers, counted at the
+# receiver's INPUT, so after every shaper drop (what the background actually moved).
+bg_bytes() {
+  need_root
+  local n r t sum=0 b
+  n=$(nranks)
+  ((n > 0)) || die "lab is not up"
+  t=$EPOCHREALTIME
+  for ((r = 0; r < n; r++)); do
+    b=$(in_ns "$(rank_ns "$r")" iptables -t mangle -nvxL INPUT |
+      awk -v p="dpts:$BGPORTS" '$0 ~ p { s += $2 } END { print s + 0 }')
+    sum=$((sum + b))
+  done
+  echo "$t $sum"
+}
+
+# Seconds of [T0, T1] in which at least one background burst ran (a round of jobs, or a flow's
+# burst), from the +1/-1 events the background loops log: bytes over these seconds is the rate the
+# background got while it was sending, which the pauses between bursts do not dilute. A burst
+# counts from the launch of its iperf3 clients to the exit of the last one, start-up and control
+# exchange included (at nice 19 that start-up stretches when the benchmark keeps the CPUs busy).
+bg_active() {
+  local t0=$1 t1=$2
+  [[ -s $STATE/bg.activity ]] || {
+    echo 0
+    return 0
+  }
+  sort -t, -k1,1g "$STATE/bg.activity" | awk -F, -v t0="$t0" -v t1="$t1" '
+    { if ($1 <= t0) { lv += $2; next }
+      if ($1 >= t1) exit
+      if (lv > 0) act += $1 - prev
+      prev = $1; lv += $2 }
+    BEGIN { prev = t0 }
+    END { if (lv > 0) act += t1 - prev; printf "%.3f\n", act }'
 }
 
 run_ranks() {
@@ -259,8 +323,10 @@ run_ranks() {
   n=$(nranks)
   ((n > 0)) || die "lab is not up"
   for ((r = 0; r < n; r++)); do
+    # No OPTIREDUCE_* here: the figures are the defaults a new user gets, and the transport's
+    # default interface, the first one up that is not loopback, is lab0 (the only one).
     timeout -k 5 "$secs" ip netns exec "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$n" \
-      LAB_IP="$(rank_ip "$r")" OPTIREDUCE_IFNAME=lab0 "$@" &
+      LAB_IP="$(rank_ip "$r")" "$@" &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do
@@ -290,15 +356,16 @@ case $cmd in
         fi
         ;;
       stop) bg_stop ;;
-      *) die "bg start|stop" ;;
+      bytes) bg_bytes ;;
+      active) bg_active "${2:?t0}" "${3:?t1}" ;;
+      *) die "bg start|stop|bytes|active" ;;
     esac
     ;;
   ranks) run_ranks "$@" ;;
   exec)
     r=${1:?rank}
     shift
-    in_ns "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$(nranks)" LAB_IP="$(rank_ip "$r")" \
-      OPTIREDUCE_IFNAME=lab0 "$@"
+    in_ns "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$(nranks)" LAB_IP="$(rank_ip "$r")" "$@"
     ;;
   ip) rank_ip "${1:?rank}" ;;
   ns) rank_ns "${1:?rank}" ;;
