@@ -27,7 +27,7 @@ struct Config {
   int64_t rto_min_us = 2000;      // OPTIREDUCE_RTO_MIN_US
   int64_t rto_max_us = 200000;    // OPTIREDUCE_RTO_MAX_US
   int64_t window_bytes = 4 << 20; // OPTIREDUCE_WINDOW_BYTES
-  double rate_gbps = 0;           // OPTIREDUCE_RATE_GBPS (0 = unpaced beyond the window)
+  double rate_gbps = 0;           // OPTIREDUCE_RATE_GBPS (0 = no ceiling on a path's pacing)
   int64_t progress_us = 1000;     // OPTIREDUCE_PROGRESS_US
   int64_t peer_timeout_ms = 5000; // OPTIREDUCE_PEER_TIMEOUT_MS (see transport/liveness.h)
 

@@ -194,13 +194,15 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   if (static_cast<int32_t>(s - floor_) < 0 ||
       (s - floor_ < next_seq_ - floor_ && slot(s).state != State::kPosted)) {
     // For a message already complete: a late bounded packet, or a retransmission whose FINAL
-    // was lost. Answer it (once per message for bounded ones: a sender cut off by the deadline
-    // may have a window of them in flight) so that the sender can finish.
+    // was lost. Answer it (for bounded ones, the first and then only retransmissions: a sender
+    // cut off by the deadline may have a window of new packets in flight) so that the sender
+    // can finish.
     if (h.flags & kFlagExpired) {
       ++stats_.drop_stale;
     } else if (h.flags & kFlagBounded) {
       ++stats_.late_pkts;
-      if (!(answered_late_ && answered_seq_ == s)) {
+      // A retransmission is a sender still waiting (our FINAL was lost): always answered.
+      if (!(answered_late_ && answered_seq_ == s) || (h.flags & kFlagRetx)) {
         send_final_for_locked(s, true);
         answered_late_ = true;
         answered_seq_ = s;
