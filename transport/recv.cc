@@ -283,8 +283,14 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // fell silent with holes left (lost repairs, a dead sender) meets it before the deadline.
   if ((h.flags & kFlagTail) && m.bounded) m.tail_seen = true;
   if (m.tail_seen) {
+    // Without a policy, the fraction applies to the receive's own budget (its estimate).
+    const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0
+                                ? m.deadline_ns - m.head_ns
+                                : cfg_.timeout_ms > 0 ? static_cast<uint64_t>(cfg_.timeout_ms * 1e6)
+                                                      : kDefaultBudgetNs;
     const uint64_t early = policy_ ? policy_->early_ns(m.size)
-                                   : static_cast<uint64_t>(cfg_.early_fraction * 1e6);
+                                   : static_cast<uint64_t>(cfg_.early_fraction *
+                                                           static_cast<double>(budget));
     m.early_ns = now + early;
   }
   if (m.got.full()) {

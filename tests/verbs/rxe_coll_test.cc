@@ -142,8 +142,8 @@ TEST_P(RxeColl, ExactEveryType) {
   EXPECT_EQ(run_ranks(n, rank, {}, kRankTimeoutS), "");
 }
 
-// ---- Bounded: every call completes, results are finite, the error is bounded, and under
-// netem loss the statistics saw elements lost.
+// ---- Bounded: every call completes, results are finite and the error is bounded, with and
+// without netem loss.
 struct Lost {
   uint64_t elements = 0;
   uint64_t expected = 0;
@@ -225,7 +225,9 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
     const int loss = loss_percent();
     std::fprintf(stderr, "job: %d ranks, netem loss %d%%: %.3f%% of elements lost\n", n, loss,
                  all.expected ? 100.0 * double(all.elements) / double(all.expected) : 0.0);
-    HCHECK(loss == 0 || all.elements > 0, "netem loss %d%% but no element lost", loss);
+    // No "something was lost" check under loss: bounded mode repairs what netem drops while
+    // the deadline leaves time, so a lossy run may well lose nothing. That netem dropped is
+    // checked by rxe-loss-suite.sh, that drops became repairs or holes by rxe_pair_test.
   }
   m.barrier();
   HCHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
