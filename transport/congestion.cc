@@ -30,9 +30,11 @@ DelayController::DelayController(const DelayControlOptions& o)
     : o_(o),
       cwnd_(static_cast<double>(std::min<uint64_t>(o.max_window, kInitialPkts * o.mss))) {}
 
-uint64_t DelayController::target_ns() const {
-  return base_rtt_ + std::max(o_.target_floor_ns, base_rtt_ / 2);
+uint64_t queueing_target_ns(uint64_t base_rtt_ns, uint64_t floor_ns) {
+  return base_rtt_ns + std::max(floor_ns, base_rtt_ns / 2);
 }
+
+uint64_t DelayController::target_ns() const { return queueing_target_ns(base_rtt_, o_.target_floor_ns); }
 
 double DelayController::pacing_rate() const {
   if (srtt_ == 0) return 0;

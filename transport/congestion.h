@@ -31,6 +31,12 @@
 
 namespace optireduce {
 
+// The RTT a path may run at: its base RTT plus a queueing allowance of the larger of `floor_ns`
+// and half the base RTT (Swift's target). The receiver's credit (credit.h) aims at the same
+// delay, so that the two never fight over the queue.
+inline constexpr uint64_t kQueueTargetFloorNs = 500'000;
+uint64_t queueing_target_ns(uint64_t base_rtt_ns, uint64_t floor_ns = kQueueTargetFloorNs);
+
 // The decision rule, behind an interface so that a path can carry another one (a test double,
 // a future receiver-credit rule) without the send side changing. Not thread-safe: Path
 // serialises every call.
@@ -55,7 +61,7 @@ struct DelayControlOptions {
   uint64_t max_window = 64u << 20;    // never more in flight than this
   // Queueing allowed above the base RTT before the window shrinks. A floor, not a fraction of
   // the base RTT alone: on a host path the RTT includes scheduling noise of a few hundred us.
-  uint64_t target_floor_ns = 500'000;
+  uint64_t target_floor_ns = kQueueTargetFloorNs;
 };
 
 // Swift-like delay-based window with a pacing rate derived from it.

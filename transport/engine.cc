@@ -127,7 +127,7 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
   handle->token = random_token();
   handle->addr = ep->local_address();
   handle->datapath = handle->addr.kind;
-  *out = std::make_unique<ListenCommImpl>(this, std::move(ep), handle->token, group);
+  *out = std::make_unique<ListenCommImpl>(this, dev, std::move(ep), handle->token, group);
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "transport/congestion.h"
+#include "transport/credit.h"
 #include "transport/conn.h"
 #include "transport/handshake.h"
 
@@ -44,6 +45,8 @@ class EngineImpl final : public Engine {
   // The congestion state of the path from device `dev` to `ep`'s peer host, shared by every
   // connection between the two (congestion.h); a private one where the host is unknown.
   std::shared_ptr<Path> path_to(int dev, const Endpoint& ep, uint32_t pkt_payload);
+  // The receiving side of device `dev`: the credit its bounded receives share (credit.h).
+  std::shared_ptr<Downlink> downlink(int dev) { return downlinks_.get(dev); }
 
  private:
   void progress_loop();
@@ -53,6 +56,7 @@ class EngineImpl final : public Engine {
   std::vector<std::unique_ptr<Device>> devices_;
   std::shared_ptr<Registry> registry_;
   PathTable paths_;
+  DownlinkTable downlinks_;
   std::atomic<uint64_t> endpoints_opened_{0};
 
   std::mutex pending_mu_;

@@ -16,9 +16,9 @@ constexpr uint64_t kHelloFirstRetryNs = 10'000'000;  // well above any LAN RTT, 
 constexpr uint64_t kHelloMaxRetryNs = 500'000'000;
 }  // namespace
 
-ListenCommImpl::ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token,
-                               BoundedGroup* group)
-    : engine_(engine), ep_(std::move(ep)), token_(token), group_(group) {}
+ListenCommImpl::ListenCommImpl(EngineImpl* engine, int dev, std::unique_ptr<Endpoint> ep,
+                               uint64_t token, BoundedGroup* group)
+    : engine_(engine), dev_(dev), ep_(std::move(ep)), token_(token), group_(group) {}
 
 Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
   *out = nullptr;
@@ -64,6 +64,7 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     auto conn = std::make_unique<RecvConn>(cfg, engine_->clock(), std::move(ep_), params,
                                            engine_->registry());
     conn->set_hello_ack(body);
+    if (params.delivery == Delivery::kBounded) conn->set_downlink(engine_->downlink(dev_));
     if (group_ != nullptr) {
       conn->set_deadline_policy(group_);
       conn->set_conn_group(group_);

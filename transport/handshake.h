@@ -18,12 +18,13 @@ class EngineImpl;
 
 class ListenCommImpl final : public ListenComm {
  public:
-  ListenCommImpl(EngineImpl* engine, std::unique_ptr<Endpoint> ep, uint64_t token,
+  ListenCommImpl(EngineImpl* engine, int dev, std::unique_ptr<Endpoint> ep, uint64_t token,
                  BoundedGroup* group);
   Status accept(std::unique_ptr<RecvComm>* out) override;
 
  private:
   EngineImpl* engine_;
+  int dev_;                       // whose downlink the connection's credit divides
   std::unique_ptr<Endpoint> ep_;  // handed to the RecvConn on accept
   uint64_t token_;
   BoundedGroup* group_;

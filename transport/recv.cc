@@ -35,6 +35,32 @@ RecvConn::~RecvConn() {
   deactivate();
   std::lock_guard<std::mutex> lock(mu_);
   say_close_locked();
+  if (downlink_ && bounded_posted_ > 0) downlink_->leave();
+}
+
+bool RecvConn::legal_transition(State from, State to) {
+  switch (from) {
+    case State::kFree: return to == State::kPosted;
+    case State::kPosted: return to == State::kComplete;
+    case State::kComplete: return to == State::kFree;
+  }
+  return false;
+}
+
+bool RecvConn::set_msg_state_locked(Msg& m, State to, uint64_t now) {
+  if (!legal_transition(m.state, to)) {
+    OR_WARN("receive message %u: illegal state change %d -> %d", m.req.seq,
+            static_cast<int>(m.state), static_cast<int>(to));
+    fail_locked(Status(Errc::kInternal), "illegal receive state change");
+    return false;
+  }
+  // A connection with bounded receives outstanding is one of its downlink's senders.
+  if (m.bounded && downlink_) {
+    if (to == State::kPosted && bounded_posted_++ == 0) downlink_->join(now);
+    if (to == State::kComplete && --bounded_posted_ == 0) downlink_->leave();
+  }
+  m.state = to;
+  return true;
 }
 
 Delivery RecvConn::delivery() const {
@@ -50,6 +76,11 @@ void RecvConn::force_exact() {
 void RecvConn::set_deadline_policy(DeadlinePolicy* policy) {
   std::lock_guard<std::mutex> lock(mu_);
   policy_ = policy;
+}
+
+void RecvConn::set_downlink(std::shared_ptr<Downlink> downlink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  downlink_ = std::move(downlink);
 }
 
 void RecvConn::set_hello_ack(const uint8_t* body) {
@@ -70,17 +101,18 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   }
   Msg& m = slot(next_seq_);
   m.req.seq = next_seq_;
-  m.state = State::kPosted;
   m.bounded = params_.delivery == Delivery::kBounded && !force_exact_ &&
               !(policy_ != nullptr && policy_->calibrating());
+  if (!set_msg_state_locked(m, State::kPosted, now)) return fatal_;
   m.started = m.tail_seen = false;
   m.buf = static_cast<uint8_t*>(data);
   m.capacity = capacity;
   m.size = 0;
   m.npkts = 0;
-  m.cum = 0;
+  m.cum = m.high = 0;
   m.bytes_got = 0;
   m.posted_ns = now;
+  m.first_cts_ns = 0;
   m.head_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
   m.pkts_since_ack = 0;
@@ -143,8 +175,19 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
                                       : kDefaultBudgetNs;
     timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(budget / 1000, UINT32_MAX));
   }
+  h.credit = credit_locked(m, true);
   send_ctrl_locked(h);
   m.cts_ns = now;
+  if (m.first_cts_ns == 0) m.first_cts_ns = now;
+}
+
+// Packets the sender may have sent beyond the cumulative point `m.cum`: what already arrived
+// above it plus this connection's share of the downlink. 0 (no limit) for exact receives.
+uint16_t RecvConn::credit_locked(const Msg& m, bool first) const {
+  if (!m.bounded || !downlink_) return 0;
+  const uint64_t above = m.high > m.cum ? m.high - m.cum : 0;
+  const uint64_t c = above + downlink_->credit_pkts(params_.pkt_payload, first);
+  return static_cast<uint16_t>(std::min<uint64_t>(c, Downlink::kMaxCreditPkts));
 }
 
 void RecvConn::on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
@@ -274,7 +317,15 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
   if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
+  if (m.bounded && downlink_) {
+    // The first DATA a CTS unlocked: a sample of the downlink's RTT. Retransmissions may have
+    // been sent long before; only a fresh packet times the path.
+    if (m.bytes_got == 0 && !(h.flags & kFlagRetx) && m.first_cts_ns != 0)
+      downlink_->on_rtt(now - m.first_cts_ns, now);
+    burst_bytes_ += h.payload_len + kHeaderBytes;
+  }
   m.bytes_got += h.payload_len;
+  m.high = std::max(m.high, static_cast<uint32_t>(idx) + 1);
   ++stats_.data_pkts;
   ++m.pkts_since_ack;
   m.cum = m.got.first_clear(m.cum);
@@ -306,9 +357,13 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   else dirty_ |= 1u << (s % kMaxRequests);
 }
 
-void RecvConn::after_rx_burst_locked(uint64_t) {
+void RecvConn::after_rx_burst_locked(uint64_t now) {
+  if (burst_bytes_ != 0) {
+    downlink_->on_bytes(burst_bytes_, now);
+    burst_bytes_ = 0;
+  }
   // One SACK per message per received burst: enough feedback for loss detection without an
-  // ACK per packet.
+  // ACK per packet (and, in bounded mode, a fresh credit per burst).
   while (dirty_) {
     const int k = __builtin_ctz(dirty_);
     dirty_ &= dirty_ - 1;
@@ -332,6 +387,7 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   uint8_t sack[kSackBytes];
   h.msg_size = m.npkts;
   h.offset = m.cum;
+  h.credit = credit_locked(m, false);
   const uint32_t used = m.got.export_bits(m.cum, kSackBits, sack);
   send_ctrl_locked(h, sack, used);
   m.pkts_since_ack = 0;
@@ -373,7 +429,7 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   const uint64_t size = m.started ? m.size : m.capacity;
   if (how != End::kAll) fill_holes_locked(m);
   if (!m.started) m.size = size;
-  m.state = State::kComplete;
+  if (!set_msg_state_locked(m, State::kComplete, now)) return;
   ++stats_.msgs;
   stats_.bytes += m.bytes_got;
   if (m.bounded || how != End::kAll) {
@@ -434,16 +490,16 @@ void RecvConn::on_timers_locked(uint64_t now) {
   if (completed) advance_floor_locked(now);
 }
 
-Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
+Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t now) {
   *done = false;
   const uint32_t s = req->seq;
   if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
   Msg& m = slot(s);
   // A receive that completed before the connection failed is still reported as complete.
   if (m.state != State::kComplete) return fatal_;
+  if (!set_msg_state_locked(m, State::kFree, now)) return fatal_;
   *done = true;
   if (size) *size = m.size;
-  m.state = State::kFree;
   while (oldest_ != next_seq_ && slot(oldest_).state == State::kFree) ++oldest_;
   return Status::ok();
 }

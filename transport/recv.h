@@ -7,13 +7,21 @@
 // says it expired; missing bytes are then filled (zeros or the erasure marker) and counted, and a
 // FINAL tells the sender to stop.
 //
-// Message slot states (legal orders: Free -> Posted -> Complete -> Free):
+// Message slot states. The legal edges, the only ones set_msg_state_locked() accepts:
+//   Free     -> Posted    irecv
+//   Posted   -> Complete  every packet arrived, or (bounded) the deadline, the early timeout,
+//                         the sender's expiry notice or its departure ended it
+//   Complete -> Free      test() reported it
+// Meanings:
 //   Free      unused
 //   Posted    irecv called, CTS sent; DATA accepted while here
 //   Complete  buffer final; test() reports it and frees the slot. DATA for it is stale.
 #pragma once
 
+#include <memory>
+
 #include "transport/conn.h"
+#include "transport/credit.h"
 #include "transport/sack.h"
 
 namespace optireduce {
@@ -34,15 +42,22 @@ class RecvConn final : public Conn, public RecvComm {
   Delivery delivery() const override;
   void force_exact() override;
 
+  enum class State : uint8_t { kFree, kPosted, kComplete };
+  // The edges listed above; anything else is a bug that fails the connection.
+  static bool legal_transition(State from, State to);
+
   // Bounded mode: where deadlines come from. Null = a fixed budget from OPTIREDUCE_TIMEOUT_MS
   // (or 1 s when that is 0). Not owned; must outlive the connection.
   void set_deadline_policy(DeadlinePolicy* policy);
+
+  // Bounded mode: the downlink whose credit this connection's senders share (credit.h). Null:
+  // no credit, the sender's path window alone limits it. Set before the first irecv.
+  void set_downlink(std::shared_ptr<Downlink> downlink);
 
   // Repeats HELLO_ACK when the sender's HELLO is repeated (its first answer was lost).
   void set_hello_ack(const uint8_t* body);
 
  private:
-  enum class State : uint8_t { kFree, kPosted, kComplete };
   enum class End : uint8_t { kAll, kDeadline, kEarly, kExpired };
   struct Msg {
     Request req;
@@ -55,10 +70,12 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t size = 0;
     uint32_t npkts = 0;
     uint32_t cum = 0;  // packets below it have all arrived
+    uint32_t high = 0; // one past the highest packet that arrived
     PacketBitmap got;
     uint64_t bytes_got = 0;
     uint64_t posted_ns = 0;
     uint64_t cts_ns = 0;        // last CTS sent
+    uint64_t first_cts_ns = 0;  // first CTS sent (the downlink's RTT sample starts here)
     uint64_t cts_backoff_ns = 0;
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
     bool pipelined = false;     // data had already arrived by then (see StepReport)
@@ -84,6 +101,8 @@ class RecvConn final : public Conn, public RecvComm {
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);
   bool expiry_allowed_locked(const Msg& m) const;
+  uint16_t credit_locked(const Msg& m, bool first) const;
+  bool set_msg_state_locked(Msg& m, State to, uint64_t now);
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
   Msg msgs_[kMaxRequests];
@@ -94,6 +113,9 @@ class RecvConn final : public Conn, public RecvComm {
   uint64_t expired_mask_ = 0;   // bit (seq % 64): the sender said seq expired before we posted it
   uint32_t expired_base_ = 0;   // expired_mask_ is valid for seq in [expired_base_, +64)
   DeadlinePolicy* policy_ = nullptr;
+  std::shared_ptr<Downlink> downlink_;
+  uint32_t bounded_posted_ = 0;  // bounded receives posted and not complete (joined if > 0)
+  uint64_t burst_bytes_ = 0;     // DATA bytes accepted in the current received burst
   bool force_exact_ = false;
   bool have_hello_ack_ = false;
   uint8_t hello_ack_[kHelloBodyBytes] = {};

@@ -119,14 +119,16 @@ Status SendConn::isend(const void* data, size_t size, Request** req) {
   expired_mask_ &= ~(uint64_t{1} << (next_seq_ % 64));  // the bit now belongs to this message
   ++next_seq_;
   CtsRecord& c = cts_[m.req.seq % kCtsRing];
-  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded, now);
+  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded, c.credit, now);
   progress_locked(now);
   *req = &m.req;
   return Status::ok();
 }
 
-void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now) {
+void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint16_t credit,
+                            uint64_t now) {
   m.bounded = bounded && may_expire_locked();
+  m.grant = m.bounded && credit != 0 ? credit : UINT32_MAX;
   if (m.size > capacity) {
     // Never truncate silently: NCCL posted a receive smaller than the send, a caller bug.
     m.error = Status(Errc::kInternal);
@@ -221,7 +223,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   }
   if (s < next_seq_) {
     Msg& m = slot(s);
-    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded, now);
+    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded, h.credit, now);
     else if (m.state == State::kDone && m.expired) send_expired_notice_locked(s);
     // else: a repeated CTS for a message already under way.
     return;
@@ -230,6 +232,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   c.seq = s;
   c.capacity = h.msg_size;
   c.bounded = bounded;
+  c.credit = h.credit;
   c.valid = true;
 }
 

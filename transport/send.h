@@ -1,6 +1,8 @@
 // The sending side of a connection. Messages wait for the receiver's clear-to-send (CTS), are
 // cut into packets on the connection's packet grid, and leave within the receiver's buffer
-// (the flow window), the path's congestion window and its pacer (congestion.h). Every packet,
+// (the flow window), the path's congestion window and its pacer (congestion.h), and, bounded,
+// within the receiver's credit (credit.h: its CTS and every ACK grant packets beyond the
+// cumulative point). Every packet,
 // exact or bounded, is acknowledged by SACK, so that the path's window follows the network in
 // bounded steps too, and lost packets (a hole with >= 3 acknowledged packets above it, a loss
 // probe, the retransmission timer) are sent again.
@@ -80,6 +82,7 @@ class SendConn final : public Conn, public SendComm {
     uint32_t next_new = 0;  // packets below it have left at least once
     uint32_t cum = 0;       // packets below it are acknowledged
     uint32_t high = 0;      // one past the highest acknowledged packet
+    uint32_t grant = 0;     // bounded: new packets only below it (receiver credit, credit.h)
     PacketBitmap acked;
     PacketBitmap resent;            // sent more than once: no RTT sample (Karn)
     std::vector<uint64_t> sent_ns;  // last transmission time per packet; kQueued: lost, queued
@@ -92,6 +95,7 @@ class SendConn final : public Conn, public SendComm {
     uint64_t capacity = 0;
     bool bounded = false;
     bool valid = false;
+    uint16_t credit = 0;
   };
   // Outcome of recent messages, to answer a late CTS for an expired one.
   static constexpr uint32_t kCtsRing = 2 * kMaxRequests;
@@ -110,7 +114,7 @@ class SendConn final : public Conn, public SendComm {
   // send.cc: the message's life.
   bool set_state_locked(Msg& m, State to);
   void on_cts_locked(const PacketHeader& h, uint64_t now);
-  void start_locked(Msg& m, uint64_t capacity, bool bounded, uint64_t now);
+  void start_locked(Msg& m, uint64_t capacity, bool bounded, uint16_t credit, uint64_t now);
   void finish_locked(Msg& m);
   bool may_expire_locked() const;
   uint32_t pkt_len(const Msg& m, uint32_t i) const;

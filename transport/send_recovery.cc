@@ -86,6 +86,11 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
       }
     }
   }
+  // The receiver's credit counts from the ACK's cumulative point; an older ACK's smaller grant
+  // never takes back what a newer one gave.
+  if (m.bounded && h.credit != 0 && !(h.flags & kFlagFinal))
+    m.grant = static_cast<uint32_t>(std::max<uint64_t>(
+        m.grant, std::min<uint64_t>(uint64_t{h.offset} + h.credit, UINT32_MAX)));
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
   const uint64_t rtt = t.newest_sent != 0 ? now - t.newest_sent : 0;
@@ -191,8 +196,12 @@ void SendConn::send_probe_locked(uint64_t now) {
 
 void SendConn::arm_probe_locked(uint64_t now) {
   const uint64_t srtt = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns() / 2;
-  // Always before the RTO would fire, so a lost burst costs a probe, not a window collapse.
-  probe_deadline_ = now + std::max(kMinProbeNs, std::min(2 * srtt, rtt_.rto_ns() * 3 / 4));
+  // Twice the smoothed RTT on a steady path; where the RTT swings (a receiver that reads in
+  // bursts, a descheduled process) also past its variation, so that a late ACK is not taken
+  // for a lost tail: a spurious probe is a retransmission the network did not need. Always
+  // before the RTO would fire, so a lost burst costs a probe, not a window collapse.
+  const uint64_t pto = std::max(2 * srtt, srtt + 4 * rtt_.rttvar_ns());
+  probe_deadline_ = now + std::max(kMinProbeNs, std::min(pto, rtt_.rto_ns() * 3 / 4));
 }
 
 }  // namespace optireduce

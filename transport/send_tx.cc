@@ -1,6 +1,6 @@
 // SendConn: packetising and transmit. Retransmissions go first (they unblock the receiver's
 // oldest message), paced by the path; new packets go in message order within the receiver's
-// buffer (flow window), the path's congestion window and its pacer.
+// buffer (flow window), its credit (bounded), the path's congestion window and its pacer.
 #include <algorithm>
 
 #include "transport/deadline.h"
@@ -55,6 +55,7 @@ void SendConn::transmit_locked(uint64_t now) {
         const uint32_t len = pkt_len(m, i);
         if (len > room || len > flow) break;
         if (i >= m.cum + kSackBits) break;  // beyond what one SACK can describe
+        if (i >= m.grant) break;            // beyond the receiver's credit
         PacketHeader h;
         h.type = PacketType::kData;
         h.flags = m.bounded ? kFlagBounded : 0;

@@ -19,7 +19,7 @@ enum : size_t {
   kOffVersion = 2,     // u8
   kOffType = 3,        // u8
   kOffFlags = 4,       // u16
-  kOffReserved = 6,    // u16, zero
+  kOffCredit = 6,      // u16
   kOffToken = 8,       // u64
   kOffSeq = 16,        // u32
   kOffPayloadLen = 20, // u32
@@ -38,7 +38,7 @@ void encode(const PacketHeader& h, uint8_t* b) {
   b[kOffVersion] = kWireVersion;
   b[kOffType] = static_cast<uint8_t>(h.type);
   put16(b + kOffFlags, h.flags);
-  put16(b + kOffReserved, 0);
+  put16(b + kOffCredit, h.credit);
   put64(b + kOffToken, h.token);
   put32(b + kOffSeq, h.msg_seq);
   put32(b + kOffPayloadLen, h.payload_len);
@@ -55,7 +55,7 @@ DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
   const uint8_t type = b[kOffType];
   if (type == 0 || type > kMaxPacketType) return DecodeError::kBadType;
   const uint16_t flags = get16(b + kOffFlags);
-  if ((flags & ~kKnownFlags) != 0 || get16(b + kOffReserved) != 0) return DecodeError::kBadFlags;
+  if ((flags & ~kKnownFlags) != 0) return DecodeError::kBadFlags;
   h->type = static_cast<PacketType>(type);
   h->flags = flags;
   h->token = get64(b + kOffToken);
@@ -65,6 +65,9 @@ DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
   h->offset = get64(b + kOffOffset);
   h->msg_floor = get32(b + kOffFloor);
   h->timeout_us = get32(b + kOffTimeout);
+  h->credit = get16(b + kOffCredit);
+  if (h->credit != 0 && h->type != PacketType::kCts && h->type != PacketType::kAck)
+    return DecodeError::kBadField;
   if (h->payload_len != len - kHeaderBytes) return DecodeError::kBadLength;
   switch (h->type) {
     case PacketType::kHello:

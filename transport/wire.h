@@ -12,7 +12,7 @@
 namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
-inline constexpr uint8_t kWireVersion = 1;
+inline constexpr uint8_t kWireVersion = 2;  // 2: credit (was reserved, zero)
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -57,6 +57,9 @@ inline constexpr uint16_t kKnownFlags = 0x3F;
 //               (repairs lost final ACKs). DATA: the sender's oldest unfinished message.
 //   timeout_us  the sender's current step-time estimate tC in microseconds (bounded mode;
 //               0 = none). Piggybacked so receivers can agree on a median.
+//   credit      CTS/ACK of a bounded message: packets the sender may have sent of it beyond
+//               `offset` (the ACK's cumulative point; 0 for a CTS), the receiver's share of its
+//               downlink (credit.h); 0 = no limit. Other types: 0.
 struct PacketHeader {
   PacketType type = PacketType::kData;
   uint16_t flags = 0;
@@ -67,6 +70,7 @@ struct PacketHeader {
   uint64_t offset = 0;
   uint32_t msg_floor = 0;
   uint32_t timeout_us = 0;
+  uint16_t credit = 0;
 };
 
 // Why a datagram was rejected by decode().
@@ -76,7 +80,7 @@ enum class DecodeError : uint8_t {
   kBadMagic,     // not ours
   kBadVersion,   // ours, but a version we do not speak
   kBadType,      // unknown type
-  kBadFlags,     // unknown flag bits or reserved bits set
+  kBadFlags,     // unknown flag bits
   kBadLength,    // payload_len disagrees with the datagram length, or a type's own limits
   kBadField,     // a field outside its type's range (e.g. offset + len beyond msg_size)
 };

@@ -4,6 +4,7 @@
 // buffers are checked as well.
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "tests/unit/mem_link.h"
@@ -37,6 +38,8 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
   p.delivery = delivery;
   p.fill = Fill::kMarker;
   RecvConn r(cfg, clock, std::move(pair.b), p, nullptr);
+  // Bounded receives divide a downlink's credit, as the engine's do.
+  if (delivery == Delivery::kBounded) r.set_downlink(std::make_shared<optireduce::Downlink>());
   // Three posted receives of different capacities, each between guards.
   std::vector<uint8_t> mem[3];
   Request* req[3] = {};

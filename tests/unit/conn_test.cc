@@ -4,7 +4,10 @@
 // against an idle or stalled live one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <iterator>
 #include <random>
+#include <utility>
 
 #include "tests/unit/mem_link.h"
 #include "transport/recv.h"
@@ -606,6 +609,41 @@ TEST(PeerDeath, RepeatedPortUnreachableFailsAtOnce) {
   ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
   rig.rx_ep->report_unreachable(PeerLiveness::kUnreachableLimit - 1);
   EXPECT_EQ(rig.r->test(rr, &done, &sz).code(), Errc::kRemote);
+}
+
+// The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
+// other (from, to) pair, self-loops included, is refused (and fails the connection).
+TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
+  using S = SendConn::State;
+  const S all[] = {S::kFree, S::kWaitCts, S::kSending, S::kDone};
+  const std::pair<S, S> legal[] = {{S::kFree, S::kWaitCts},
+                                   {S::kWaitCts, S::kSending},
+                                   {S::kWaitCts, S::kDone},
+                                   {S::kSending, S::kDone},
+                                   {S::kDone, S::kFree}};
+  for (S from : all) {
+    for (S to : all) {
+      const bool want = std::find(std::begin(legal), std::end(legal), std::pair{from, to}) !=
+                        std::end(legal);
+      EXPECT_EQ(SendConn::legal_transition(from, to), want)
+          << int(from) << " -> " << int(to);
+    }
+  }
+}
+
+TEST(StateMachine, ReceiveSideAcceptsExactlyTheDocumentedEdges) {
+  using S = RecvConn::State;
+  const S all[] = {S::kFree, S::kPosted, S::kComplete};
+  const std::pair<S, S> legal[] = {
+      {S::kFree, S::kPosted}, {S::kPosted, S::kComplete}, {S::kComplete, S::kFree}};
+  for (S from : all) {
+    for (S to : all) {
+      const bool want = std::find(std::begin(legal), std::end(legal), std::pair{from, to}) !=
+                        std::end(legal);
+      EXPECT_EQ(RecvConn::legal_transition(from, to), want)
+          << int(from) << " -> " << int(to);
+    }
+  }
 }
 
 }  // namespace

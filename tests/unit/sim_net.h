@@ -182,6 +182,7 @@ inline std::string sim_describe(const uint8_t* d, size_t len) {
       break;
   }
   std::string s = buf;
+  if (h.credit != 0) s += " credit=" + std::to_string(h.credit);  // CTS/ACK, bounded
   if (h.flags != 0) {
     // Alphabetical, so a reader finds a letter without knowing the bit order.
     static constexpr struct {

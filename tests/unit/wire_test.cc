@@ -47,6 +47,20 @@ TEST(Encode, RoundTripsEveryField) {
   EXPECT_EQ(out.timeout_us, h.timeout_us);
 }
 
+TEST(Encode, RoundTripsTheCreditOfCtsAndAck) {
+  for (PacketType t : {PacketType::kCts, PacketType::kAck}) {
+    PacketHeader h;
+    h.type = t;
+    h.credit = 0xBEEF;
+    auto d = datagram(h, 0);
+    EXPECT_EQ(d[6], 0xEF);  // little-endian, at byte 6
+    EXPECT_EQ(d[7], 0xBE);
+    PacketHeader out;
+    ASSERT_EQ(decode(d.data(), d.size(), &out), DecodeError::kNone);
+    EXPECT_EQ(out.credit, 0xBEEF);
+  }
+}
+
 TEST(Encode, IsLittleEndianOnTheWire) {
   PacketHeader h;
   h.type = PacketType::kCts;
@@ -78,8 +92,8 @@ TEST(Decode, RejectsEachBrokenRule) {
   bad[5] = 0x80;  // unknown flag
   EXPECT_EQ(decode(bad.data(), bad.size(), &out), DecodeError::kBadFlags);
   bad = d;
-  bad[6] = 1;  // reserved
-  EXPECT_EQ(decode(bad.data(), bad.size(), &out), DecodeError::kBadFlags);
+  bad[6] = 1;  // credit on DATA: only CTS and ACK carry it
+  EXPECT_EQ(decode(bad.data(), bad.size(), &out), DecodeError::kBadField);
   EXPECT_EQ(decode(d.data(), d.size() - 1, &out), DecodeError::kBadLength);
   // DATA past the end of its message.
   PacketHeader h = data_header();
