@@ -13,6 +13,12 @@ constexpr uint64_t kInitialPkts = 16;
 // Never fewer: with fewer packets in flight, SACK-based loss detection (three acknowledged
 // packets above a hole) stops working and every loss becomes a timeout.
 constexpr uint64_t kMinPkts = 4;
+// Nor fewer bytes. With small datagrams (1500-byte MTU, rxe's 1 KiB) four packets are ~5 KB,
+// and on an overloaded host, whose scheduling delay the RTT cannot tell from queueing, the
+// window sits at its floor: 5 KB per 20 ms RTT is 250 KB/s, and a test that moved tens of MB
+// took minutes under load. 32 KiB keeps such a host moving and changes nothing for jumbo
+// frames (4 x 9 KB is more).
+constexpr uint64_t kMinBytes = 32 << 10;
 // Swift's multiplicative decrease: the excess delay's share of the RTT, scaled by kBeta, capped
 // at kMaxDecrease per RTT.
 constexpr double kBeta = 0.8;
@@ -47,7 +53,7 @@ void DelayController::decrease(double factor, uint64_t now) {
   last_decrease_ns_ = now;
   slow_start_ = false;
   ++decreases_;
-  cwnd_ = std::max(cwnd_ * factor, static_cast<double>(kMinPkts * o_.mss));
+  cwnd_ = std::max(cwnd_ * factor, static_cast<double>(std::max(kMinPkts * o_.mss, kMinBytes)));
 }
 
 void DelayController::on_ack(uint64_t acked, uint64_t rtt, uint64_t now) {

@@ -96,10 +96,20 @@ TEST(DelayController, LossInSlowStartEndsIt) {
   EXPECT_LT(c.window_bytes(), w);
 }
 
-TEST(DelayController, TimeoutsHalveDownToAFloorOfFourPackets) {
+// The floor is four packets or 32 KiB, whichever is more: four 8000-byte packets are 31.25 KiB.
+TEST(DelayController, TimeoutsHalveDownToAFloorOfFourPacketsOr32KiB) {
   DelayController c = fresh();
   for (int i = 0; i < 20; ++i) c.on_timeout(kMs * (i + 1));
-  EXPECT_EQ(c.window_bytes(), 4u * kMss);
+  EXPECT_EQ(c.window_bytes(), 32u << 10);
+  DelayControlOptions o;
+  o.mss = 9000;
+  DelayController jumbo(o);
+  for (int i = 0; i < 20; ++i) jumbo.on_timeout(kMs * (i + 1));
+  EXPECT_EQ(jumbo.window_bytes(), 4u * 9000);
+  o.mss = 1424;  // a 1500-byte MTU
+  DelayController small(o);
+  for (int i = 0; i < 20; ++i) small.on_timeout(kMs * (i + 1));
+  EXPECT_EQ(small.window_bytes(), 32u << 10);
 }
 
 TEST(DelayController, TheBaseRttForgetsARouteThatGotLonger) {
