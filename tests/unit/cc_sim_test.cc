@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/unit/pattern.h"
 #include "tests/unit/sim_net.h"
 #include "transport/bounded.h"
 #include "transport/congestion.h"
@@ -33,6 +34,8 @@ using testing::HostLink;
 using testing::LinkConfig;
 using testing::LinkMode;
 using testing::SimNet;
+using testing::link_at;
+using testing::pattern;
 
 constexpr uint64_t kGbps = 1'000'000'000;
 constexpr uint64_t kUs = 1000;
@@ -47,33 +50,10 @@ const uint32_t kPayload = payload_for_datagram(kDgram);
 // (72 us), as a busy-polling NCCL proxy thread does.
 constexpr uint64_t kStep = 5 * kUs;
 
-LinkConfig link_at(uint64_t rate_bps, uint64_t queue_bytes = kQueue, uint64_t prop_ns = 0,
-                   LinkMode mode = LinkMode::kDropTail, double loss = 0) {
-  LinkConfig l;
-  l.rate_bps = rate_bps;
-  l.queue_bytes = queue_bytes;
-  l.prop_ns = prop_ns;
-  l.mode = mode;
-  l.loss = loss;
-  return l;
-}
-
 // A host whose uplink runs at `up` and whose downlink at `down`; the downlink carries the
 // propagation delay, so a datagram's one-way trip has exactly kProp of it.
 HostLink host_at(uint64_t up, uint64_t down, LinkMode mode = LinkMode::kDropTail) {
   return {link_at(up, kQueue, 0, mode), link_at(down, kQueue, kProp, mode)};
-}
-
-std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = uint8_t(x);
-  }
-  return v;
 }
 
 double gbps(uint64_t bytes, uint64_t ns) {

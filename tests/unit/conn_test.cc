@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "tests/unit/mem_link.h"
+#include "tests/unit/pattern.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
@@ -19,6 +20,7 @@ namespace {
 
 using testing::make_mem_pair;
 using testing::MemEndpoint;
+using testing::pattern;
 
 constexpr uint32_t kDgram = 1048;  // 1000-byte payloads: many packets from small messages
 
@@ -69,18 +71,6 @@ struct Rig {
     return sd && rd;
   }
 };
-
-std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = static_cast<uint8_t>(x);
-  }
-  return v;
-}
 
 TEST(ExactTransfer, EverySizeArrivesByteExact) {
   Rig rig;

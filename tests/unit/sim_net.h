@@ -782,4 +782,16 @@ inline std::string SimEndpoint::peer_host() const {
   return text;
 }
 
+// A link at `rate_bps` (0: infinite) with a drop-tail queue of `queue_bytes` (0: unbounded).
+inline LinkConfig link_at(uint64_t rate_bps, uint64_t queue_bytes = 0, uint64_t prop_ns = 0,
+                   LinkMode mode = LinkMode::kDropTail, double loss = 0) {
+  LinkConfig l;
+  l.rate_bps = rate_bps;
+  l.queue_bytes = queue_bytes;
+  l.prop_ns = prop_ns;
+  l.mode = mode;
+  l.loss = loss;
+  return l;
+}
+
 }  // namespace optireduce::testing

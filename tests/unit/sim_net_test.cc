@@ -3,6 +3,7 @@
 // (serialization at the link rate, propagation, drop-tail overflow, lossless back-pressure,
 // seeded loss, incast sharing, cross traffic), then a real SendConn/RecvConn pair is carried
 // through it byte-exact.
+#include "tests/unit/pattern.h"
 #include "tests/unit/sim_net.h"
 
 #include <gtest/gtest.h>
@@ -24,21 +25,12 @@ using testing::LinkConfig;
 using testing::LinkMode;
 using testing::SimEndpoint;
 using testing::SimNet;
+using testing::link_at;
+using testing::pattern;
 
 constexpr uint64_t kGbps = 1'000'000'000;
 constexpr uint64_t kUs = 1000;
 constexpr uint64_t kMs = 1'000'000;
-
-LinkConfig link_at(uint64_t rate_bps, uint64_t queue_bytes = 0, uint64_t prop_ns = 0,
-                   LinkMode mode = LinkMode::kDropTail, double loss = 0) {
-  LinkConfig l;
-  l.rate_bps = rate_bps;
-  l.queue_bytes = queue_bytes;
-  l.prop_ns = prop_ns;
-  l.mode = mode;
-  l.loss = loss;
-  return l;
-}
 
 // A DATA datagram of `size` bytes whose msg_seq tells it apart, so that the log decodes it and
 // a test can check order and identity at the far end.
@@ -693,18 +685,6 @@ struct ConnRig {
     return sd && rd ? clock.now_ns() - t0 : 0;
   }
 };
-
-std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
-  std::vector<uint8_t> v(n);
-  uint32_t x = seed * 2654435761u + 1;
-  for (auto& b : v) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    b = uint8_t(x);
-  }
-  return v;
-}
 
 TEST(SimNetConn, ExactTransferIsByteExactAtTheLinkRate) {
   const LinkConfig l = link_at(10 * kGbps, 1 << 20, 5 * kUs);
