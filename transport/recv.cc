@@ -317,6 +317,19 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
   if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
+  // A sender that starts late still gets the whole budget for its transfer: the deadline moves
+  // to its first packet plus the budget. A sender that never starts is still cut at head +
+  // budget (a straggler costs us one budget), but one that is merely behind is waited for, so
+  // that this rank falls behind with it instead of cutting it: cut ranks drift apart, and every
+  // later step then loses whole messages (docs/lab.md, 1% loss). At most twice the budget.
+  // A sender on time (its first packet within a tenth of the budget: a CTS's round trip and
+  // some scheduling) keeps the deadline as armed, which its own give-up (its start plus the
+  // same budget) matches.
+  if (m.bounded && m.bytes_got == 0 && m.deadline_ns != 0 && m.head_ns != 0 &&
+      m.deadline_ns > m.head_ns) {
+    const uint64_t budget = m.deadline_ns - m.head_ns;
+    if (now - m.head_ns > budget / 10) m.deadline_ns = std::max(m.deadline_ns, now + budget);
+  }
   if (m.bounded && downlink_) {
     // The first DATA a CTS unlocked: a sample of the downlink's RTT. Retransmissions may have
     // been sent long before; only a fresh packet times the path.

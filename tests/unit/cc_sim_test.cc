@@ -665,6 +665,47 @@ TEST(CcSim, BoundedStepEndsAtItsDeadlineAndReleasesThePath) {
   EXPECT_EQ(t.f->s->path()->snapshot().inflight, 0u);
 }
 
+// A sender that starts late (here 45 ms into a 50 ms budget, for a 1 MiB transfer of ~8.5 ms at
+// 1 Gbit/s) is waited for: the receive's deadline moves to its first packet plus the budget,
+// and every byte arrives. Cutting it instead (the deadline as armed) lost ~40% of the message,
+// and in bench/lab such cuts made ranks drift apart until later steps lost whole messages. A
+// sender that never starts is still cut at the armed deadline.
+TEST(CcSim, ALateSenderIsWaitedForAndANeverStartingOneIsCut) {
+  Rig rig;
+  rig.cfg.timeout_ms = 50;
+  const int tx = rig.net.add_host(host_at(kGbps, kGbps));
+  const int rx = rig.net.add_host(host_at(kGbps, kGbps));
+  Flow& late = rig.add_flow(tx, rx, nullptr, Delivery::kBounded);
+  Flow& never = rig.add_flow(tx, rx, nullptr, Delivery::kBounded);
+  const uint64_t t0 = rig.clock.now_ns();
+  for (Flow* f : {&late, &never}) {
+    f->src = pattern(kMiB, 31);
+    f->dst.assign(kMiB, 0);
+    f->posted_ns = t0;
+    ASSERT_TRUE(f->r->irecv(f->dst.data(), f->dst.size(), &f->rr).is_ok());
+    f->sd = true;  // no send posted (yet): Rig::run waits for the receives
+  }
+  while (rig.clock.now_ns() - t0 < 45 * kMs) rig.round();
+  EXPECT_FALSE(late.rd);
+  late.sd = false;
+  ASSERT_TRUE(late.s->isend(late.src.data(), late.src.size(), &late.sr).is_ok());
+  ASSERT_TRUE(rig.run(500 * kMs));
+  const ConnStats lr = late.r->stats(), nr = never.r->stats();
+  std::printf("late sender: receive done at %.2f ms (armed deadline 50 ms), %llu bytes lost; "
+              "never-starting sender: done at %.2f ms, %llu of %llu bytes lost\n",
+              ms(late.recv_done_ns), static_cast<unsigned long long>(lr.bytes_lost),
+              ms(never.recv_done_ns), static_cast<unsigned long long>(nr.bytes_lost),
+              static_cast<unsigned long long>(nr.bytes_expected));
+  EXPECT_EQ(late.src, late.dst);
+  EXPECT_EQ(lr.bytes_lost, 0u);
+  EXPECT_EQ(lr.deadline_hits, 0u);
+  EXPECT_GT(late.recv_done_ns, 50 * kMs);
+  EXPECT_LT(late.recv_done_ns, 100 * kMs);
+  EXPECT_EQ(nr.deadline_hits, 1u);
+  EXPECT_EQ(nr.bytes_lost, kMiB);
+  EXPECT_LE(never.recv_done_ns, 50 * kMs + kStep);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. A lossless fabric (RoCE with PFC): the switch never drops, it pauses the upstream port, so
 // a loss-based window would grow until the flow window (4 MiB) and park a full queue (8 ms at
