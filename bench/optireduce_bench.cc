@@ -62,12 +62,16 @@ struct Gloo {
   }
 };
 
-// Gloo's TCP device binds the lab interface's address: the rank's IP from lab.sh (LAB_IP), else
-// --iface taken as a host name or address.
+// Gloo's TCP device binds --iface (a host name or address) if given, else the rank's address
+// from lab.sh: LAB_IP for the traffic under test (Gloo ring, BCube, the background load),
+// LAB_CTL_IP for the harness's own barrier and reductions (`control`), which the loss
+// environment leaves alone (lab.sh). Without LAB_CTL_IP the control traffic uses LAB_IP too.
 std::shared_ptr<gloo::rendezvous::Context> gloo_connect(const Options& o, const std::string& dir,
-                                                        const std::string& prefix) {
+                                                        const std::string& prefix,
+                                                        bool control = false) {
   gloo::transport::tcp::attr attr;
-  const char* ip = std::getenv("LAB_IP");
+  const char* ctl = std::getenv("LAB_CTL_IP");
+  const char* ip = control && ctl != nullptr && *ctl != '\0' ? ctl : std::getenv("LAB_IP");
   if (!o.iface.empty()) {
     attr.hostname = o.iface;
   } else if (ip != nullptr && *ip != '\0') {
@@ -99,7 +103,8 @@ class Algo {
 
 class GlooAlgo : public Algo {
  public:
-  GlooAlgo(Gloo* g, gloo::AllreduceOptions::Algorithm a) : g_(g), a_(a) {}
+  GlooAlgo(std::shared_ptr<Gloo> g, gloo::AllreduceOptions::Algorithm a)
+      : g_(std::move(g)), a_(a) {}
   void run(const float* in, float* out, size_t count) override {
     gloo::AllreduceOptions o(g_->ctx);
     o.setInput(const_cast<float*>(in), count);
@@ -111,7 +116,7 @@ class GlooAlgo : public Algo {
   }
 
  private:
-  Gloo* g_;
+  std::shared_ptr<Gloo> g_;
   gloo::AllreduceOptions::Algorithm a_;
 };
 
@@ -160,11 +165,23 @@ class TarAlgo : public Algo {
   int warmup_ = 0;
 };
 
+// A Gloo context on the network under test, for an algorithm that Gloo runs; the same as the
+// control context where there is no separate control address.
+std::shared_ptr<Gloo> data_context(const Options& o, Gloo* control, const std::string& dir) {
+  const char* ctl = std::getenv("LAB_CTL_IP");
+  if (!o.iface.empty() || ctl == nullptr || *ctl == '\0')
+    return std::shared_ptr<Gloo>(control, [](Gloo*) {});  // not owned: the control itself
+  auto g = std::make_shared<Gloo>();
+  ::mkdir(dir.c_str(), 0700);
+  g->ctx = gloo_connect(o, dir, "data");
+  return g;
+}
+
 std::unique_ptr<Algo> make_algo(const std::string& name, const Options& o, Gloo* g,
                                 const std::string& dir) {
   using A = gloo::AllreduceOptions::Algorithm;
-  if (name == "gloo-ring") return std::make_unique<GlooAlgo>(g, A::RING);
-  if (name == "gloo-bcube") return std::make_unique<GlooAlgo>(g, A::BCUBE);
+  if (name == "gloo-ring") return std::make_unique<GlooAlgo>(data_context(o, g, dir), A::RING);
+  if (name == "gloo-bcube") return std::make_unique<GlooAlgo>(data_context(o, g, dir), A::BCUBE);
   if (name == "tar-bounded-ht") return std::make_unique<TarAlgo>(o, dir, optiBounded, 1);
   if (name == "tar-bounded") return std::make_unique<TarAlgo>(o, dir, optiBounded, 0);
   if (name == "tar-exact") return std::make_unique<TarAlgo>(o, dir, optiExact, 0);
@@ -228,7 +245,7 @@ std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t b
 int background(const Options& o, Gloo* g) {
   const size_t count = size_t(o.min_bytes / 4);
   std::vector<float> in(count, 1.0f), out(count);
-  GlooAlgo ring(g, gloo::AllreduceOptions::Algorithm::RING);
+  GlooAlgo ring(std::shared_ptr<Gloo>(g, [](Gloo*) {}), gloo::AllreduceOptions::Algorithm::RING);
   const auto t0 = Clock::now();
   while (seconds_since(t0) < o.background_s) {
     const auto t1 = Clock::now();
@@ -252,7 +269,8 @@ int bench_main(int argc, char** argv) {
   }
   ::mkdir(o.store.c_str(), 0700);
   Gloo g;
-  g.ctx = gloo_connect(o, o.store, "ctl");
+  // The load generator's traffic is load on the network under test, not control.
+  g.ctx = gloo_connect(o, o.store, "ctl", o.background_s <= 0);
   if (o.background_s > 0) return background(o, &g);
   const auto algos = split_list(o.algos.empty() ? kAllAlgos : o.algos);
   const auto sizes = size_list(o.min_bytes, o.max_bytes, o.factor);

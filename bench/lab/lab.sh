@@ -30,6 +30,12 @@ die() {
 need_root() { [[ $(id -u) == 0 ]] || die "must run as root (network namespaces, tc, iptables)"; }
 rank_ns() { echo "$P-r$1"; }
 rank_ip() { echo "$SUBNET.$(($1 + 1))"; }
+# The harness's own control traffic (optireduce-bench's barrier and result reductions) binds a
+# second address on the same interface, which the loss environment leaves alone: a lost
+# segment of the per-iteration barrier costs TCP a 200 ms RTO and made one rank start a call
+# that late, a straggler the harness made, not the network under test.
+CTL_SUBNET=10.213.8
+ctl_ip() { echo "$CTL_SUBNET.$(($1 + 1))"; }
 nranks() { cat "$STATE/nranks" 2>/dev/null || echo 0; }
 in_ns() {
   local ns=$1
@@ -50,8 +56,9 @@ lab.sh bg stop         stop the background flows
 lab.sh bg bytes        print "EPOCH BYTES": now, and the TCP bytes delivered so far to the
                        background's servers, all ranks together (iptables counters)
 lab.sh bg active T0 T1 print the seconds of [T0, T1] (epoch) in which background bursts ran
-lab.sh loss P          drop each packet arriving at a rank with probability P (0 removes)
-lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP set),
+lab.sh loss P          drop each packet arriving at a rank with probability P (0 removes), except
+                       the harness's control traffic (from the LAB_CTL_IP addresses)
+lab.sh ranks SECS CMD  run CMD in every rank namespace at once (RANK, WORLD_SIZE, LAB_IP, LAB_CTL_IP set),
                        kill all after SECS; fails if any rank fails
 lab.sh exec R CMD      run CMD in rank R's namespace
 Environment: OLAB_PREFIX=$P OLAB_RATE=$RATE OLAB_QLIMIT=$QLIMIT OLAB_MTU=$MTU OLAB_BGNICE="$BGNICE"
@@ -126,6 +133,8 @@ up() {
     tune_dev "$ns" lab0
     in_ns "$SW" ip link set "p$r" up
     in_ns "$ns" ip addr add "$(rank_ip "$r")/24" dev lab0
+    # After the rank's address, so that it stays lab0's first one (the transport's choice).
+    in_ns "$ns" ip addr add "$(ctl_ip "$r")/24" dev lab0
     in_ns "$ns" ip link set lab0 up
     # BBR's RTT probing alone gives an idle P99/P50 of ~1.4 here; cubic per route and per netns.
     in_ns "$ns" sysctl -qw net.ipv4.tcp_congestion_control=cubic 2>/dev/null || true
@@ -161,7 +170,8 @@ loss() {
     in_ns "$ns" iptables -F INPUT
     if [[ $p != 0 ]]; then
       # At the receiver: a drop at the sender's own qdisc would be reported to the sender.
-      in_ns "$ns" iptables -A INPUT -i lab0 -m statistic --mode random --probability "$p" -j DROP
+      in_ns "$ns" iptables -A INPUT -i lab0 ! -s "$CTL_SUBNET.0/24" -m statistic --mode random \
+        --probability "$p" -j DROP
     fi
   done
 }
@@ -326,7 +336,7 @@ run_ranks() {
     # No OPTIREDUCE_* here: the figures are the defaults a new user gets, and the transport's
     # default interface, the first one up that is not loopback, is lab0 (the only one).
     timeout -k 5 "$secs" ip netns exec "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$n" \
-      LAB_IP="$(rank_ip "$r")" "$@" &
+      LAB_IP="$(rank_ip "$r")" LAB_CTL_IP="$(ctl_ip "$r")" "$@" &
     pids+=($!)
   done
   for r in "${!pids[@]}"; do
@@ -365,7 +375,8 @@ case $cmd in
   exec)
     r=${1:?rank}
     shift
-    in_ns "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$(nranks)" LAB_IP="$(rank_ip "$r")" "$@"
+    in_ns "$(rank_ns "$r")" env RANK="$r" WORLD_SIZE="$(nranks)" LAB_IP="$(rank_ip "$r")" \
+      LAB_CTL_IP="$(ctl_ip "$r")" "$@"
     ;;
   ip) rank_ip "${1:?rank}" ;;
   ns) rank_ns "${1:?rank}" ;;
