@@ -149,6 +149,10 @@ struct Row {
   double algbw = 0, busbw = 0;  // GB/s (1e9) from the P50 time, nccl-tests' definitions
   double delivered = 1, error = NAN, error_max = NAN, deadline_frac = 0, exact_frac = 0;
   double tb_ms = 0;  // the transport's hard bound tB after the run (0: none, e.g. a baseline)
+  // CPU time (user + system, every thread) that all ranks together spent inside the timed calls,
+  // per iteration: what the algorithm takes from the application's cores (and, on a shared
+  // host, from other tenants). NaN: not measured.
+  double cpu_ms = NAN;
 };
 
 inline Row summarize(const std::string& env, const std::string& algo, int ranks, uint64_t bytes,
@@ -195,17 +199,18 @@ inline Row summarize(const std::string& env, const std::string& algo, int ranks,
 
 inline const char* csv_header() {
   return "env,algo,ranks,bytes,iters,p50_ms,p99_ms,p999_ms,mean_ms,max_ms,p99_p50,algbw_gbs,"
-         "busbw_gbs,delivered,rel_l2_err,rel_l2_err_max,deadline_frac,exact_frac,tb_ms";
+         "busbw_gbs,delivered,rel_l2_err,rel_l2_err_max,deadline_frac,exact_frac,tb_ms,"
+         "cpu_ms";
 }
 
 inline std::string csv_line(const Row& r) {
   char buf[512];
   std::snprintf(
       buf, sizeof(buf),
-      "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f",
+      "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f,%.3f",
       r.env.c_str(), r.algo.c_str(), r.ranks, (unsigned long long)r.bytes, r.iters, r.p50_ms,
       r.p99_ms, r.p999_ms, r.mean_ms, r.max_ms, r.tail_ratio, r.algbw, r.busbw, r.delivered,
-      r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms);
+      r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms, r.cpu_ms);
   return buf;
 }
 
@@ -213,9 +218,9 @@ inline std::string csv_line(const Row& r) {
 inline void append_csv(const std::string& path, const Row& r) {
   std::printf(
       "%-10s %-15s %9llu B  p50 %9.3f  p99 %9.3f  p99.9 %9.3f  mean %9.3f ms  p99/p50 "
-      "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f\n",
+      "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f  cpu %.2f ms\n",
       r.env.c_str(), r.algo.c_str(), (unsigned long long)r.bytes, r.p50_ms, r.p99_ms, r.p999_ms,
-      r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error, r.deadline_frac);
+      r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error, r.deadline_frac, r.cpu_ms);
   std::fflush(stdout);
   if (path.empty() || path == "-") return;
   FILE* f = std::fopen(path.c_str(), "a+");

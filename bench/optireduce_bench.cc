@@ -14,6 +14,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -192,9 +193,18 @@ void sleep_ms(double ms) {
   std::this_thread::sleep_for(std::chrono::microseconds(int64_t(ms * 1e3)));
 }
 
-// Times one algorithm at one size and returns the per-iteration figures reduced over ranks.
+// CPU seconds (user + system) of every thread of this process so far.
+double process_cpu_seconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
+
+// Times one algorithm at one size and returns the per-iteration figures reduced over ranks;
+// *cpu_ms: CPU time of all ranks inside the timed calls, per iteration.
 std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t bytes,
-                               double* tb_ms) {
+                               double* tb_ms, double* cpu_ms) {
   const size_t count = size_t(bytes / 4);
   std::vector<float> in(count), out(count);
   fill_input(o.seed, o.rank, in.data(), count);
@@ -204,15 +214,18 @@ std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t b
   const int warmup = std::max(o.warmup, algo->min_warmup());
   const size_t n = size_t(o.iters);
   std::vector<double> t(n), lost(n), expected(n), deadline(n), exactc(n), err(n, 0.0);
+  double cpu = 0;
   for (int i = -warmup; i < o.iters; ++i) {
     g->barrier();
     // The straggler's sleep stands for slow compute: outside its own timed region, so the
     // figures show what it costs the others.
     if (i >= 0 && o.rank == o.straggler_rank && sleeps[size_t(i)]) sleep_ms(o.straggler_ms);
+    const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
     algo->run(in.data(), out.data(), count);
     const double dt = seconds_since(t0);
     if (i < 0) continue;
+    cpu += process_cpu_seconds() - c0;
     const size_t k = size_t(i);
     t[k] = dt;
     algo->last(&lost[k], &expected[k], &deadline[k], &exactc[k]);
@@ -227,6 +240,9 @@ std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t b
   std::vector<double> tb{algo->tb_ms()};
   g->reduce(&tb, ReduceFn(&gloo::max<double>));
   *tb_ms = tb[0];
+  std::vector<double> c{cpu};
+  g->reduce(&c, ReduceFn(&gloo::sum<double>));
+  *cpu_ms = n ? c[0] * 1e3 / double(n) : NAN;
   std::vector<Iteration> it(n);
   for (size_t k = 0; k < n; ++k) {
     it[k].seconds = t[k];
@@ -288,12 +304,13 @@ int bench_main(int argc, char** argv) {
         g.barrier();
         continue;
       }
-      double tb_ms = 0;
-      const auto it = measure(o, &g, algo.get(), bytes, &tb_ms);
+      double tb_ms = 0, cpu_ms = NAN;
+      const auto it = measure(o, &g, algo.get(), bytes, &tb_ms, &cpu_ms);
       algo.reset();
       if (o.rank == 0) {
         Row r = summarize(o.env, name, o.world, bytes, it);
         r.tb_ms = tb_ms;
+        r.cpu_ms = cpu_ms;
         append_csv(o.csv, r);
         append_samples(o.samples, r, it);
       }
