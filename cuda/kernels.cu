@@ -1,9 +1,9 @@
 // CUDA kernels of Transpose AllReduce: Hadamard encode/decode (shared-memory butterflies within
 // a chunk of up to kSharedElems, one global pass per remaining stage), the erasure-aware
 // reduction, the phase-2 fill. Per-element math comes from collectives/elem.h and math.h, the
-// same functions the host kernels use; the host kernels are the oracles in the tests.
-#include <cuda_runtime.h>
-
+// same functions the host kernels use; the host kernels are the oracles in the tests. The same
+// source also runs on the CPU under tests/kernels_emu (device_compat.h).
+#include "cuda/device_compat.h"
 #include "cuda/launch.h"
 
 namespace optireduce::coll::cuda {
@@ -64,7 +64,7 @@ __global__ void load_count(const typename Elem<T>::S* in, typename Elem<T>::A* w
 // In-place unnormalised FWHT of every chunk of `chunk` elements in work[base, base + len).
 template <class A>
 __global__ void fwht_shared(A* work, uint64_t base, uint64_t chunk) {
-  extern __shared__ unsigned char smem_raw[];
+  OR_DYNAMIC_SHARED(unsigned char, smem_raw);
   A* s = reinterpret_cast<A*>(smem_raw);
   A* g = work + base + blockIdx.x * chunk;
   for (uint64_t k = threadIdx.x; k < chunk; k += blockDim.x) s[k] = g[k];
@@ -144,10 +144,11 @@ int fwht_all(A* work, const HadamardGeometry& g, Stream s) {
     const int threads = int(chunk / 2 < kThreads ? (chunk / 2 > 0 ? chunk / 2 : 1) : kThreads);
     if (chunk > 1) {
       const uint64_t nchunks = r.len / chunk;
-      fwht_shared<A><<<unsigned(nchunks), threads, chunk * sizeof(A), s>>>(work, r.base, chunk);
+      OR_LAUNCH(fwht_shared<A>, unsigned(nchunks), threads, chunk * sizeof(A), s)
+      (work, r.base, chunk);
     }
     for (uint64_t h = chunk; h < r.d; h <<= 1)
-      fwht_stage<A><<<blocks_for(r.len / 2), kThreads, 0, s>>>(work, r.base, r.len, r.d, h);
+      OR_LAUNCH(fwht_stage<A>, blocks_for(r.len / 2), kThreads, 0, s)(work, r.base, r.len, r.d, h);
   }
   return int(cudaGetLastError());
 }
@@ -159,11 +160,11 @@ int encode_t(const void* in, void* out, const HadamardGeometry& g, uint64_t seed
   using A = typename E::A;
   const uint64_t len = g.encoded();
   A* w = static_cast<A*>(work);
-  load_signed<T><<<blocks_for(len), kThreads, 0, s>>>(static_cast<const typename E::S*>(in), w,
-                                                      g.count, len, g.block, seed);
+  OR_LAUNCH(load_signed<T>, blocks_for(len), kThreads, 0, s)
+  (static_cast<const typename E::S*>(in), w, g.count, len, g.block, seed);
   if (int e = fwht_all(w, g, s)) return e;
-  store_encoded<T><<<blocks_for(len), kThreads, 0, s>>>(w, static_cast<typename E::S*>(out),
-                                                        g.count, len, g.block);
+  OR_LAUNCH(store_encoded<T>, blocks_for(len), kThreads, 0, s)
+  (w, static_cast<typename E::S*>(out), g.count, len, g.block);
   return int(cudaGetLastError());
 }
 
@@ -177,12 +178,12 @@ int decode_t(const void* in, void* out, const HadamardGeometry& g, uint64_t seed
   A* w = static_cast<A*>(work);
   unsigned* lost = reinterpret_cast<unsigned*>(w + len);
   cudaMemsetAsync(lost, 0, g.blocks() * sizeof(unsigned), s);
-  load_count<T><<<blocks_for(len), kThreads, 0, s>>>(static_cast<const typename E::S*>(in), w, len,
-                                                     g.block, lost, counters);
+  OR_LAUNCH(load_count<T>, blocks_for(len), kThreads, 0, s)
+  (static_cast<const typename E::S*>(in), w, len, g.block, lost, counters);
   if (int e = fwht_all(w, g, s)) return e;
-  store_decoded<T><<<blocks_for(g.count), kThreads, 0, s>>>(
-      w, static_cast<typename E::S*>(out), static_cast<const typename E::S*>(fb), g.count, g.block,
-      seed, scale, fb_scale, policy == Erasure::kRescale, lost, counters);
+  OR_LAUNCH(store_decoded<T>, blocks_for(g.count), kThreads, 0, s)
+  (w, static_cast<typename E::S*>(out), static_cast<const typename E::S*>(fb), g.count, g.block,
+   seed, scale, fb_scale, policy == Erasure::kRescale, lost, counters);
   return int(cudaGetLastError());
 }
 
@@ -238,8 +239,8 @@ int reduce_t(const void* const* srcs, const uint8_t* lossy, int nranks, void* ou
     }
     a.first = first == 0;
     a.last = first + a.nsrc == nranks;
-    reduce_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(
-        a, sum, got, static_cast<typename E::S*>(out), n, nranks, op, policy, counters);
+    OR_LAUNCH(reduce_kernel<T>, blocks_for(n), kThreads, 0, s)
+    (a, sum, got, static_cast<typename E::S*>(out), n, nranks, op, policy, counters);
   }
   return int(cudaGetLastError());
 }
@@ -266,9 +267,9 @@ template <DType T>
 int fill_t(void* dst, const void* rcv, const void* own, size_t n, double own_scale, Erasure policy,
            unsigned long long* counters, Stream s) {
   using S = typename Elem<T>::S;
-  fill_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(
-      static_cast<S*>(dst), static_cast<const S*>(rcv), static_cast<const S*>(own), n, own_scale,
-      policy, counters);
+  OR_LAUNCH(fill_kernel<T>, blocks_for(n), kThreads, 0, s)
+  (static_cast<S*>(dst), static_cast<const S*>(rcv), static_cast<const S*>(own), n, own_scale,
+   policy, counters);
   return int(cudaGetLastError());
 }
 

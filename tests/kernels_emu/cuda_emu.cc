@@ -1,0 +1,442 @@
+// The emulation's scheduler (see cuda_emu.h): fibers per block, barriers, shuffles, schedules,
+// guarded device memory.
+#include "kernels_emu/cuda_emu.h"
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define OR_EMU_ASAN 1
+#endif
+
+namespace optireduce::emu {
+namespace {
+
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr size_t kMaxSharedBytes = 48 << 10;  // without opting in, on every GPU since sm_70
+constexpr size_t kGuardBytes = 256;
+constexpr uint8_t kGuardByte = 0xA5;
+#if defined(OR_EMU_ASAN)
+constexpr size_t kStackBytes = 256 << 10;
+#else
+constexpr size_t kStackBytes = 64 << 10;
+#endif
+
+enum class Wait : uint8_t { kRunnable, kBarrier, kShuffle, kDone };
+
+struct Fiber {
+  ucontext_t ctx{};
+  std::unique_ptr<char[]> stack;
+  ThreadCoords coords;
+  Wait wait = Wait::kRunnable;
+  // The shuffle it waits at: mask, delta, and its value (result written back on release).
+  unsigned mask = 0;
+  int delta = 0;
+  size_t bytes = 0;
+  unsigned char value[8] = {};
+  unsigned char* out = nullptr;
+  void* fake_stack = nullptr;  // ASan's, while switched away
+};
+
+struct State {
+  std::vector<Fiber> fibers;  // grown to the largest block, reused
+  ucontext_t main{};
+  int running = -1;
+  unsigned nthreads = 0;
+  const std::function<void()>* body = nullptr;
+  std::vector<unsigned char> shared;
+  std::string error;
+  int schedules = 1;
+  uint64_t launches = 0;
+  ThreadCoords outside;  // what current() returns outside a kernel
+#if defined(OR_EMU_ASAN)
+  // The scheduler's stack (the calling thread's), as ASan reported it on switching away.
+  void* main_fake_stack = nullptr;
+  const void* main_bottom = nullptr;
+  size_t main_size = 0;
+#endif
+};
+
+// One scheduler per OS thread: launches from several threads (the GPU-path double's streams) run
+// side by side, each on its own fibers.
+State& st() {
+  static thread_local State s;
+  return s;
+}
+
+struct Alloc {
+  size_t bytes;
+  std::unique_ptr<unsigned char[]> mem;  // guard | bytes | guard
+};
+// Device memory is the process's, as on a GPU. Snapshots and guard checks read it while no
+// other thread allocates (the checks are for single-threaded kernel tests).
+std::mutex& allocs_mu() {
+  static std::mutex m;
+  return m;
+}
+std::map<unsigned char*, Alloc>& allocs() {  // by user pointer
+  static std::map<unsigned char*, Alloc> a;
+  return a;
+}
+
+void fail(const std::string& why) {
+  if (st().error.empty()) st().error = why;
+}
+
+// ASan must be told about every stack switch (its annotations), or it takes the fibers' frames
+// for overflows of the thread's stack.
+void resume(Fiber& f) {
+#if defined(OR_EMU_ASAN)
+  __sanitizer_start_switch_fiber(&st().main_fake_stack, f.stack.get(), kStackBytes);
+#endif
+  swapcontext(&st().main, &f.ctx);
+#if defined(OR_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(st().main_fake_stack, nullptr, nullptr);
+#endif
+}
+
+// Back to the scheduler from the running fiber; `exiting`: it never resumes.
+void yield_to_scheduler(bool exiting = false) {
+  State& s = st();
+  Fiber& f = s.fibers[size_t(s.running)];
+#if defined(OR_EMU_ASAN)
+  __sanitizer_start_switch_fiber(exiting ? nullptr : &f.fake_stack, s.main_bottom, s.main_size);
+  swapcontext(&f.ctx, &s.main);
+  __sanitizer_finish_switch_fiber(f.fake_stack, &s.main_bottom, &s.main_size);
+#else
+  (void)exiting;
+  swapcontext(&f.ctx, &s.main);
+#endif
+}
+
+void fiber_entry() {
+  State& s = st();
+#if defined(OR_EMU_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &s.main_bottom, &s.main_size);
+#endif
+  (*s.body)();
+  s.fibers[size_t(s.running)].wait = Wait::kDone;
+  yield_to_scheduler(true);
+}
+
+std::string where(const ThreadCoords& c) {
+  char b[96];
+  std::snprintf(b, sizeof(b), "block (%u,%u,%u) thread (%u,%u,%u)", c.block.x, c.block.y, c.block.z,
+                c.thread.x, c.thread.y, c.thread.z);
+  return b;
+}
+
+// The order in which a schedule runs n items (threads of an epoch, blocks of a grid).
+void order(int schedule, uint64_t salt, std::vector<unsigned>* o, unsigned n) {
+  o->resize(n);
+  for (unsigned i = 0; i < n; ++i) (*o)[i] = i;
+  if (schedule == 1) std::reverse(o->begin(), o->end());
+  if (schedule >= 2) {
+    std::mt19937_64 rng(uint64_t(schedule) * 0x9e3779b97f4a7c15ull ^ salt);
+    std::shuffle(o->begin(), o->end(), rng);
+  }
+}
+
+// Releases the warps whose every live lane waits at a shuffle. Returns false on a rule broken.
+bool release_shuffles(State& s) {
+  const unsigned nwarps = (s.nthreads + 31) / 32;
+  for (unsigned w = 0; w < nwarps; ++w) {
+    const unsigned first = w * 32, lanes = std::min(32u, s.nthreads - first);
+    unsigned waiting = 0, done = 0;
+    for (unsigned l = 0; l < lanes; ++l) {
+      const Wait x = s.fibers[first + l].wait;
+      waiting += x == Wait::kShuffle;
+      done += x == Wait::kDone;
+    }
+    if (waiting == 0 || waiting + done < lanes) continue;  // others still running
+    for (unsigned l = 0; l < lanes; ++l) {
+      Fiber& f = s.fibers[first + l];
+      if (f.wait != Wait::kShuffle) continue;
+      for (unsigned m = 0; m < 32; ++m) {
+        if (!(f.mask >> m & 1)) continue;
+        if (m >= lanes || s.fibers[first + m].wait != Wait::kShuffle) {
+          fail("__shfl_down_sync at " + where(f.coords) + ": its mask names lane " +
+               std::to_string(m) + ", which " + (m >= lanes ? "does not exist" : "has exited"));
+          return false;
+        }
+      }
+    }
+    for (unsigned l = 0; l < lanes; ++l) {
+      Fiber& f = s.fibers[first + l];
+      if (f.wait != Wait::kShuffle) continue;
+      const unsigned src = l + unsigned(f.delta);
+      const Fiber& from = src < 32 ? s.fibers[first + src] : f;
+      std::memcpy(f.out, from.value, f.bytes);
+    }
+    for (unsigned l = 0; l < lanes; ++l) {
+      Fiber& f = s.fibers[first + l];
+      if (f.wait == Wait::kShuffle) f.wait = Wait::kRunnable;
+    }
+  }
+  return true;
+}
+
+bool run_block(State& s, int schedule, dim3 grid, dim3 block, uint3 bid) {
+  const uint64_t salt = (uint64_t(bid.z) * grid.y + bid.y) * grid.x + bid.x;
+  // Shared memory starts as garbage, a different garbage in each schedule.
+  std::fill(s.shared.begin(), s.shared.end(), static_cast<unsigned char>(0x5A + 0x3B * schedule));
+  for (unsigned t = 0; t < s.nthreads; ++t) {
+    Fiber& f = s.fibers[t];
+    f.coords.thread = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+    f.coords.block = bid;
+    f.coords.block_dim = block;
+    f.coords.grid_dim = grid;
+    f.wait = Wait::kRunnable;
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStackBytes;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_entry, 0);
+  }
+  std::vector<unsigned> o;
+  for (uint64_t epoch = 0;; ++epoch) {
+    order(schedule, salt * 1000003 + epoch, &o, s.nthreads);
+    bool ran = false;
+    for (unsigned t : o) {
+      Fiber& f = s.fibers[t];
+      if (f.wait != Wait::kRunnable) continue;
+      s.running = int(t);
+      resume(f);
+      s.running = -1;
+      ran = true;
+    }
+    unsigned at_barrier = 0, done = 0;
+    for (unsigned t = 0; t < s.nthreads; ++t) {
+      at_barrier += s.fibers[t].wait == Wait::kBarrier;
+      done += s.fibers[t].wait == Wait::kDone;
+    }
+    if (done == s.nthreads) return true;
+    if (!release_shuffles(s)) return false;
+    if (at_barrier == s.nthreads) {
+      for (unsigned t = 0; t < s.nthreads; ++t) s.fibers[t].wait = Wait::kRunnable;
+      continue;
+    }
+    bool runnable = false;
+    for (unsigned t = 0; t < s.nthreads; ++t) runnable |= s.fibers[t].wait == Wait::kRunnable;
+    if (runnable) continue;
+    (void)ran;
+    // Nothing can run and nothing can be released: the block would hang (or, on some GPUs,
+    // go on with undefined results).
+    for (unsigned t = 0; t < s.nthreads; ++t) {
+      if (s.fibers[t].wait == Wait::kBarrier) {
+        fail("__syncthreads at " + where(s.fibers[t].coords) +
+             " is not reached by every thread "
+             "of the block (" +
+             std::to_string(at_barrier) + " of " + std::to_string(s.nthreads) + " wait there, " +
+             std::to_string(done) + " exited)");
+        return false;
+      }
+    }
+    fail("warp shuffle at " + where(s.fibers[o[0]].coords) + " never completes");
+    return false;
+  }
+}
+
+std::vector<unsigned char> snapshot() {
+  std::vector<unsigned char> v;
+  for (auto& [p, a] : allocs()) v.insert(v.end(), p, p + a.bytes);
+  return v;
+}
+
+void restore(const std::vector<unsigned char>& v) {
+  size_t off = 0;
+  for (auto& [p, a] : allocs()) {
+    std::memcpy(p, v.data() + off, a.bytes);
+    off += a.bytes;
+  }
+}
+
+bool guards_intact() {
+  for (auto& [p, a] : allocs()) {
+    const unsigned char* lo = a.mem.get();
+    const unsigned char* hi = p + a.bytes;
+    for (size_t i = 0; i < kGuardBytes; ++i) {
+      if (lo[i] != kGuardByte || hi[i] != kGuardByte) {
+        const long off = lo[i] != kGuardByte ? -long(kGuardBytes - i) : long(a.bytes + i);
+        fail("a kernel wrote outside an allocation of " + std::to_string(a.bytes) +
+             " bytes, at byte offset " + std::to_string(off));
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The first differing byte of two snapshots, as text.
+std::string first_difference(const std::vector<unsigned char>& a,
+                             const std::vector<unsigned char>& b) {
+  size_t off = 0;
+  for (auto& [p, al] : allocs()) {
+    for (size_t i = 0; i < al.bytes; ++i) {
+      if (a[off + i] != b[off + i])
+        return "byte " + std::to_string(i) + " of an allocation of " + std::to_string(al.bytes);
+    }
+    off += al.bytes;
+  }
+  return "?";
+}
+
+}  // namespace
+
+const ThreadCoords& current() {
+  State& s = st();
+  return s.running >= 0 ? s.fibers[size_t(s.running)].coords : s.outside;
+}
+
+void* dynamic_shared() {
+  return st().shared.data();
+}
+
+void syncthreads() {
+  State& s = st();
+  if (s.running < 0) return;
+  s.fibers[size_t(s.running)].wait = Wait::kBarrier;
+  yield_to_scheduler();
+}
+
+void shfl_down(unsigned mask, void* v, size_t bytes, int delta) {
+  State& s = st();
+  if (s.running < 0) return;
+  Fiber& f = s.fibers[size_t(s.running)];
+  f.wait = Wait::kShuffle;
+  f.mask = mask;
+  f.delta = delta;
+  f.bytes = bytes;
+  std::memcpy(f.value, v, bytes);
+  f.out = static_cast<unsigned char*>(v);
+  yield_to_scheduler();
+}
+
+bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& body) {
+  State& s = st();
+  ++s.launches;
+  const uint64_t threads = uint64_t(block.x) * block.y * block.z;
+  if (threads == 0 || threads > kMaxThreadsPerBlock || grid.x == 0 || grid.y == 0 || grid.z == 0 ||
+      grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu) {
+    fail("invalid launch configuration: grid (" + std::to_string(grid.x) + "," +
+         std::to_string(grid.y) + "," + std::to_string(grid.z) + "), block of " +
+         std::to_string(threads) + " threads");
+    return false;
+  }
+  if (shmem > kMaxSharedBytes) {
+    fail("a launch asked for " + std::to_string(shmem) +
+         " bytes of dynamic shared memory (at "
+         "most " +
+         std::to_string(kMaxSharedBytes) + " without opting in)");
+    return false;
+  }
+  s.nthreads = unsigned(threads);
+  if (s.fibers.size() < threads) {
+    s.fibers.resize(threads);
+    for (auto& f : s.fibers)
+      if (!f.stack) f.stack.reset(new char[kStackBytes]);
+  }
+  s.shared.assign(shmem, 0);
+  s.body = &body;
+  const uint64_t nblocks = uint64_t(grid.x) * grid.y * grid.z;
+  const std::vector<unsigned char> before =
+      s.schedules > 1 ? snapshot() : std::vector<unsigned char>();
+  std::vector<unsigned char> first;
+  std::vector<unsigned> bo;
+  bool ok = true;
+  for (int sch = 0; sch < s.schedules && ok; ++sch) {
+    if (sch > 0) restore(before);
+    order(sch, 0xb10c, &bo, unsigned(nblocks));
+    for (unsigned b : bo) {
+      const uint3 bid{b % grid.x, b / grid.x % grid.y, unsigned(b / (uint64_t(grid.x) * grid.y))};
+      if (!run_block(s, sch, grid, block, bid)) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) ok = guards_intact();
+    if (ok && s.schedules > 1) {
+      if (sch == 0) {
+        first = snapshot();
+      } else if (std::vector<unsigned char> now = snapshot(); now != first) {
+        fail("the result depends on the order in which threads or blocks run (schedule " +
+             std::to_string(sch) + " differs from schedule 0 first at " +
+             first_difference(first, now) + "): a missing __syncthreads or a race");
+        ok = false;
+      }
+    }
+  }
+  s.body = nullptr;
+  return ok;
+}
+
+void* device_alloc(size_t bytes) {
+  Alloc a{bytes, std::unique_ptr<unsigned char[]>(new unsigned char[bytes + 2 * kGuardBytes])};
+  std::memset(a.mem.get(), kGuardByte, kGuardBytes);
+  std::memset(a.mem.get() + kGuardBytes, 0xCD, bytes);  // device memory starts as garbage
+  std::memset(a.mem.get() + kGuardBytes + bytes, kGuardByte, kGuardBytes);
+  unsigned char* p = a.mem.get() + kGuardBytes;
+  std::lock_guard<std::mutex> l(allocs_mu());
+  allocs().emplace(p, std::move(a));
+  return p;
+}
+
+void device_free(void* p) {
+  std::lock_guard<std::mutex> l(allocs_mu());
+  allocs().erase(static_cast<unsigned char*>(p));
+}
+
+void set_schedules(int n) {
+  st().schedules = std::max(1, n);
+}
+std::string last_error_text() {
+  return st().error;
+}
+void clear_error() {
+  st().error.clear();
+}
+uint64_t launches() {
+  return st().launches;
+}
+
+}  // namespace optireduce::emu
+
+namespace {
+thread_local cudaError_t g_last = cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() {
+  // A failed launch is sticky until read, as the runtime's launch errors are.
+  if (!optireduce::emu::last_error_text().empty() && g_last == cudaSuccess)
+    g_last = cudaErrorLaunchFailure;
+  const cudaError_t e = g_last;
+  g_last = cudaSuccess;
+  return e;
+}
+
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidValue:
+      return "invalid argument";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
+    case cudaErrorLaunchFailure:
+      return "unspecified launch failure";
+  }
+  return "unknown error";
+}
+
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, CUstream_st*) {
+  std::memset(p, value, bytes);
+  return cudaSuccess;
+}

@@ -1,0 +1,143 @@
+// A CPU emulation of the part of CUDA's execution model that cuda/kernels.cu uses, so that the
+// kernels' own source (not a host twin of it) runs in tests on machines without a GPU.
+//
+// Model. A launch runs its grid block by block on the calling thread; the threads of a block are
+// fibers (ucontext) that the scheduler runs one at a time, each until it reaches a point where a
+// GPU thread may wait for others: __syncthreads (the whole block) or a warp shuffle (its warp).
+// Everything between two such points is an epoch; the scheduler releases a barrier only when
+// every thread that must reach it has.
+//
+// Strictness. What a GPU leaves undefined, the emulation reports as a launch error
+// (cudaGetLastError() != cudaSuccess, emu::last_error_text() says what and where):
+//  - a __syncthreads that some threads of the block reach while others exit (or wait at a
+//    shuffle), a shuffle whose mask names lanes that do not exist or have exited;
+//  - a write outside an allocation made with emu::device_alloc (guard zones on both sides);
+//  - a result that depends on the order in which threads or blocks run (a missing barrier, a race
+//    on shared or global memory, one block writing another's range): with set_schedules(n > 1)
+//    every launch runs n times from the same device memory, threads and blocks in different
+//    orders (forward, reverse, seeded shuffles), and must leave every allocation byte-identical;
+//  - reading shared memory that this block has not written: it starts, in each schedule, filled
+//    with a different pattern, so such a read makes the result schedule-dependent.
+// Not modelled: memory ordering between threads within an epoch (an epoch runs to completion),
+// so a read-modify-write race whose updates commute (two threads' `s[0] += v`) gives the same
+// result in every order and goes unseen; warp-synchronous code without shuffles; cooperative
+// groups; streams (a launch runs at once, on the calling thread; launches from several threads
+// run side by side, each with its own scheduler).
+#pragma once
+
+#include <math.h>  // sqrt(float) and the other overloads device code calls unqualified
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+namespace optireduce::emu {
+
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+  dim3(int x_) : x(unsigned(x_)) {}
+  dim3(uint64_t x_) : x(unsigned(x_)) {}
+  operator uint3() const { return {x, y, z}; }
+};
+
+// The running emulated thread's coordinates.
+struct ThreadCoords {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+const ThreadCoords& current();
+
+// Runs `body` as every thread of a grid (see the model above). Returns false, with the reason in
+// last_error_text(), if the launch broke a rule; shmem: dynamic shared-memory bytes per block.
+bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& body);
+void* dynamic_shared();
+void syncthreads();
+// The warp shuffle on `bytes` (<= 8) bytes at `v`: v from lane + delta (own v past lane 31).
+void shfl_down(unsigned mask, void* v, size_t bytes, int delta);
+
+// Launches from the kernel source: launch(kernel, grid, block, shmem, stream)(args...).
+template <class... P>
+class Launch {
+ public:
+  Launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem) : k_(k), g_(g), b_(b), shmem_(shmem) {}
+  template <class... A>
+  void operator()(A&&... a) const {
+    const std::tuple<P...> args(std::forward<A>(a)...);  // what the launch copies to the GPU
+    run_grid(g_, b_, shmem_, [&] { std::apply(k_, args); });
+  }
+
+ private:
+  void (*k_)(P...);
+  dim3 g_, b_;
+  size_t shmem_;
+};
+template <class... P, class S>
+Launch<P...> launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem, S /*stream*/) {
+  return Launch<P...>(k, g, b, shmem);
+}
+
+// Device memory for the emulation's checks: host memory between guard zones, registered so that
+// launches can compare it across schedules. Memory not allocated here is not checked.
+void* device_alloc(size_t bytes);
+void device_free(void* p);
+
+// Every launch runs this many times in different orders (1: once, threads and blocks in order).
+void set_schedules(int n);
+// The reason of the last failed launch ("" if none since the last clear_error()).
+std::string last_error_text();
+void clear_error();
+// Launches run so far (tests use it to prove a launcher really went through the emulation).
+uint64_t launches();
+
+}  // namespace optireduce::emu
+
+// ---- CUDA's names, as kernels.cu uses them ----
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static  // blocks run one after another on one thread
+#define threadIdx (::optireduce::emu::current().thread)
+#define blockIdx (::optireduce::emu::current().block)
+#define blockDim (::optireduce::emu::current().block_dim)
+#define gridDim (::optireduce::emu::current().grid_dim)
+
+using ::optireduce::emu::dim3;
+
+inline void __syncthreads() {
+  ::optireduce::emu::syncthreads();
+}
+
+template <class T>
+T __shfl_down_sync(unsigned mask, T v, unsigned delta) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 64 bits");
+  ::optireduce::emu::shfl_down(mask, &v, sizeof(T), int(delta));
+  return v;
+}
+
+// Epochs run to completion one thread at a time, so a plain read-modify-write is atomic.
+template <class T>
+T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+
+enum cudaError_t : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorLaunchFailure = 719,
+};
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, struct CUstream_st* stream);

@@ -1,0 +1,300 @@
+// cuda/kernels.cu itself, run on the CPU through the emulation (cuda_emu.h), against the host
+// reference kernels (collectives/kernels_host.h): every launcher, every dtype, sizes with partial
+// blocks, the shared-memory and the multi-pass transform, erasures, the counters. Every launch
+// runs in three schedules (threads and blocks forward, reversed, shuffled) that must agree byte
+// for byte. Then bugs planted in copies of the kernels, each of which the emulation must report.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "collectives/kernels_host.h"
+#include "cuda/device_compat.h"
+#include "cuda/launch.h"
+
+namespace optireduce::coll {
+namespace {
+
+// Device memory of the emulation (guarded, compared across schedules), freed at scope exit.
+class Device {
+ public:
+  ~Device() {
+    for (void* p : allocs_) emu::device_free(p);
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* p = static_cast<T*>(alloc(v.size() * sizeof(T)));
+    std::memcpy(p, v.data(), v.size() * sizeof(T));
+    return p;
+  }
+  void* alloc(size_t bytes) {
+    allocs_.push_back(emu::device_alloc(bytes));
+    return allocs_.back();
+  }
+  unsigned long long* counters() {
+    if (!counters_) {
+      counters_ =
+          static_cast<unsigned long long*>(alloc(sizeof(unsigned long long) * kNumCounters));
+      std::memset(counters_, 0, sizeof(unsigned long long) * kNumCounters);
+    }
+    return counters_;
+  }
+
+ private:
+  std::vector<void*> allocs_;
+  unsigned long long* counters_ = nullptr;
+};
+
+class KernelsEmu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    emu::set_schedules(3);
+    emu::clear_error();
+  }
+  void TearDown() override {
+    EXPECT_EQ(emu::last_error_text(), "");
+    emu::set_schedules(1);
+  }
+};
+
+template <DType T>
+std::vector<typename Elem<T>::S> random_elems(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> g;
+  std::vector<typename Elem<T>::S> v(n);
+  for (auto& x : v) x = Elem<T>::store(typename Elem<T>::A(g(rng)));
+  return v;
+}
+
+template <class S>
+size_t first_mismatch(const S* a, const S* b, size_t n) {
+  for (size_t i = 0; i < n; ++i)
+    if (a[i] != b[i]) return i;
+  return n;
+}
+
+// Encode and decode (with a burst of erasures) on the emulated device and on the host.
+template <DType T>
+void hadamard_matches_host(uint64_t count, uint64_t block) {
+  SCOPED_TRACE(::testing::Message()
+               << "dtype " << int(T) << " count " << count << " block " << block);
+  using S = typename Elem<T>::S;
+  constexpr uint64_t kSeed = 77;
+  const HadamardGeometry g{count, block};
+  const auto in = random_elems<T>(count, uint32_t(count * 31 + block));
+  std::vector<uint32_t> masks(block);
+  fill_sign_masks(masks.data(), block, kSeed);
+  std::vector<S> enc_host(g.encoded());
+  hadamard_encode(T, in.data(), enc_host.data(), g, masks.data());
+
+  Device dev;
+  S* d_in = dev.upload(in);
+  S* d_enc = static_cast<S*>(dev.alloc(g.encoded() * sizeof(S)));
+  void* work = dev.alloc(cuda::hadamard_work_bytes(g, T));
+  const uint64_t launches = emu::launches();
+  ASSERT_EQ(cuda::encode(T, d_in, d_enc, g, kSeed, work, nullptr), 0) << emu::last_error_text();
+  EXPECT_GT(emu::launches(), launches);  // the kernels ran, not a twin
+  // Same butterflies in the same order per element: bit for bit.
+  EXPECT_EQ(first_mismatch(d_enc, enc_host.data(), g.encoded()), g.encoded());
+
+  // A burst of erasures (d/k), and in a multi-block bucket one block erased whole (fallback).
+  for (size_t i = g.encoded() / 3; i < g.encoded() / 3 + g.encoded() / 20 + 1; ++i)
+    enc_host[i] = Elem<T>::kMarker;
+  if (g.blocks() > 2)
+    for (size_t i = block; i < 2 * block; ++i) enc_host[i] = Elem<T>::kMarker;
+  std::vector<S> dec_host(count);
+  const DecodeResult r =
+      hadamard_decode(T, enc_host.data(), dec_host.data(), g, masks.data(), 0.5, in.data(), 2.0);
+  S* d_enc2 = dev.upload(enc_host);
+  S* d_dec = static_cast<S*>(dev.alloc(count * sizeof(S)));
+  ASSERT_EQ(cuda::decode(T, d_enc2, d_dec, g, kSeed, 0.5, d_in, 2.0, Erasure::kRescale, work,
+                         dev.counters(), nullptr),
+            0)
+      << emu::last_error_text();
+  EXPECT_EQ(first_mismatch(d_dec, dec_host.data(), count), count);
+  EXPECT_EQ(dev.counters()[kLostPhase2], r.lost);
+  EXPECT_EQ(dev.counters()[kBlocksEmpty], r.blocks_empty);
+}
+
+TEST_F(KernelsEmu, HadamardInSharedMemoryMatchesTheHostBitForBit) {
+  hadamard_matches_host<DType::kF32>(10000, 1024);  // a partial last block
+  hadamard_matches_host<DType::kF16>(5000, 256);
+  hadamard_matches_host<DType::kBF16>(4099, 4096);  // one full block and a 3-element tail
+  hadamard_matches_host<DType::kF64>(777, 64);
+  hadamard_matches_host<DType::kF32>(3, 2);  // blocks of one thread
+}
+
+TEST_F(KernelsEmu, HadamardMultiPassMatchesTheHostBitForBit) {
+  // Blocks beyond one shared-memory chunk (4096): the global-memory stages run too.
+  hadamard_matches_host<DType::kF32>(20000, 1 << 13);
+  hadamard_matches_host<DType::kF64>(9000, 1 << 14);
+  hadamard_matches_host<DType::kBF16>(8193, 1 << 13);
+}
+
+template <DType T>
+void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " ranks " << n << " len " << len);
+  using S = typename Elem<T>::S;
+  std::vector<std::vector<S>> src;
+  std::vector<const void*> host_ptrs, dev_ptrs;
+  std::vector<uint8_t> lossy(size_t(n), 0);
+  Device dev;
+  for (int s = 0; s < n; ++s) {
+    src.push_back(random_elems<T>(len, uint32_t(s + 1)));
+    if (s % 3 == 1) {
+      lossy[size_t(s)] = 1;
+      for (size_t i = len / 4; i < len / 2 + size_t(s); ++i) src.back()[i] = Elem<T>::kMarker;
+    }
+    host_ptrs.push_back(src.back().data());
+    dev_ptrs.push_back(dev.upload(src.back()));
+  }
+  std::vector<S> out_host(len);
+  const uint64_t lost =
+      reduce_shard(T, host_ptrs.data(), lossy.data(), n, out_host.data(), len, op, policy);
+  S* d_out = static_cast<S*>(dev.alloc(len * sizeof(S)));
+  void* work = dev.alloc(cuda::reduce_work_bytes(len, n) + 8);
+  ASSERT_EQ(cuda::reduce(T, dev_ptrs.data(), lossy.data(), n, d_out, len, op, policy, work,
+                         dev.counters(), nullptr),
+            0)
+      << emu::last_error_text();
+  EXPECT_EQ(first_mismatch(d_out, out_host.data(), len), len);
+  EXPECT_EQ(dev.counters()[kLostPhase1], lost);
+}
+
+TEST_F(KernelsEmu, ReduceMatchesTheHostBitForBit) {
+  reduce_matches_host<DType::kF32>(4, 10003, Erasure::kRescale, RedOp::kSum);
+  reduce_matches_host<DType::kF16>(8, 4097, Erasure::kRescale, RedOp::kAvg);
+  reduce_matches_host<DType::kBF16>(3, 1000, Erasure::kZero, RedOp::kSum);
+  reduce_matches_host<DType::kF64>(5, 999, Erasure::kRescale, RedOp::kSum);
+  reduce_matches_host<DType::kF32>(20, 700, Erasure::kRescale, RedOp::kSum);  // two launches
+}
+
+template <DType T>
+void fill_matches_host(size_t n, Erasure policy) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n);
+  using S = typename Elem<T>::S;
+  auto rcv = random_elems<T>(n, 5);
+  const auto own = random_elems<T>(n, 6);
+  for (size_t i = n / 10; i < n / 3; ++i) rcv[i] = Elem<T>::kMarker;
+  std::vector<S> host(n);
+  const uint64_t lost = fill_lost(T, host.data(), rcv.data(), own.data(), n, 4.0, policy);
+  Device dev;
+  S* d_rcv = dev.upload(rcv);
+  S* d_own = dev.upload(own);
+  ASSERT_EQ(cuda::fill_lost(T, d_rcv, d_rcv, d_own, n, 4.0, policy, dev.counters(), nullptr), 0)
+      << emu::last_error_text();
+  EXPECT_EQ(first_mismatch(d_rcv, host.data(), n), n);
+  EXPECT_EQ(dev.counters()[kLostPhase2], lost);
+}
+
+TEST_F(KernelsEmu, FillMatchesTheHostBitForBit) {
+  fill_matches_host<DType::kF32>(3001, Erasure::kRescale);
+  fill_matches_host<DType::kF16>(257, Erasure::kZero);
+  fill_matches_host<DType::kBF16>(10000, Erasure::kRescale);
+  fill_matches_host<DType::kF64>(100, Erasure::kRescale);
+}
+
+// ---- Planted bugs: copies of kernels.cu's kernels, each with one defect ----
+
+enum class Bug { kNone, kMissingSync, kOffByOne, kSharedRace, kEarlyExit };
+
+// fwht_shared (kernels.cu) with `bug` planted.
+template <Bug kBug>
+__global__ void fwht_shared_copy(float* work, uint64_t chunk) {
+  OR_DYNAMIC_SHARED(unsigned char, smem_raw);
+  float* s = reinterpret_cast<float*>(smem_raw);
+  float* g = work + blockIdx.x * chunk;
+  for (uint64_t k = threadIdx.x; k < chunk; k += blockDim.x) s[k] = g[k];
+  if (kBug == Bug::kEarlyExit && threadIdx.x == 1) return;
+  if (kBug != Bug::kMissingSync) __syncthreads();
+  for (uint64_t h = 1; h < chunk; h <<= 1) {
+    for (uint64_t p = threadIdx.x; p < chunk / 2; p += blockDim.x) {
+      // The race: pairs that overlap, so one thread writes what another reads in the same stage.
+      const uint64_t i = kBug == Bug::kSharedRace ? (p / h) * h + p % h : (p / h) * 2 * h + p % h;
+      const float a = s[i], b = s[i + h];
+      s[i] = a + b;
+      s[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+  const uint64_t end = kBug == Bug::kOffByOne ? chunk + 1 : chunk;
+  for (uint64_t k = threadIdx.x; k < end; k += blockDim.x) g[k] = s[k];
+}
+
+// Runs the copy over `blocks` chunks of 256; returns the emulation's verdict ("" = clean).
+template <Bug kBug>
+std::string run_fwht_copy(unsigned blocks) {
+  constexpr uint64_t kChunk = 256;
+  emu::clear_error();
+  Device dev;
+  std::vector<float> v(blocks * kChunk);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g;
+  for (float& x : v) x = g(rng);
+  float* d = dev.upload(v);
+  OR_LAUNCH(fwht_shared_copy<kBug>, blocks, 64, kChunk * sizeof(float), nullptr)(d, kChunk);
+  std::string verdict = emu::last_error_text();
+  if (verdict.empty()) {
+    // The clean copy also has to be right: the host transform of every chunk.
+    for (unsigned b = 0; b < blocks; ++b) fwht(v.data() + b * kChunk, kChunk);
+    if (first_mismatch(d, v.data(), v.size()) != v.size()) verdict = "wrong result";
+  }
+  emu::clear_error();
+  return verdict;
+}
+
+TEST_F(KernelsEmu, ThePlantedBugsAreEachReported) {
+  EXPECT_EQ(run_fwht_copy<Bug::kNone>(4), "");
+  const std::string sync = run_fwht_copy<Bug::kMissingSync>(4);
+  EXPECT_NE(sync.find("depends on the order"), std::string::npos) << sync;
+  const std::string race = run_fwht_copy<Bug::kSharedRace>(4);
+  EXPECT_NE(race.find("depends on the order"), std::string::npos) << race;
+  // One past a block's range: the last block writes past the allocation, the others into their
+  // neighbour's chunk (found whichever comes first).
+  const std::string obo = run_fwht_copy<Bug::kOffByOne>(4);
+  EXPECT_TRUE(obo.find("outside an allocation") != std::string::npos ||
+              obo.find("depends on the order") != std::string::npos)
+      << obo;
+  EXPECT_NE(run_fwht_copy<Bug::kOffByOne>(1).find("outside an allocation of 1024 bytes, at byte "
+                                                  "offset 1024"),
+            std::string::npos);
+  const std::string early = run_fwht_copy<Bug::kEarlyExit>(2);
+  EXPECT_NE(early.find("is not reached by every thread"), std::string::npos) << early;
+}
+
+// A warp reduction whose mask names lanes that a 48-thread block does not have.
+__global__ void partial_warp_sum(unsigned* out) {
+  unsigned v = threadIdx.x;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  if ((threadIdx.x & 31) == 0) atomicAdd(out, v);
+}
+
+TEST_F(KernelsEmu, ShufflesAreExactAndAMaskBeyondTheBlockIsReported) {
+  Device dev;
+  auto* out = static_cast<unsigned*>(dev.alloc(sizeof(unsigned)));
+  *out = 0;
+  OR_LAUNCH(partial_warp_sum, 3, 64, 0, nullptr)(out);
+  ASSERT_EQ(emu::last_error_text(), "");
+  EXPECT_EQ(*out, 3u * (63u * 64u / 2));  // every lane's value, once per block
+  OR_LAUNCH(partial_warp_sum, 1, 48, 0, nullptr)(out);
+  EXPECT_NE(emu::last_error_text().find("does not exist"), std::string::npos)
+      << emu::last_error_text();
+  EXPECT_NE(cudaGetLastError(), cudaSuccess);
+  emu::clear_error();
+}
+
+TEST_F(KernelsEmu, ALaunchBeyondTheLimitsFails) {
+  Device dev;
+  float* d = static_cast<float*>(dev.alloc(4));
+  OR_LAUNCH(fwht_shared_copy<Bug::kNone>, 1, 2048, 0, nullptr)(d, 1);
+  EXPECT_NE(emu::last_error_text().find("invalid launch configuration"), std::string::npos);
+  emu::clear_error();
+  OR_LAUNCH(fwht_shared_copy<Bug::kNone>, 1, 32, 64 << 10, nullptr)(d, 1);
+  EXPECT_NE(emu::last_error_text().find("dynamic shared memory"), std::string::npos);
+  emu::clear_error();
+}
+
+}  // namespace
+}  // namespace optireduce::coll
