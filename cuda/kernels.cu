@@ -131,6 +131,135 @@ __global__ void store_decoded(const typename Elem<T>::A* work, typename Elem<T>:
   add_count(&counters[kBlocksEmpty], empty);
 }
 
+// ---- Fused transform of blocks that fit in shared memory: one kernel reads every element once
+// and writes it once (the three-kernel path below moves each element through global memory three
+// times). One CUDA block per Hadamard block of dimension d = 2^log2d <= kSharedElems, with
+// min(d, kThreads) threads; thread t holds elements t, t + T, t + 2T, ... (T = blockDim.x).
+
+// The butterflies of distance 1..16 in registers: with T a multiple of 32, element i sits in
+// lane i % 32 of its warp, so its partner at distance h < 32 is lane ^ h. The lower lane keeps
+// a + b, the upper a - b: the same two operations, on the same values, as the host's transform.
+template <class A>
+__device__ A warp_butterflies(A x) {
+  const unsigned lane = threadIdx.x & 31;
+  for (int h = 1; h < 32; h <<= 1) {
+    const A y = __shfl_xor_sync(0xffffffffu, x, h);
+    x = (lane & unsigned(h)) ? y - x : x + y;
+  }
+  return x;
+}
+
+// The remaining butterflies, distance 2^first_log .. d/2, in shared memory. 32-bit shifts, no
+// division: pair p of a stage is element ((p >> lh) << (lh + 1)) | (p & (h - 1)) and its partner
+// h above; consecutive threads touch consecutive words from h = 32 on (no bank conflicts).
+template <class A>
+__device__ void shared_butterflies(A* s, unsigned log2d, unsigned first_log) {
+  const unsigned half = (1u << log2d) >> 1;
+  for (unsigned lh = first_log; lh < log2d; ++lh) {
+    const unsigned h = 1u << lh;
+    for (unsigned p = threadIdx.x; p < half; p += blockDim.x) {
+      const unsigned i = ((p >> lh) << (lh + 1)) | (p & (h - 1));
+      const A a = s[i], b = s[i + h];
+      s[i] = a + b;
+      s[i + h] = a - b;
+    }
+    __syncthreads();
+  }
+}
+
+// add_count for blocks of any size: fewer than 32 threads cannot shuffle a full warp.
+__device__ void add_count_any(unsigned long long* c, unsigned v) {
+  if (blockDim.x >= 32) {
+    add_count(c, v);
+  } else if (v != 0) {
+    atomicAdd(c, static_cast<unsigned long long>(v));
+  }
+}
+
+// out[block b] = H D in[block b] / sqrt(d), b = first + blockIdx.x (the tail zero-padded).
+template <DType T>
+__global__ void encode_fused(const typename Elem<T>::S* in, typename Elem<T>::S* out,
+                             uint64_t count, uint64_t block, uint64_t first, unsigned log2d,
+                             uint64_t seed) {
+  using E = Elem<T>;
+  using A = typename E::A;
+  OR_DYNAMIC_SHARED(unsigned char, smem_raw);
+  A* s = reinterpret_cast<A*>(smem_raw);
+  const unsigned d = 1u << log2d;
+  const uint64_t base = (first + blockIdx.x) * block;
+  const unsigned n = count - base < d ? unsigned(count - base) : d;  // data, the rest is padding
+  const bool warp = blockDim.x >= 32;
+  for (unsigned i = threadIdx.x; i < d; i += blockDim.x) {
+    A x = i < n ? apply_sign(E::load(in[base + i]), sign_mask(seed, i)) : A(0);
+    if (warp) x = warp_butterflies(x);
+    s[i] = x;
+  }
+  __syncthreads();
+  shared_butterflies(s, log2d, warp ? 5 : 0);
+  const A scale = A(1) / sqrt(A(d));
+  for (unsigned i = threadIdx.x; i < d; i += blockDim.x) out[base + i] = E::store(s[i] * scale);
+}
+
+// out[block b] = scale (d/k) D H in[block b] / sqrt(d) over its data elements, k the coordinates
+// not erased; the fallback where k = 0 (kRescale). The scale is one per block: no per-element
+// division.
+template <DType T>
+__global__ void decode_fused(const typename Elem<T>::S* in, typename Elem<T>::S* out,
+                             const typename Elem<T>::S* fb, uint64_t count, uint64_t block,
+                             uint64_t first, unsigned log2d, uint64_t seed, double scale,
+                             double fb_scale, bool rescale, unsigned long long* counters) {
+  using E = Elem<T>;
+  using A = typename E::A;
+  OR_DYNAMIC_SHARED(unsigned char, smem_raw);
+  A* s = reinterpret_cast<A*>(smem_raw);
+  __shared__ unsigned erased_in_block;
+  const unsigned d = 1u << log2d;
+  const uint64_t base = (first + blockIdx.x) * block;
+  const unsigned n = count - base < d ? unsigned(count - base) : d;
+  const bool warp = blockDim.x >= 32;
+  if (threadIdx.x == 0) erased_in_block = 0;
+  __syncthreads();
+  unsigned mine = 0;
+  for (unsigned i = threadIdx.x; i < d; i += blockDim.x) {
+    const typename E::S v = in[base + i];
+    const bool erased = v == E::kMarker;
+    A x = erased ? A(0) : E::load(v);
+    mine += erased ? 1 : 0;
+    if (warp) x = warp_butterflies(x);
+    s[i] = x;
+  }
+  if (mine != 0) atomicAdd(&erased_in_block, mine);
+  add_count_any(&counters[kLostPhase2], mine);
+  __syncthreads();
+  shared_butterflies(s, log2d, warp ? 5 : 0);
+  const unsigned kept = d - erased_in_block;
+  if (kept == 0 && rescale) {
+    for (unsigned i = threadIdx.x; i < n; i += blockDim.x)
+      out[base + i] = E::store(E::load(fb[base + i]) * A(fb_scale));
+    if (threadIdx.x == 0) atomicAdd(&counters[kBlocksEmpty], 1ull);
+    return;
+  }
+  const double dk = rescale ? double(d) / double(kept) : 1.0;
+  const A sc = A(scale * dk / sqrt(double(d)));
+  for (unsigned i = threadIdx.x; i < n; i += blockDim.x)
+    out[base + i] = E::store(apply_sign(s[i] * sc, sign_mask(seed, i)));
+}
+
+// The regions of a bucket for the fused kernels: its full blocks, then its tail (one block of
+// next_pow2(tail)). Calls launch(first block, number of blocks, log2 d) for each non-empty one.
+template <class F>
+void for_each_region(const HadamardGeometry& g, F launch) {
+  const uint64_t nfull = g.count / g.block;
+  auto log2 = [](uint64_t d) {
+    unsigned l = 0;
+    while ((uint64_t(1) << l) < d) ++l;
+    return l;
+  };
+  if (nfull > 0) launch(uint64_t(0), nfull, log2(g.block));
+  if (g.count > nfull * g.block)
+    launch(nfull, uint64_t(1), log2(next_pow2(g.count - nfull * g.block)));
+}
+
 template <class A>
 int fwht_all(A* work, const HadamardGeometry& g, Stream s) {
   const uint64_t full = (g.count / g.block) * g.block;
@@ -158,6 +287,15 @@ int encode_t(const void* in, void* out, const HadamardGeometry& g, uint64_t seed
              Stream s) {
   using E = Elem<T>;
   using A = typename E::A;
+  if (g.block <= kSharedElems) {
+    for_each_region(g, [&](uint64_t first, uint64_t nblocks, unsigned log2d) {
+      const unsigned d = 1u << log2d;
+      OR_LAUNCH(encode_fused<T>, nblocks, d < kThreads ? d : kThreads, d * sizeof(A), s)
+      (static_cast<const typename E::S*>(in), static_cast<typename E::S*>(out), g.count, g.block,
+       first, log2d, seed);
+    });
+    return int(cudaGetLastError());
+  }
   const uint64_t len = g.encoded();
   A* w = static_cast<A*>(work);
   OR_LAUNCH(load_signed<T>, blocks_for(len), kThreads, 0, s)
@@ -174,6 +312,16 @@ int decode_t(const void* in, void* out, const HadamardGeometry& g, uint64_t seed
              unsigned long long* counters, Stream s) {
   using E = Elem<T>;
   using A = typename E::A;
+  if (g.block <= kSharedElems) {
+    for_each_region(g, [&](uint64_t first, uint64_t nblocks, unsigned log2d) {
+      const unsigned d = 1u << log2d;
+      OR_LAUNCH(decode_fused<T>, nblocks, d < kThreads ? d : kThreads, d * sizeof(A), s)
+      (static_cast<const typename E::S*>(in), static_cast<typename E::S*>(out),
+       static_cast<const typename E::S*>(fb), g.count, g.block, first, log2d, seed, scale, fb_scale,
+       policy == Erasure::kRescale, counters);
+    });
+    return int(cudaGetLastError());
+  }
   const uint64_t len = g.encoded();
   A* w = static_cast<A*>(work);
   unsigned* lost = reinterpret_cast<unsigned*>(w + len);

@@ -40,6 +40,7 @@ struct Fiber {
   // The shuffle it waits at: mask, delta, and its value (result written back on release).
   unsigned mask = 0;
   int delta = 0;
+  bool xor_lanes = false;  // __shfl_xor_sync (else __shfl_down_sync)
   size_t bytes = 0;
   unsigned char value[8] = {};
   unsigned char* out = nullptr;
@@ -172,7 +173,12 @@ bool release_shuffles(State& s) {
     for (unsigned l = 0; l < lanes; ++l) {
       Fiber& f = s.fibers[first + l];
       if (f.wait != Wait::kShuffle) continue;
-      const unsigned src = l + unsigned(f.delta);
+      const unsigned src = f.xor_lanes ? (l ^ unsigned(f.delta)) & 31 : l + unsigned(f.delta);
+      if (src < 32 && (src >= lanes || s.fibers[first + src].wait != Wait::kShuffle)) {
+        fail("a warp shuffle at " + where(f.coords) + " reads lane " + std::to_string(src) +
+             ", which does not take part");
+        return false;
+      }
       const Fiber& from = src < 32 ? s.fibers[first + src] : f;
       std::memcpy(f.out, from.value, f.bytes);
     }
@@ -307,17 +313,27 @@ void syncthreads() {
   yield_to_scheduler();
 }
 
-void shfl_down(unsigned mask, void* v, size_t bytes, int delta) {
+namespace {
+void shuffle(unsigned mask, void* v, size_t bytes, int delta, bool xor_lanes) {
   State& s = st();
   if (s.running < 0) return;
   Fiber& f = s.fibers[size_t(s.running)];
   f.wait = Wait::kShuffle;
   f.mask = mask;
   f.delta = delta;
+  f.xor_lanes = xor_lanes;
   f.bytes = bytes;
   std::memcpy(f.value, v, bytes);
   f.out = static_cast<unsigned char*>(v);
   yield_to_scheduler();
+}
+}  // namespace
+
+void shfl_down(unsigned mask, void* v, size_t bytes, int delta) {
+  shuffle(mask, v, bytes, delta, false);
+}
+void shfl_xor(unsigned mask, void* v, size_t bytes, int lane_mask) {
+  shuffle(mask, v, bytes, lane_mask, true);
 }
 
 bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& body) {

@@ -60,8 +60,10 @@ const ThreadCoords& current();
 bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& body);
 void* dynamic_shared();
 void syncthreads();
-// The warp shuffle on `bytes` (<= 8) bytes at `v`: v from lane + delta (own v past lane 31).
+// The warp shuffles on `bytes` (<= 8) bytes at `v`: v from lane + delta (own v past lane 31),
+// or from lane ^ lane_mask.
 void shfl_down(unsigned mask, void* v, size_t bytes, int delta);
+void shfl_xor(unsigned mask, void* v, size_t bytes, int lane_mask);
 
 // Launches from the kernel source: launch(kernel, grid, block, shmem, stream)(args...).
 template <class... P>
@@ -105,7 +107,7 @@ uint64_t launches();
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static  // blocks run one after another on one thread
+#define __shared__ static thread_local  // blocks run one after another on each thread
 #define threadIdx (::optireduce::emu::current().thread)
 #define blockIdx (::optireduce::emu::current().block)
 #define blockDim (::optireduce::emu::current().block_dim)
@@ -121,6 +123,13 @@ template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned delta) {
   static_assert(sizeof(T) <= 8, "shuffles move at most 64 bits");
   ::optireduce::emu::shfl_down(mask, &v, sizeof(T), int(delta));
+  return v;
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  static_assert(sizeof(T) <= 8, "shuffles move at most 64 bits");
+  ::optireduce::emu::shfl_xor(mask, &v, sizeof(T), lane_mask);
   return v;
 }
 
