@@ -25,6 +25,16 @@ __device__ void add_count(unsigned long long* c, unsigned v) {
   if ((threadIdx.x & 31) == 0 && v != 0) atomicAdd(c, static_cast<unsigned long long>(v));
 }
 
+// log2 of a power of two. Blocks, chunks and butterfly distances are all powers of two, so
+// indexing shifts and masks: a 64-bit division is a long software sequence on the GPU.
+__device__ unsigned log2_pow2(uint64_t x) {
+#if defined(__CUDA_ARCH__)
+  return unsigned(__ffsll(static_cast<long long>(x)) - 1);
+#else
+  return unsigned(__builtin_ctzll(x));
+#endif
+}
+
 __device__ uint64_t dim_of(uint64_t b, uint64_t count, uint64_t block) {
   const uint64_t start = b * block;
   const uint64_t n = count - start < block ? count - start : block;
@@ -38,7 +48,8 @@ __global__ void load_signed(const typename Elem<T>::S* in, typename Elem<T>::A* 
   using E = Elem<T>;
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < len;
        j += uint64_t(gridDim.x) * blockDim.x) {
-    work[j] = j < count ? apply_sign(E::load(in[j]), sign_mask(seed, j % block)) : typename E::A(0);
+    work[j] =
+        j < count ? apply_sign(E::load(in[j]), sign_mask(seed, j & (block - 1))) : typename E::A(0);
   }
 }
 
@@ -47,6 +58,7 @@ template <DType T>
 __global__ void load_count(const typename Elem<T>::S* in, typename Elem<T>::A* work, uint64_t len,
                            uint64_t block, unsigned* lost, unsigned long long* counters) {
   using E = Elem<T>;
+  const unsigned lb = log2_pow2(block);
   unsigned mine = 0;
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < len;
        j += uint64_t(gridDim.x) * blockDim.x) {
@@ -54,7 +66,7 @@ __global__ void load_count(const typename Elem<T>::S* in, typename Elem<T>::A* w
     const bool erased = v == E::kMarker;
     work[j] = erased ? typename E::A(0) : E::load(v);
     if (erased) {
-      atomicAdd(&lost[j / block], 1u);  // rare: only where something was lost
+      atomicAdd(&lost[j >> lb], 1u);  // rare: only where something was lost
       ++mine;
     }
   }
@@ -69,9 +81,9 @@ __global__ void fwht_shared(A* work, uint64_t base, uint64_t chunk) {
   A* g = work + base + blockIdx.x * chunk;
   for (uint64_t k = threadIdx.x; k < chunk; k += blockDim.x) s[k] = g[k];
   __syncthreads();
-  for (uint64_t h = 1; h < chunk; h <<= 1) {
+  for (uint64_t h = 1, lh = 0; h < chunk; h <<= 1, ++lh) {
     for (uint64_t p = threadIdx.x; p < chunk / 2; p += blockDim.x) {
-      const uint64_t i = (p / h) * 2 * h + p % h;
+      const uint64_t i = ((p >> lh) << (lh + 1)) | (p & (h - 1));
       const A a = s[i], b = s[i + h];
       s[i] = a + b;
       s[i + h] = a - b;
@@ -85,10 +97,11 @@ __global__ void fwht_shared(A* work, uint64_t base, uint64_t chunk) {
 template <class A>
 __global__ void fwht_stage(A* work, uint64_t base, uint64_t len, uint64_t d, uint64_t h) {
   const uint64_t half = d / 2;
+  const unsigned lhalf = log2_pow2(half), lh = log2_pow2(h);
   for (uint64_t p = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; p < len / 2;
        p += uint64_t(gridDim.x) * blockDim.x) {
-    const uint64_t blk = p / half, q = p % half;
-    const uint64_t i = base + blk * d + (q / h) * 2 * h + q % h;
+    const uint64_t blk = p >> lhalf, q = p & (half - 1);
+    const uint64_t i = base + blk * d + (((q >> lh) << (lh + 1)) | (q & (h - 1)));
     const A a = work[i], b = work[i + h];
     work[i] = a + b;
     work[i + h] = a - b;
@@ -100,9 +113,10 @@ __global__ void store_encoded(const typename Elem<T>::A* work, typename Elem<T>:
                               uint64_t count, uint64_t len, uint64_t block) {
   using E = Elem<T>;
   using A = typename E::A;
+  const unsigned lb = log2_pow2(block);
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < len;
        j += uint64_t(gridDim.x) * blockDim.x) {
-    const uint64_t d = dim_of(j / block, count, block);
+    const uint64_t d = dim_of(j >> lb, count, block);
     out[j] = E::store(work[j] * (A(1) / sqrt(A(d))));
   }
 }
@@ -114,19 +128,20 @@ __global__ void store_decoded(const typename Elem<T>::A* work, typename Elem<T>:
                               const unsigned* lost, unsigned long long* counters) {
   using E = Elem<T>;
   using A = typename E::A;
+  const unsigned lb = log2_pow2(block);
   unsigned empty = 0;
   for (uint64_t j = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; j < count;
        j += uint64_t(gridDim.x) * blockDim.x) {
-    const uint64_t b = j / block, d = dim_of(b, count, block);
+    const uint64_t b = j >> lb, d = dim_of(b, count, block);
     const uint64_t kept = d - lost[b];
     if (kept == 0 && rescale) {
       out[j] = E::store(E::load(fb[j]) * A(fb_scale));
-      empty += j % block == 0 ? 1 : 0;
+      empty += (j & (block - 1)) == 0 ? 1 : 0;
       continue;
     }
     const double dk = rescale ? double(d) / double(kept) : 1.0;
     const A s = A(scale * dk / sqrt(double(d)));
-    out[j] = E::store(apply_sign(work[j] * s, sign_mask(seed, j % block)));
+    out[j] = E::store(apply_sign(work[j] * s, sign_mask(seed, j & (block - 1))));
   }
   add_count(&counters[kBlocksEmpty], empty);
 }
