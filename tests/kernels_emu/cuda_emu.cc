@@ -410,6 +410,16 @@ void device_free(void* p) {
   allocs().erase(static_cast<unsigned char*>(p));
 }
 
+namespace {
+Hooks g_hooks;  // set once, before any launch
+}  // namespace
+void set_hooks(const Hooks& h) {
+  g_hooks = h;
+}
+const Hooks& hooks() {
+  return g_hooks;
+}
+
 void set_schedules(int n) {
   st().schedules = std::max(1, n);
 }
@@ -452,7 +462,13 @@ const char* cudaGetErrorString(cudaError_t e) {
   return "unknown error";
 }
 
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, CUstream_st*) {
-  std::memset(p, value, bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, CUstream_st* stream) {
+  const auto& h = optireduce::emu::hooks();
+  if (h.check != nullptr) h.check(p, "cudaMemsetAsync destination");
+  if (h.queue != nullptr) {
+    h.queue(stream, [=] { std::memset(p, value, bytes); });
+  } else {
+    std::memset(p, value, bytes);
+  }
   return cudaSuccess;
 }

@@ -31,8 +31,10 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 namespace optireduce::emu {
@@ -58,6 +60,8 @@ const ThreadCoords& current();
 // Runs `body` as every thread of a grid (see the model above). Returns false, with the reason in
 // last_error_text(), if the launch broke a rule; shmem: dynamic shared-memory bytes per block.
 bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& body);
+// The reason of the last failed launch on this thread ("" if none since the last clear_error()).
+std::string last_error_text();
 void* dynamic_shared();
 void syncthreads();
 // The warp shuffles on `bytes` (<= 8) bytes at `v`: v from lane + delta (own v past lane 31),
@@ -65,25 +69,63 @@ void syncthreads();
 void shfl_down(unsigned mask, void* v, size_t bytes, int delta);
 void shfl_xor(unsigned mask, void* v, size_t bytes, int lane_mask);
 
+// Where launches go. By default a launch runs at once, on the calling thread. A runtime double
+// with streams installs hooks: `queue` receives each launch (and each cudaMemsetAsync) with its
+// stream and runs it in stream order (on the stream's thread: every thread has a scheduler of
+// its own), and `check` sees every pointer argument of a kernel first (a host pointer is the
+// bug a GPU reports as an illegal address). A launch that breaks a rule under `queue` calls
+// `failed` with the reason, on the thread that ran it.
+struct Hooks {
+  void (*queue)(void* stream, std::function<void()> work) = nullptr;
+  void (*check)(const void* p, const char* what) = nullptr;
+  void (*failed)(const std::string& why) = nullptr;
+};
+void set_hooks(const Hooks& h);
+const Hooks& hooks();
+
 // Launches from the kernel source: launch(kernel, grid, block, shmem, stream)(args...).
 template <class... P>
 class Launch {
  public:
-  Launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem) : k_(k), g_(g), b_(b), shmem_(shmem) {}
+  Launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem, void* stream)
+      : k_(k), g_(g), b_(b), shmem_(shmem), stream_(stream) {}
   template <class... A>
   void operator()(A&&... a) const {
-    const std::tuple<P...> args(std::forward<A>(a)...);  // what the launch copies to the GPU
-    run_grid(g_, b_, shmem_, [&] { std::apply(k_, args); });
+    // What the launch copies to the GPU: the arguments, by value, now.
+    auto args = std::make_shared<const std::tuple<P...>>(std::forward<A>(a)...);
+    if (hooks().check != nullptr) {
+      std::apply([](const auto&... x) { (check_arg(x), ...); }, *args);
+    }
+    auto work = [k = k_, g = g_, b = b_, shmem = shmem_, args] {
+      if (!run_grid(g, b, shmem, [&] { std::apply(k, *args); }) && hooks().failed != nullptr)
+        hooks().failed(last_error_text());
+    };
+    if (hooks().queue != nullptr) {
+      hooks().queue(stream_, work);
+    } else {
+      work();
+    }
   }
 
  private:
+  template <class X>
+  static void check_arg(const X& x) {
+    if constexpr (std::is_pointer_v<X>) {
+      if (x != nullptr) hooks().check(x, "kernel argument");
+    }
+  }
   void (*k_)(P...);
   dim3 g_, b_;
   size_t shmem_;
+  void* stream_;
 };
 template <class... P, class S>
-Launch<P...> launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem, S /*stream*/) {
-  return Launch<P...>(k, g, b, shmem);
+Launch<P...> launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem, S* stream) {
+  return Launch<P...>(k, g, b, shmem, static_cast<void*>(stream));
+}
+template <class... P>
+Launch<P...> launch(void (*k)(P...), dim3 g, dim3 b, size_t shmem, std::nullptr_t) {
+  return Launch<P...>(k, g, b, shmem, nullptr);
 }
 
 // Device memory for the emulation's checks: host memory between guard zones, registered so that
@@ -93,8 +135,6 @@ void device_free(void* p);
 
 // Every launch runs this many times in different orders (1: once, threads and blocks in order).
 void set_schedules(int n);
-// The reason of the last failed launch ("" if none since the last clear_error()).
-std::string last_error_text();
 void clear_error();
 // Launches run so far (tests use it to prove a launcher really went through the emulation).
 uint64_t launches();
