@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -29,15 +30,19 @@ class CudaKernels final : public Kernels {
     for (auto& r : regions_)
       if (r.ptr) cudaFree(r.ptr);
     if (counters_) cudaFree(counters_);
+    if (base_) cudaFree(base_);
     if (host_counters_) cudaFreeHost(host_counters_);
+    if (host_flags_) cudaFreeHost(host_flags_);
     if (done_) cudaEventDestroy(done_);
   }
   Status init() {
-    if (cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
-        cudaMallocHost(&host_counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
+    const size_t bytes = sizeof(unsigned long long) * kNumCounters;
+    if (cudaMalloc(&counters_, bytes) != cudaSuccess || cudaMalloc(&base_, bytes) != cudaSuccess ||
+        cudaMallocHost(&host_counters_, bytes) != cudaSuccess ||
         cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess)
       return Status(Errc::kSystem);
-    cudaMemset(counters_, 0, sizeof(unsigned long long) * kNumCounters);
+    cudaMemset(counters_, 0, bytes);
+    cudaMemset(base_, 0, bytes);
     return Status::ok();
   }
   void set_stream(cuda::Stream s) { stream_ = s; }
@@ -69,10 +74,29 @@ class CudaKernels final : public Kernels {
                  double own_scale, Erasure policy) override {
     note(cuda::fill_lost(t, dst, received, own, n, own_scale, policy, counters_, stream_));
   }
+  void flag_lost(double threshold, uint64_t expected, void* flag) override {
+    note(cuda::safeguard_flag(counters_, base_, threshold, expected, static_cast<uint8_t*>(flag),
+                              stream_));
+  }
+  void read_back(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    if (host_flags_bytes_ < bytes) {
+      if (host_flags_) cudaFreeHost(host_flags_);
+      host_flags_ = nullptr;
+      host_flags_bytes_ = 0;
+      if (cudaMallocHost(&host_flags_, bytes) != cudaSuccess) throw std::bad_alloc();
+      host_flags_bytes_ = bytes;
+    }
+    note(int(cudaMemcpyAsync(host_flags_, src, bytes, cudaMemcpyDeviceToHost, stream_)));
+    note(int(cudaStreamSynchronize(stream_)));
+    std::memcpy(host_dst, host_flags_, bytes);
+  }
   void take_counters(uint64_t* out) override {
     // The device counters only grow; a snapshot of them follows the call's work into pinned
-    // memory, and collect() turns snapshots into increments. Nothing waits unless sync_.
+    // memory, and collect() turns snapshots into increments. Nothing waits unless sync_. The
+    // device keeps its own snapshot (base_) for flag_lost's "since the last take".
     const size_t bytes = sizeof(unsigned long long) * kNumCounters;
+    note(int(cudaMemcpyAsync(base_, counters_, bytes, cudaMemcpyDeviceToDevice, stream_)));
     note(int(cudaMemcpyAsync(host_counters_, counters_, bytes, cudaMemcpyDeviceToHost, stream_)));
     note(int(cudaEventRecord(done_, stream_)));
     pending_ = true;
@@ -115,9 +139,12 @@ class CudaKernels final : public Kernels {
   Region regions_[8];
   cuda::Stream stream_ = nullptr;
   unsigned long long* counters_ = nullptr;
+  unsigned long long* base_ = nullptr;  // counters_ at the last take_counters, on the device
   unsigned long long* host_counters_ = nullptr;
+  void* host_flags_ = nullptr;  // pinned: read_back's landing place
+  size_t host_flags_bytes_ = 0;
   cudaEvent_t done_ = nullptr;
-  uint64_t seen_[kNumCounters] = {0, 0, 0};
+  uint64_t seen_[kNumCounters] = {};
   bool pending_ = false;
   bool sync_ = false;
   int error_ = 0;
@@ -259,7 +286,7 @@ optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t 
 
 optiResult_t gpu_collect_stats(optiComm* comm) {
   GpuState* st = comm->gpu_state;
-  uint64_t c[kNumCounters] = {0, 0, 0};
+  uint64_t c[kNumCounters] = {};
   st->k->collect(c);
   // The counts belong to the last call (earlier ones were collected or folded into it).
   comm->last.elementsLost[0] += c[kLostPhase1];
@@ -268,6 +295,8 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
   comm->total.elementsLost[0] += c[kLostPhase1];
   comm->total.elementsLost[1] += c[kLostPhase2];
   comm->total.blocksEmpty += c[kBlocksEmpty];
+  comm->last.safeguardFlags += c[kSafeguardFlags];
+  comm->total.safeguardFlags += c[kSafeguardFlags];
   for (optiStats_t* s : {&comm->last, &comm->total}) {
     const uint64_t e = s->elementsExpected[0] + s->elementsExpected[1];
     const uint64_t l = s->elementsLost[0] + s->elementsLost[1];

@@ -228,4 +228,69 @@ TEST(GpuDefect, LossesAreSeenWithoutHadamardWhateverTheFill) {
   bounded_under_loss(false, nullptr);
 }
 
+// Defect 3. With OPTIREDUCE_SAFEGUARD_REDO and a threshold every lossy call exceeds, the ranks
+// agree (over the exact communicator) and redo flagged calls exactly: every result is the
+// rank-order sum bit for bit. The agreement must move device memory (the emulator fails a host
+// pointer handed to ncclSend) and read the flags only once the stream has produced them.
+void safeguard(bool redo) {
+  const std::string r = run_ranks(
+      4,
+      [redo](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o = bounded_options(false);
+        o.safeguard = 0.0;
+        o.safeguardRedo = redo ? 1 : 0;
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const size_t count = 200'000;
+        const int calls = 4;
+        DeviceVec buf(count);
+        uint64_t lossy_calls = 0;
+        for (int c = 0; c < calls; ++c) {
+          std::vector<float> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = float(std::cos(double(i + 31 * m.rank + c)));
+          buf.put(mine);
+          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
+          optiStats_t last{};
+          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          if (last.elementsLost[0] + last.elementsLost[1] > 0) ++lossy_calls;
+          if (!redo) continue;
+          const std::vector<float> out = buf.get();
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int q = 0; q < m.n; ++q) want += float(std::cos(double(i + 31 * q + c)));
+            HCHECK(out[i] == want,
+                   "rank %d call %d element %zu: %g, want %g (the redo did not happen)", m.rank, c,
+                   i, double(out[i]), double(want));
+          }
+        }
+        optiStats_t total{};
+        CHECK_OPTI(optiGetStats(comm, nullptr, &total));
+        std::printf("rank %d: %llu lossy calls, %llu flagged, %llu redone\n", m.rank,
+                    (unsigned long long)lossy_calls, (unsigned long long)total.safeguardFlags,
+                    (unsigned long long)total.safeguardRedos);
+        if (!redo) {
+          HCHECK(lossy_calls > 0, "rank %d: no loss: the test proves nothing", m.rank);
+          HCHECK(total.safeguardFlags == lossy_calls,
+                 "rank %d: %llu calls flagged, %llu lost elements above the threshold 0", m.rank,
+                 (unsigned long long)total.safeguardFlags, (unsigned long long)lossy_calls);
+        } else {
+          HCHECK(total.safeguardRedos > 0, "rank %d: nothing redone under loss", m.rank);
+        }
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      kLoss, 150);
+  EXPECT_EQ(r, "");
+}
+
+TEST(GpuDefect, SafeguardRedoAgreesInDeviceMemory) {
+  safeguard(true);
+}
+
+TEST(GpuDefect, SafeguardFlagsComeFromTheDeviceCounters) {
+  safeguard(false);
+}
+
 }  // namespace

@@ -104,6 +104,21 @@ int fill_lost(DType t, void* dst, const void* received, const void* own, size_t 
   return 0;
 }
 
+int safeguard_flag(unsigned long long* counters, const unsigned long long* base, double threshold,
+                   uint64_t expected, uint8_t* flag, Stream s) {
+  check_counters(counters);
+  emu::require_device(base, sizeof(unsigned long long) * kNumCounters, "safeguard base");
+  emu::require_device(flag, 1, "safeguard flag");
+  emu::enqueue(s, [=] {
+    std::atomic_ref<unsigned long long> l1(counters[kLostPhase1]), l2(counters[kLostPhase2]);
+    const uint64_t lost = (l1.load() - base[kLostPhase1]) + (l2.load() - base[kLostPhase2]);
+    const bool f = expected > 0 && double(lost) / double(expected) > threshold;
+    *flag = f ? 1 : 0;
+    if (f) add(counters, kSafeguardFlags, 1);
+  });
+  return 0;
+}
+
 int last_error() {
   return 0;
 }
