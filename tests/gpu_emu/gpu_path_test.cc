@@ -223,10 +223,8 @@ TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
   bounded_under_loss(false, "marker");
 }
 
-// Defect 1: OPTIREDUCE_FILL unset (zero fill) must not hide losses from the library. Disabled
-// until the plugin's fix (commit c631f32, reverted) lands together with the plugin tests that
-// still expect zero fill on the bounded traffic class (issue 12).
-TEST(GpuDefect, DISABLED_LossesAreSeenWithoutHadamardWhateverTheFill) {
+// Defect 1: OPTIREDUCE_FILL unset (zero fill) must not hide losses from the library.
+TEST(GpuDefect, LossesAreSeenWithoutHadamardWhateverTheFill) {
   bounded_under_loss(false, nullptr);
 }
 
@@ -235,9 +233,6 @@ TEST(GpuDefect, DISABLED_LossesAreSeenWithoutHadamardWhateverTheFill) {
 // rank-order sum bit for bit. The agreement must move device memory (the emulator fails a host
 // pointer handed to ncclSend) and read the flags only once the stream has produced them.
 void safeguard(bool redo) {
-  // The marker set by hand while defect 1's fix is out (the library's losses are seen only then).
-  Env marker_loss = kLoss;
-  marker_loss.push_back({"OPTIREDUCE_FILL", "marker"});
   const std::string r = run_ranks(
       4,
       [redo](Mesh& m) {
@@ -286,7 +281,7 @@ void safeguard(bool redo) {
         CHECK_OPTI(optiCommDestroy(comm));
         HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
       },
-      marker_loss, 150);
+      kLoss, 150);
   EXPECT_EQ(r, "");
 }
 
