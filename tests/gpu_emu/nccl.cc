@@ -6,7 +6,9 @@
 // connection, completions taken oldest first. Declarations are NCCL's own (nccl.h).
 #include <nccl.h>
 
+#include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -31,7 +33,14 @@ struct ncclComm {
     void* mh = nullptr;
   };
   std::vector<Ring> tx, rx;  // [peer]
-  std::mutex mu;             // one group at a time drives the connections
+  // NCCL runs a communicator's operations in the order they were issued, whatever their
+  // streams (its kernels on one communicator are serialised), and every rank issues them in the
+  // same order: that is what keeps peers' messages matched. Each operation takes a ticket when
+  // issued (host thread) and drives the connections only when its turn comes (stream thread).
+  std::mutex mu;
+  std::condition_variable turn;
+  uint64_t issued = 0;  // next ticket (host side)
+  uint64_t served = 0;  // ticket now allowed to drive
 };
 
 namespace optireduce::gpu_emu {
@@ -63,8 +72,33 @@ struct Inflight {
 // Seconds without a completion after which the group is a hang (NCCL would hang forever).
 constexpr double kHangS = 60;
 
-void drive(ncclComm* c, const std::vector<Xfer>& xs) {
+// An operation's place in its communicator's issue order; taken on the issuing thread.
+uint64_t take_ticket(ncclComm* c) {
   std::lock_guard<std::mutex> lk(c->mu);
+  return c->issued++;
+}
+
+void drive_connections(ncclComm* c, const std::vector<Xfer>& xs);
+
+// Waits for the operation's turn (earlier ones, on any stream, have finished), then drives it.
+void drive(ncclComm* c, const std::vector<Xfer>& xs, uint64_t ticket) {
+  {
+    std::unique_lock<std::mutex> lk(c->mu);
+    if (!c->turn.wait_for(lk, std::chrono::seconds(int(kHangS)),
+                          [&] { return c->served == ticket; }))
+      fault("rank %d: operation %llu waited %.0f s for %llu before it (hang)", c->rank,
+            (unsigned long long)ticket, kHangS, (unsigned long long)c->served);
+  }
+  // Only the ticket's holder runs here until it hands the turn on.
+  drive_connections(c, xs);
+  {
+    std::lock_guard<std::mutex> lk(c->mu);
+    ++c->served;
+  }
+  c->turn.notify_all();
+}
+
+void drive_connections(ncclComm* c, const std::vector<Xfer>& xs) {
   testing::NetApi& net = *c->node.net;
   // Per connection (peer, direction) its messages in order, the next chunk to post, what is in
   // flight and the next slot of its ring.
@@ -307,7 +341,10 @@ ncclResult_t ncclGroupEnd() {
   std::vector<Xfer> xs = std::move(g.xfers);
   g = emu::PendingGroup{};
   if (err != ncclSuccess) return err;
-  if (c != nullptr) emu::enqueue(s, [c, xs = std::move(xs)] { emu::drive(c, xs); });
+  if (c != nullptr) {
+    const uint64_t ticket = emu::take_ticket(c);
+    emu::enqueue(s, [c, ticket, xs = std::move(xs)] { emu::drive(c, xs, ticket); });
+  }
   return ncclSuccess;
 }
 
@@ -339,8 +376,9 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
     else if (j == root) xs.push_back({false, j, out, bytes});
   }
   const bool copy = comm->rank == root && in != out;
+  const uint64_t ticket = emu::take_ticket(comm);
   emu::enqueue(stream, [=, xs = std::move(xs)] {
-    emu::drive(comm, xs);
+    emu::drive(comm, xs, ticket);
     if (copy) std::memcpy(out, in, bytes);
   });
   return ncclSuccess;
@@ -376,6 +414,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
   emu::require_device(recvbuff, bytes, "ncclAllReduce receive buffer");
   auto* in = static_cast<const uint8_t*>(sendbuff);
   auto* out = static_cast<uint8_t*>(recvbuff);
+  const uint64_t ticket = emu::take_ticket(comm);
   emu::enqueue(stream, [=] {
     std::vector<std::vector<uint8_t>> got(size_t(comm->n));
     std::vector<Xfer> xs;
@@ -385,7 +424,7 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
       xs.push_back({true, j, const_cast<uint8_t*>(in), bytes});
       xs.push_back({false, j, got[size_t(j)].data(), bytes});
     }
-    emu::drive(comm, xs);
+    emu::drive(comm, xs, ticket);
     std::vector<const uint8_t*> srcs;
     for (int j = 0; j < comm->n; ++j) srcs.push_back(j == comm->rank ? in : got[size_t(j)].data());
     if (datatype == ncclFloat32) sum_in_rank_order<float>(out, srcs, count);
