@@ -223,6 +223,61 @@ TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
   bounded_under_loss(false, "marker");
 }
 
+// Defect 4: two buckets in flight on two streams, as DDP overlaps them. Each call needs its own
+// scratch (the encoded vector, the receive slots, the counters): with one shared set, bucket
+// B's encode runs on its stream while bucket A's phases still read and write the same encoded
+// vector. Bounded with Hadamard, in place; every rank holds the same x(i) per bucket, so the sums are N x(i) up to the
+// decoder's estimate where the deadline cut something, and a bucket holding the other's data
+// is off by far more.
+TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
+  const std::string r = run_ranks(
+      4,
+      [](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        // No safeguard redo: it waits for the call on the host, so nothing would overlap.
+        const optiOptions_t o = bounded_options(true);
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        cudaStream_t s[2] = {nullptr, nullptr};
+        for (cudaStream_t& x : s) HCHECK(cudaStreamCreate(&x) == cudaSuccess, "stream");
+        const size_t count[2] = {150'000, 90'001};
+        auto value = [](int b, size_t i) { return b == 0 ? float(1 + i % 13) : float(1000 + i % 7); };
+        DeviceVec a(count[0]), b(count[1]);
+        DeviceVec* buf[2] = {&a, &b};
+        std::vector<float> in[2];
+        for (int k = 0; k < 2; ++k) {
+          in[k].resize(count[k]);
+          for (size_t i = 0; i < count[k]; ++i) in[k][i] = value(k, i);
+        }
+        // The first call of a communicator is exact and alone: the buckets overlap after it.
+        a.put(in[0]);
+        CHECK_OPTI(optiAllReduce(a.p, a.p, count[0], optiFloat32, optiSum, comm, s[0]));
+        HCHECK(cudaStreamSynchronize(s[0]) == cudaSuccess, "sync");
+        for (int step = 0; step < 3; ++step) {
+          for (int k = 0; k < 2; ++k) buf[k]->put(in[k]);
+          for (int k = 0; k < 2; ++k)
+            CHECK_OPTI(optiAllReduce(buf[k]->p, buf[k]->p, count[k], optiFloat32, optiSum, comm,
+                                     s[k]));
+          for (cudaStream_t x : s) HCHECK(cudaStreamSynchronize(x) == cudaSuccess, "sync");
+          for (int k = 0; k < 2; ++k) {
+            const std::vector<float> out = buf[k]->get();
+            for (size_t i = 0; i < count[k]; ++i) {
+              const float want = float(m.n) * in[k][i];
+              HCHECK(std::fabs(out[i] - want) <= 0.35f * want,
+                     "rank %d step %d bucket %d element %zu: %g, want %g (scratch shared?)",
+                     m.rank, step, k, i, double(out[i]), double(want));
+            }
+          }
+        }
+        for (cudaStream_t x : s) HCHECK(cudaStreamDestroy(x) == cudaSuccess, "stream");
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      {}, 150);
+  EXPECT_EQ(r, "");
+}
+
 // Defect 1: OPTIREDUCE_FILL unset (zero fill) must not hide losses from the library.
 TEST(GpuDefect, LossesAreSeenWithoutHadamardWhateverTheFill) {
   bounded_under_loss(false, nullptr);
