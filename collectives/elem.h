@@ -18,7 +18,15 @@ enum class RedOp : uint8_t { kSum = 0, kAvg = 1 };
 enum class Erasure : uint8_t { kRescale = 0, kZero = 1 };
 
 // Counters the kernels add to (host and device); read back once per call.
-enum Counter : int { kLostPhase1 = 0, kLostPhase2 = 1, kBlocksEmpty = 2, kNumCounters = 3 };
+// kSafeguardFlags counts calls flag_lost found above the threshold: on the GPU the flag is
+// known only on the device, in stream order, so it is read back with the other counters.
+enum Counter : int {
+  kLostPhase1 = 0,
+  kLostPhase2 = 1,
+  kBlocksEmpty = 2,
+  kSafeguardFlags = 3,
+  kNumCounters = 4
+};
 
 constexpr size_t dtype_size(DType t) {
   return t == DType::kF64 ? 8 : t == DType::kF32 ? 4 : 2;

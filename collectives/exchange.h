@@ -102,6 +102,13 @@ class Kernels {
                       size_t n, RedOp op, Erasure policy) = 0;
   virtual void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
                          double own_scale, Erasure policy) = 0;
+  // The safeguard's verdict, in order with the kernels before it: writes 1 into the byte `flag`
+  // (memory of the path's kind) when the elements counted lost since the last take_counters
+  // exceed threshold x expected (and counts it in kSafeguardFlags), else 0.
+  virtual void flag_lost(double threshold, uint64_t expected, void* flag) = 0;
+  // Copies `bytes` of the path's memory to the host once the work before it has produced them
+  // (waits for it).
+  virtual void read_back(void* host_dst, const void* src, size_t bytes) = 0;
   // Adds the counters of the kernels run since the last call into out[kNumCounters] and zeroes
   // them (may wait for outstanding device work).
   virtual void take_counters(uint64_t* out) = 0;

@@ -52,6 +52,13 @@ void HostKernels::fill_lost(DType t, void* dst, const void* received, const void
   counters_[kLostPhase2] += coll::fill_lost(t, dst, received, own, n, own_scale, policy);
 }
 
+void HostKernels::flag_lost(double threshold, uint64_t expected, void* flag) {
+  const uint64_t lost = counters_[kLostPhase1] + counters_[kLostPhase2];
+  const bool f = expected > 0 && double(lost) / double(expected) > threshold;
+  *static_cast<uint8_t*>(flag) = f ? 1 : 0;
+  counters_[kSafeguardFlags] += f ? 1 : 0;
+}
+
 void HostKernels::take_counters(uint64_t* out) {
   for (int i = 0; i < kNumCounters; ++i) {
     out[i] += counters_[i];

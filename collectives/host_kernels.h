@@ -25,12 +25,16 @@ class HostKernels final : public Kernels {
               size_t n, RedOp op, Erasure policy) override;
   void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
                  double own_scale, Erasure policy) override;
+  void flag_lost(double threshold, uint64_t expected, void* flag) override;
+  void read_back(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(host_dst, src, bytes);
+  }
   void take_counters(uint64_t* out) override;
 
  private:
   const uint32_t* masks(uint64_t seed, size_t block);
 
-  static constexpr int kSlots = 4;
+  static constexpr int kSlots = 5;
   // 64-byte aligned so vector loads never split cache lines; grown, never shrunk.
   struct Region {
     std::unique_ptr<uint8_t[], void (*)(void*)> mem{nullptr, nullptr};
@@ -40,7 +44,7 @@ class HostKernels final : public Kernels {
   std::vector<uint32_t> masks_;
   uint64_t masks_seed_ = 0;
   size_t masks_block_ = 0;
-  uint64_t counters_[kNumCounters] = {0, 0, 0};
+  uint64_t counters_[kNumCounters] = {};
 };
 
 }  // namespace optireduce::coll

@@ -102,7 +102,10 @@ optiResult_t optiCommSetOptions(optiComm_t comm, const optiOptions_t* opts);
 
 /* recvbuf[i] = sum (or average) over ranks of sendbuf[i], i < count. sendbuf == recvbuf is in
  * place; otherwise the buffers must not overlap. Host communicators ignore `stream` and return
- * when the result is in recvbuf; GPU communicators enqueue on `stream` (NULL: the default). */
+ * when the result is in recvbuf; GPU communicators enqueue on `stream` (NULL: the default).
+ * Calls on different streams may be in flight together (e.g. buckets overlapped on streams):
+ * each has scratch of its own; like NCCL's, they run in the order they were issued, which must
+ * be the same on every rank. */
 optiResult_t optiAllReduce(const void* sendbuf, void* recvbuf, size_t count,
                            optiDataType_t datatype, optiRedOp_t op, optiComm_t comm,
                            struct CUstream_st* stream);

@@ -15,7 +15,9 @@
 namespace optireduce::coll {
 
 // Scratch regions (Kernels::scratch slots).
-enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3 };
+// kSlotFlags: the safeguard's N flag bytes (own at index rank), in the path's memory because
+// the exchange moves them (device memory on the GPU).
+enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSlotFlags = 4 };
 
 struct Tar::Pass {
   Mode mode = Mode::kExact;
@@ -169,23 +171,26 @@ Status Tar::phase2(Pass& p, std::string* error) {
   return Status::ok();
 }
 
-Status Tar::agree_any(bool mine, bool* any, std::string* error) {
+// `flags` holds N bytes in the path's memory, this rank's verdict at [rank] (flag_lost wrote it
+// in order with the call's kernels); the others' land beside it. Only the host's copy of the
+// result is read, after read_back waited for the exchange.
+Status Tar::agree_any(uint8_t* flags, bool* any, std::string* error) {
   const int n = ex_->size(), r = ex_->rank();
-  uint8_t flag = mine ? 1 : 0;
-  std::vector<uint8_t> theirs(size_t(n), 0);
   sends_.clear();
   recvs1_.clear();
   round_end1_.clear();
   for (int d = 1; d < n; ++d) {
-    sends_.push_back({(r + d) % n, &flag, 1});
+    sends_.push_back({(r + d) % n, flags + r, 1});
     const int from = (r - d + n) % n;
-    recvs1_.push_back({from, &theirs[size_t(from)], 1});
+    recvs1_.push_back({from, flags + from, 1});
   }
   round_end1_.push_back(uint32_t(recvs1_.size()));
   if (Status s = ex_->run_phase(Mode::kExact, 3, sends_, recvs1_, round_end1_); !s)
     return fail("safeguard agreement", s, error);
-  *any = mine;
-  for (uint8_t f : theirs) *any = *any || f != 0;
+  flags_host_.resize(size_t(n));
+  k_->read_back(flags_host_.data(), flags, size_t(n));
+  *any = false;
+  for (uint8_t f : flags_host_) *any = *any || f != 0;
   return Status::ok();
 }
 
@@ -234,7 +239,15 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
 
   Status s = run_pass(p, error);
   if (!s) return s;
-  uint64_t c[kNumCounters] = {0, 0, 0};
+  const uint64_t expected = p.expected[0] + p.expected[1];
+  // The verdict comes from the counters where they are (on the GPU: the device, in stream
+  // order), not from a host copy that may not have been read back yet.
+  uint8_t* flags = nullptr;
+  if (!exact) {
+    flags = static_cast<uint8_t*>(k_->scratch(kSlotFlags, size_t(n)));
+    k_->flag_lost(o.safeguard, expected, flags + ex_->rank());
+  }
+  uint64_t c[kNumCounters] = {};
   k_->take_counters(c);
   st->exactCalls = exact ? 1 : 0;
   st->elementsExpected[0] = p.expected[0];
@@ -244,17 +257,16 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
   st->blocksEmpty = c[kBlocksEmpty];
   st->deadlineHits = p.deadline_hits;
   st->incast = incast;
-  const uint64_t expected = p.expected[0] + p.expected[1];
   const uint64_t lost = c[kLostPhase1] + c[kLostPhase2];
   st->lostFraction = expected ? double(lost) / double(expected) : 0.0;
-  const bool flagged = !exact && st->lostFraction > o.safeguard;
-  st->safeguardFlags = flagged ? 1 : 0;
+  // 0 here on a GPU that has not synchronised: gpu_collect_stats adds the device's count.
+  st->safeguardFlags = c[kSafeguardFlags];
   if (!exact && o.incast < 0)
     incast_.update(st->lostFraction, p.deadline_hits, p.whole_sender_missing);
 
   if (!exact && o.safeguard_redo) {
     bool any = false;
-    s = agree_any(flagged, &any, error);
+    s = agree_any(flags, &any, error);
     if (!s) return s;
     if (any) {
       Pass q;

@@ -40,7 +40,7 @@ class Tar {
   Status run_pass(Pass& p, std::string* error);
   Status phase1(Pass& p, std::string* error);
   Status phase2(Pass& p, std::string* error);
-  Status agree_any(bool mine, bool* any, std::string* error);
+  Status agree_any(uint8_t* flags, bool* any, std::string* error);
   Status fail(const char* what, Status s, std::string* error);
 
   Exchange* ex_;
@@ -56,6 +56,7 @@ class Tar {
   std::vector<uint32_t> round_end2_;
   std::vector<const void*> srcs_;
   std::vector<uint8_t> lossy_;
+  std::vector<uint8_t> flags_host_;
 };
 
 }  // namespace optireduce::coll

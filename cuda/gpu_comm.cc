@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -23,24 +24,97 @@ ncclDataType_t nccl_bytes() {
   return ncclUint8;
 }
 
+// Everything one call writes on the device besides its output: the schedule's scratch regions,
+// the loss counters (and their snapshot for the safeguard), and the pinned memory they are read
+// back into. Calls on different streams may be in flight together (DDP overlaps buckets), so
+// each call takes a set of its own from a pool; a set is reused by a later call only once its
+// previous call's work is ordered before it (same stream, or its `idle` event has fired, or the
+// new stream waits for that event).
+struct CallScratch {
+  struct Region {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  Region regions[8];
+  unsigned long long* counters = nullptr;
+  unsigned long long* base = nullptr;  // counters at the last take_counters, on the device
+  unsigned long long* host_counters = nullptr;
+  void* host_flags = nullptr;  // pinned: read_back's landing place
+  size_t host_flags_bytes = 0;
+  cudaEvent_t done = nullptr;  // after the last snapshot of the counters
+  cudaEvent_t idle = nullptr;  // after the last call's last work
+  cuda::Stream stream = nullptr;  // of the last call
+  uint64_t last_use = 0;          // call number of the last call (least recently used first)
+  uint64_t seen[kNumCounters] = {};
+  bool pending = false;  // a snapshot not collected yet
+
+  ~CallScratch() {
+    for (auto& r : regions)
+      if (r.ptr) cudaFree(r.ptr);
+    if (counters) cudaFree(counters);
+    if (base) cudaFree(base);
+    if (host_counters) cudaFreeHost(host_counters);
+    if (host_flags) cudaFreeHost(host_flags);
+    if (done) cudaEventDestroy(done);
+    if (idle) cudaEventDestroy(idle);
+  }
+  bool init() {
+    const size_t bytes = sizeof(unsigned long long) * kNumCounters;
+    if (cudaMalloc(&counters, bytes) != cudaSuccess || cudaMalloc(&base, bytes) != cudaSuccess ||
+        cudaMallocHost(&host_counters, bytes) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventCreateWithFlags(&idle, cudaEventDisableTiming) != cudaSuccess)
+      return false;
+    return cudaMemset(counters, 0, bytes) == cudaSuccess &&
+           cudaMemset(base, 0, bytes) == cudaSuccess;
+  }
+};
+
 class CudaKernels final : public Kernels {
  public:
-  ~CudaKernels() override {
-    for (auto& r : regions_)
-      if (r.ptr) cudaFree(r.ptr);
-    if (counters_) cudaFree(counters_);
-    if (host_counters_) cudaFreeHost(host_counters_);
-    if (done_) cudaEventDestroy(done_);
-  }
+  // Sets beyond this many are not made: a further stream waits for the least recently used
+  // set's last call instead (its scratch can be as large as the largest bucket).
+  static constexpr size_t kMaxSets = 8;
+
   Status init() {
-    if (cudaMalloc(&counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
-        cudaMallocHost(&host_counters_, sizeof(unsigned long long) * kNumCounters) != cudaSuccess ||
-        cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess)
-      return Status(Errc::kSystem);
-    cudaMemset(counters_, 0, sizeof(unsigned long long) * kNumCounters);
+    auto first = std::make_unique<CallScratch>();
+    if (!first->init()) return Status(Errc::kSystem);
+    pool_.push_back(std::move(first));
+    cur_ = pool_.front().get();
     return Status::ok();
   }
-  void set_stream(cuda::Stream s) { stream_ = s; }
+  // Picks the scratch set of a call on stream s, ordered after that set's previous call.
+  Status begin_call(cuda::Stream s) {
+    stream_ = s;
+    CallScratch* pick = nullptr;
+    // The same stream orders its calls by itself; a set whose last call is over is free.
+    for (auto& c : pool_)
+      if (c->stream == s) pick = c.get();
+    if (pick == nullptr)
+      for (auto& c : pool_)
+        if (cudaEventQuery(c->idle) == cudaSuccess) {
+          pick = c.get();
+          break;
+        }
+    if (pick == nullptr && pool_.size() < kMaxSets) {
+      auto c = std::make_unique<CallScratch>();
+      if (!c->init()) return Status(Errc::kSystem);
+      pool_.push_back(std::move(c));
+      pick = pool_.back().get();
+    }
+    if (pick == nullptr) {
+      pick = pool_.front().get();
+      for (auto& c : pool_)
+        if (c->last_use < pick->last_use) pick = c.get();
+      note(int(cudaStreamWaitEvent(s, pick->idle, 0)));
+    }
+    pick->stream = s;
+    pick->last_use = ++calls_;
+    cur_ = pick;
+    return Status::ok();
+  }
+  // Marks the end of the call's work: its set may be taken by another stream after this.
+  void end_call() { note(int(cudaEventRecord(cur_->idle, stream_))); }
   // When true, take_counters waits for the stream (the safeguard needs the counts now).
   void set_sync(bool sync) { sync_ = sync; }
 
@@ -57,47 +131,70 @@ class CudaKernels final : public Kernels {
   void decode(DType t, const void* in, void* out, const HadamardGeometry& g, uint64_t seed,
               double scale, const void* fallback, double fallback_scale, Erasure policy) override {
     void* w = region(kWork, cuda::hadamard_work_bytes(g, t));
-    note(cuda::decode(t, in, out, g, seed, scale, fallback, fallback_scale, policy, w, counters_,
-                      stream_));
+    note(cuda::decode(t, in, out, g, seed, scale, fallback, fallback_scale, policy, w,
+                      cur_->counters, stream_));
   }
   void reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, void* out,
               size_t n, RedOp op, Erasure policy) override {
     void* w = region(kWork, cuda::reduce_work_bytes(n, nranks) + 256);
-    note(cuda::reduce(t, srcs, lossy, nranks, out, n, op, policy, w, counters_, stream_));
+    note(cuda::reduce(t, srcs, lossy, nranks, out, n, op, policy, w, cur_->counters, stream_));
   }
   void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
                  double own_scale, Erasure policy) override {
-    note(cuda::fill_lost(t, dst, received, own, n, own_scale, policy, counters_, stream_));
+    note(cuda::fill_lost(t, dst, received, own, n, own_scale, policy, cur_->counters, stream_));
+  }
+  void flag_lost(double threshold, uint64_t expected, void* flag) override {
+    note(cuda::safeguard_flag(cur_->counters, cur_->base, threshold, expected,
+                              static_cast<uint8_t*>(flag), stream_));
+  }
+  void read_back(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    CallScratch& c = *cur_;
+    if (c.host_flags_bytes < bytes) {
+      if (c.host_flags) cudaFreeHost(c.host_flags);
+      c.host_flags = nullptr;
+      c.host_flags_bytes = 0;
+      if (cudaMallocHost(&c.host_flags, bytes) != cudaSuccess) throw std::bad_alloc();
+      c.host_flags_bytes = bytes;
+    }
+    note(int(cudaMemcpyAsync(c.host_flags, src, bytes, cudaMemcpyDeviceToHost, stream_)));
+    note(int(cudaStreamSynchronize(stream_)));
+    std::memcpy(host_dst, c.host_flags, bytes);
   }
   void take_counters(uint64_t* out) override {
     // The device counters only grow; a snapshot of them follows the call's work into pinned
-    // memory, and collect() turns snapshots into increments. Nothing waits unless sync_.
+    // memory, and collect() turns snapshots into increments. Nothing waits unless sync_. The
+    // device keeps its own snapshot (base) for flag_lost's "since the last take": per set, so
+    // another stream's call in flight never counts against this one.
+    CallScratch& c = *cur_;
     const size_t bytes = sizeof(unsigned long long) * kNumCounters;
-    note(int(cudaMemcpyAsync(host_counters_, counters_, bytes, cudaMemcpyDeviceToHost, stream_)));
-    note(int(cudaEventRecord(done_, stream_)));
-    pending_ = true;
-    if (sync_) collect(out);
+    note(int(cudaMemcpyAsync(c.base, c.counters, bytes, cudaMemcpyDeviceToDevice, stream_)));
+    note(int(cudaMemcpyAsync(c.host_counters, c.counters, bytes, cudaMemcpyDeviceToHost, stream_)));
+    note(int(cudaEventRecord(c.done, stream_)));
+    c.pending = true;
+    // Only this call's set: the counts go to this call's statistics.
+    if (sync_) collect_set(c, out);
   }
-  // Waits for the latest snapshot and adds what was counted since the previous one to out.
+  // Waits for the latest snapshots and adds what was counted since the previous ones to out.
   void collect(uint64_t* out) {
-    if (!pending_) return;
-    note(int(cudaEventSynchronize(done_)));
-    for (int i = 0; i < kNumCounters; ++i) {
-      out[i] += host_counters_[i] - seen_[i];
-      seen_[i] = host_counters_[i];
-    }
-    pending_ = false;
+    for (auto& c : pool_) collect_set(*c, out);
   }
   int error() const { return error_; }
 
  private:
   static constexpr int kWork = 7;  // beyond the schedule's slots
-  struct Region {
-    void* ptr = nullptr;
-    size_t bytes = 0;
-  };
+
+  void collect_set(CallScratch& c, uint64_t* out) {
+    if (!c.pending) return;
+    note(int(cudaEventSynchronize(c.done)));
+    for (int i = 0; i < kNumCounters; ++i) {
+      out[i] += c.host_counters[i] - c.seen[i];
+      c.seen[i] = c.host_counters[i];
+    }
+    c.pending = false;
+  }
   void* region(int slot, size_t bytes) {
-    Region& r = regions_[size_t(slot)];
+    CallScratch::Region& r = cur_->regions[size_t(slot)];
     if (r.bytes < bytes) {
       // Growing synchronises (cudaFree/cudaMalloc); it happens only when a bucket grows.
       if (r.ptr) cudaFree(r.ptr);
@@ -112,13 +209,10 @@ class CudaKernels final : public Kernels {
     if (err != 0 && error_ == 0) error_ = err;
   }
 
-  Region regions_[8];
+  std::vector<std::unique_ptr<CallScratch>> pool_;
+  CallScratch* cur_ = nullptr;  // the set of the call being enqueued
   cuda::Stream stream_ = nullptr;
-  unsigned long long* counters_ = nullptr;
-  unsigned long long* host_counters_ = nullptr;
-  cudaEvent_t done_ = nullptr;
-  uint64_t seen_[kNumCounters] = {0, 0, 0};
-  bool pending_ = false;
+  uint64_t calls_ = 0;
   bool sync_ = false;
   int error_ = 0;
 };
@@ -237,12 +331,14 @@ optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t 
                            RedOp op, struct CUstream_st* stream) {
   GpuState* st = comm->gpu_state;
   st->ex->set_stream(stream);
-  st->k->set_stream(stream);
+  if (!st->k->begin_call(stream))
+    return api_fail(optiCudaError, "optiAllReduce: CUDA allocation of the call's scratch failed");
   const TarOptions o = api_tar_options(comm->options);
   st->k->set_sync(o.safeguard_redo);
   optiStats_t s{};
   std::string err;
   Status r = comm->tar->allreduce(send, recv, count, t, op, o, &s, &err);
+  st->k->end_call();
   if (!r) {
     comm->failed = optiNcclError;
     comm->failed_msg = err;
@@ -259,7 +355,7 @@ optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t 
 
 optiResult_t gpu_collect_stats(optiComm* comm) {
   GpuState* st = comm->gpu_state;
-  uint64_t c[kNumCounters] = {0, 0, 0};
+  uint64_t c[kNumCounters] = {};
   st->k->collect(c);
   // The counts belong to the last call (earlier ones were collected or folded into it).
   comm->last.elementsLost[0] += c[kLostPhase1];
@@ -268,6 +364,8 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
   comm->total.elementsLost[0] += c[kLostPhase1];
   comm->total.elementsLost[1] += c[kLostPhase2];
   comm->total.blocksEmpty += c[kBlocksEmpty];
+  comm->last.safeguardFlags += c[kSafeguardFlags];
+  comm->total.safeguardFlags += c[kSafeguardFlags];
   for (optiStats_t* s : {&comm->last, &comm->total}) {
     const uint64_t e = s->elementsExpected[0] + s->elementsExpected[1];
     const uint64_t l = s->elementsLost[0] + s->elementsLost[1];

@@ -436,6 +436,17 @@ int fill_t(void* dst, const void* rcv, const void* own, size_t n, double own_sca
   return int(cudaGetLastError());
 }
 
+// One thread: the verdict is a handful of loads, and a launch keeps it in stream order.
+__global__ void safeguard_flag_k(unsigned long long* counters, const unsigned long long* base,
+                                 double threshold, unsigned long long expected,
+                                 unsigned char* flag) {
+  const unsigned long long lost = (counters[kLostPhase1] - base[kLostPhase1]) +
+                                  (counters[kLostPhase2] - base[kLostPhase2]);
+  const bool f = expected > 0 && double(lost) / double(expected) > threshold;
+  *flag = f ? 1 : 0;
+  if (f) counters[kSafeguardFlags] += 1;
+}
+
 }  // namespace
 
 #define OR_CUDA_DISPATCH(t, fn, ...)        \
@@ -480,6 +491,12 @@ int reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, v
 int fill_lost(DType t, void* dst, const void* received, const void* own, size_t n, double own_scale,
               Erasure policy, unsigned long long* counters, Stream s) {
   OR_CUDA_DISPATCH(t, fill_t, dst, received, own, n, own_scale, policy, counters, s);
+}
+
+int safeguard_flag(unsigned long long* counters, const unsigned long long* base, double threshold,
+                   uint64_t expected, uint8_t* flag, Stream s) {
+  OR_LAUNCH(safeguard_flag_k, 1, 1, 0, s)(counters, base, threshold, expected, flag);
+  return int(cudaGetLastError());
 }
 
 int last_error() {

@@ -33,6 +33,11 @@ int reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, v
 int fill_lost(DType t, void* dst, const void* received, const void* own, size_t n, double own_scale,
               Erasure policy, unsigned long long* counters, Stream s);
 
+// The safeguard's verdict on the device: *flag = 1 when (counters - base)[lost phase 1 + 2]
+// exceeds threshold x expected (and counters[kSafeguardFlags] grows by one), else 0.
+int safeguard_flag(unsigned long long* counters, const unsigned long long* base, double threshold,
+                   uint64_t expected, uint8_t* flag, Stream s);
+
 // Returns a cudaError_t value (0 = success) of the last launch on this thread.
 int last_error();
 const char* error_string(int err);

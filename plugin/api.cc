@@ -135,9 +135,13 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<C
   const Config& cfg = engine->config();
   auto c = std::make_shared<Context>();
   c->comm_id = comm_id;
-  c->bounded = cfg.mode == "bounded" || (traffic_class != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
-                                         traffic_class == cfg.bounded_traffic_class);
-  c->fill = cfg.fill == "marker" ? Fill::kMarker : Fill::kZero;
+  const bool by_class = traffic_class != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
+                        traffic_class == cfg.bounded_traffic_class;
+  c->bounded = cfg.mode == "bounded" || by_class;
+  // The bounded traffic class is liboptireduce's: its kernels find losses by the marker, and
+  // zeros would pass for received data (lost contributions summed as 0, no estimate, no count).
+  // So that communicator carries the marker whatever OPTIREDUCE_FILL says.
+  c->fill = cfg.fill == "marker" || by_class ? Fill::kMarker : Fill::kZero;
   c->engine = engine;
   c->group = std::make_unique<BoundedGroup>(cfg);
   c->group->set_label(comm_id);
@@ -346,14 +350,16 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
     void* state = nullptr;
     std::memcpy(&state, state_slot, sizeof(state));
 
+    // v10 names the traffic class per connection; it means liboptireduce's communicator, which
+    // needs the marker (see init).
+    const bool by_class = config != nullptr &&
+                          config->trafficClass != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
+                          config->trafficClass == c->engine->config().bounded_traffic_class;
     const bool bounded =
-        (c->bounded ||
-         (config != nullptr && config->trafficClass != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
-          config->trafficClass == c->engine->config().bounded_traffic_class)) &&
-        !c->exact_only.load(std::memory_order_relaxed);
+        (c->bounded || by_class) && !c->exact_only.load(std::memory_order_relaxed);
     ConnOptions opts;
     opts.delivery = bounded ? Delivery::kBounded : Delivery::kExact;
-    opts.fill = c->fill;
+    opts.fill = by_class ? Fill::kMarker : c->fill;
     opts.group = c->group.get();
 
     std::unique_ptr<SendComm> out;

@@ -66,7 +66,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", &Config::bounded_traffic_class, 0, 2147483647, nullptr,
    "A communicator whose ncclConfig_t.trafficClass equals this value runs bounded (v10/v11). Default 0x4F52 = 20306."},
   {"OPTIREDUCE_FILL", &Config::fill, 0, 0, "zero|marker",
-   "What a bounded receive writes into missing bytes: zeros, or the erasure marker 0x7FF1 repeated (a NaN in fp16/bf16/fp32/fp64)."},
+   "What a bounded receive writes into missing bytes: zeros, or the erasure marker 0x7FF1 repeated (a NaN in fp16/bf16/fp32/fp64). A communicator of OPTIREDUCE_BOUNDED_TRAFFIC_CLASS (liboptireduce's) always gets the marker."},
   {"OPTIREDUCE_CALIBRATION_STEPS", &Config::calibration_steps, 0, 100000, nullptr,
    "Bounded mode: receives (over all of a communicator's connections) that run exact at start to measure the hard bound tB (their P95). A TAR call makes 2(N-1) of them; spanning many calls keeps one burst of congestion from setting tB."},
   {"OPTIREDUCE_TIMEOUT_MS", &Config::timeout_ms, 0, 600000, nullptr,

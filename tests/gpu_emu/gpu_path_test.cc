@@ -1,0 +1,351 @@
+// liboptireduce's GPU path end to end without a GPU: optiCommInit over an emulated NCCL
+// communicator, optiAllReduce on emulated device memory and streams, the bounded communicator's
+// traffic over the real plugin under its fault injector. Ranks are processes (run_ranks of
+// tests/plugin/procs.h); the emulator itself is checked first (Emulator.*).
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "collectives/optireduce.h"
+#include "cuda/launch.h"
+#include "tests/gpu_emu/nccl_emu.h"
+#include "tests/gpu_emu/streams.h"
+
+namespace {
+
+using optireduce::testing::Env;
+using optireduce::testing::Mesh;
+using optireduce::testing::run_ranks;
+namespace emu = optireduce::gpu_emu;
+
+constexpr int kEmuFault = 90;  // device_memory.cc's exit code
+
+// ---- The emulator
+
+TEST(Emulator, HostPointerToAKernelFails) {
+  EXPECT_EXIT(
+      {
+        unsigned long long* counters = nullptr;
+        (void)cudaMalloc(reinterpret_cast<void**>(&counters), 64);
+        std::vector<float> host(16);
+        optireduce::coll::cuda::fill_lost(optireduce::coll::DType::kF32, host.data(), host.data(),
+                                          host.data(), 16, 1.0, optireduce::coll::Erasure::kRescale,
+                                          counters, nullptr);
+      },
+      ::testing::ExitedWithCode(kEmuFault), "host memory, not device memory");
+}
+
+TEST(Emulator, HostPointerToNcclFails) {
+  const std::string r = run_ranks(
+      2,
+      [](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t c = emu::comm_init();
+        uint8_t flag = 1;
+        (void)ncclSend(&flag, 1, ncclUint8, 1 - m.rank, c, nullptr);
+      },
+      {}, 60);
+  EXPECT_NE(r.find("exit"), std::string::npos) << r;
+}
+
+TEST(Emulator, ReadingWithoutSynchronisingSeesStaleData) {
+  emu::set_op_delay_us(2000);
+  int* dev = nullptr;
+  int* pinned = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dev), sizeof(int)), cudaSuccess);
+  ASSERT_EQ(cudaMallocHost(reinterpret_cast<void**>(&pinned), sizeof(int)), cudaSuccess);
+  const int v = 42;
+  ASSERT_EQ(cudaMemcpy(dev, &v, sizeof(v), cudaMemcpyHostToDevice), cudaSuccess);
+  *pinned = 0;
+  cudaStream_t s = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, dev, sizeof(int), cudaMemcpyDeviceToHost, s), cudaSuccess);
+  EXPECT_EQ(*reinterpret_cast<volatile int*>(pinned), 0) << "the copy ran before the host read";
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  EXPECT_EQ(*pinned, 42);
+  // A second stream that waits for an event of the first sees the first's work.
+  cudaStream_t s2 = nullptr;
+  cudaEvent_t e = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&s2), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(dev, 0x11, sizeof(int), s), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(e, s), cudaSuccess);
+  ASSERT_EQ(cudaStreamWaitEvent(s2, e, 0), cudaSuccess);
+  ASSERT_EQ(cudaMemcpyAsync(pinned, dev, sizeof(int), cudaMemcpyDeviceToHost, s2), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(s2), cudaSuccess);
+  EXPECT_EQ(*pinned, 0x11111111);
+  EXPECT_EQ(cudaEventDestroy(e), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(s2), cudaSuccess);
+  EXPECT_EQ(cudaFree(dev), cudaSuccess);
+  EXPECT_EQ(cudaFreeHost(pinned), cudaSuccess);
+  emu::set_op_delay_us(200);
+}
+
+// ---- Helpers for the GPU path
+
+#define CHECK_OPTI(expr)                                                                    \
+  do {                                                                                      \
+    const optiResult_t r_ = (expr);                                                         \
+    HCHECK(r_ == optiSuccess, "%s: %s (%s)", #expr, optiGetErrorString(r_), optiGetLastError()); \
+  } while (0)
+
+// Loss as the host path's loopback tests inject it (OPTIREDUCE_FAULT_*), on every connection
+// of the plugin; exact connections repair it, bounded ones deliver holes by the deadline.
+const Env kLoss = {
+    {"OPTIREDUCE_FAULT_DROP", "0.02"},     {"OPTIREDUCE_FAULT_BURST", "4"},
+    {"OPTIREDUCE_FAULT_SEED", "7"},        {"OPTIREDUCE_TIMEOUT_MS", "20"},
+    {"OPTIREDUCE_CALIBRATION_STEPS", "0"},
+};
+
+struct DeviceVec {
+  float* p = nullptr;
+  size_t n = 0;
+  explicit DeviceVec(size_t count) : n(count) {
+    HCHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(float)) == cudaSuccess, "malloc");
+  }
+  ~DeviceVec() { (void)cudaFree(p); }
+  void put(const std::vector<float>& v) {
+    HCHECK(cudaMemcpy(p, v.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess, "up");
+  }
+  std::vector<float> get() const {
+    std::vector<float> v(n);
+    HCHECK(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess, "down");
+    return v;
+  }
+};
+
+optiOptions_t bounded_options(bool hadamard) {
+  optiOptions_t o;
+  HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+  o.mode = optiBounded;
+  o.hadamard = hadamard ? 1 : 0;
+  o.exactBelowBytes = 0;
+  return o;
+}
+
+// Every rank contributes the same small integers x(i), so the exact sum is N x(i) and every
+// estimate the library makes of a lost element (phase 1: the received ones rescaled by N/k;
+// phase 2: the own contribution times N) is N x(i) as well, up to the rescale's rounding: an
+// element that comes out otherwise was lost and not recognised as lost.
+float same_everywhere(size_t i) {
+  return float(1 + i % 13);
+}
+
+// Runs `calls` bounded allreduces of `count` elements (the first of a communicator is exact)
+// and checks every element against N x(i); returns the total statistics.
+optiStats_t bounded_audit(Mesh& m, optiComm_t comm, size_t count, int calls, double tol) {
+  DeviceVec buf(count);
+  std::vector<float> in(count);
+  for (size_t i = 0; i < count; ++i) in[i] = same_everywhere(i);
+  for (int c = 0; c < calls; ++c) {
+    buf.put(in);
+    CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
+    const std::vector<float> out = buf.get();
+    for (size_t i = 0; i < count; ++i) {
+      const float want = float(m.n) * in[i];
+      HCHECK(std::fabs(out[i] - want) <= tol * want,
+             "rank %d call %d element %zu: %g, want %g (a lost element taken as received?)",
+             m.rank, c, i, double(out[i]), double(want));
+    }
+  }
+  optiStats_t total{};
+  CHECK_OPTI(optiGetStats(comm, nullptr, &total));
+  return total;
+}
+
+// ---- The GPU path
+
+TEST(GpuPath, ExactAllReduceIsBitExactOnFourRanks) {
+  const std::string r = run_ranks(
+      4,
+      [](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o;
+        HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+        o.mode = optiExact;
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const size_t count = 300'001;
+        std::vector<std::vector<float>> x(size_t(m.n), std::vector<float>(count));
+        for (int q = 0; q < m.n; ++q)
+          for (size_t i = 0; i < count; ++i) x[size_t(q)][i] = float(std::sin(double(i * 7 + q)));
+        DeviceVec send(count), recv(count);
+        send.put(x[size_t(m.rank)]);
+        CHECK_OPTI(optiAllReduce(send.p, recv.p, count, optiFloat32, optiSum, comm, nullptr));
+        const std::vector<float> out = recv.get();
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int q = 0; q < m.n; ++q) want += x[size_t(q)][i];
+          HCHECK(out[i] == want, "rank %d element %zu: %g != %g", m.rank, i, double(out[i]),
+                 double(want));
+        }
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      {}, 120);
+  EXPECT_EQ(r, "");
+}
+
+// Bounded under injected loss, without Hadamard (the estimates are checked to the element) and
+// with it (the decoder's d/k): the library must see the losses, whatever OPTIREDUCE_FILL says.
+void bounded_under_loss(bool hadamard, const char* fill) {
+  Env env = kLoss;
+  if (fill != nullptr) env.push_back({"OPTIREDUCE_FILL", fill});
+  const std::string r = run_ranks(
+      4,
+      [hadamard](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        const optiOptions_t o = bounded_options(hadamard);
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const optiStats_t t = bounded_audit(m, comm, 200'000, 4, hadamard ? 0.35 : 1e-5);
+        HCHECK(t.elementsLost[0] + t.elementsLost[1] > 0,
+               "rank %d: no element counted lost under 2%% injected loss", m.rank);
+        std::printf("rank %d: lost %llu + %llu of %llu + %llu\n", m.rank,
+                    (unsigned long long)t.elementsLost[0], (unsigned long long)t.elementsLost[1],
+                    (unsigned long long)t.elementsExpected[0],
+                    (unsigned long long)t.elementsExpected[1]);
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      env, 150);
+  EXPECT_EQ(r, "");
+}
+
+TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
+  bounded_under_loss(false, "marker");
+}
+
+// Defect 4: two buckets in flight on two streams, as DDP overlaps them. Each call needs its own
+// scratch (the encoded vector, the receive slots, the counters): with one shared set, bucket
+// B's encode runs on its stream while bucket A's phases still read and write the same encoded
+// vector. Bounded with Hadamard, in place; every rank holds the same x(i) per bucket, so the sums are N x(i) up to the
+// decoder's estimate where the deadline cut something, and a bucket holding the other's data
+// is off by far more.
+TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
+  const std::string r = run_ranks(
+      4,
+      [](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        // No safeguard redo: it waits for the call on the host, so nothing would overlap.
+        const optiOptions_t o = bounded_options(true);
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        cudaStream_t s[2] = {nullptr, nullptr};
+        for (cudaStream_t& x : s) HCHECK(cudaStreamCreate(&x) == cudaSuccess, "stream");
+        const size_t count[2] = {150'000, 90'001};
+        auto value = [](int b, size_t i) { return b == 0 ? float(1 + i % 13) : float(1000 + i % 7); };
+        DeviceVec a(count[0]), b(count[1]);
+        DeviceVec* buf[2] = {&a, &b};
+        std::vector<float> in[2];
+        for (int k = 0; k < 2; ++k) {
+          in[k].resize(count[k]);
+          for (size_t i = 0; i < count[k]; ++i) in[k][i] = value(k, i);
+        }
+        // The first call of a communicator is exact and alone: the buckets overlap after it.
+        a.put(in[0]);
+        CHECK_OPTI(optiAllReduce(a.p, a.p, count[0], optiFloat32, optiSum, comm, s[0]));
+        HCHECK(cudaStreamSynchronize(s[0]) == cudaSuccess, "sync");
+        for (int step = 0; step < 3; ++step) {
+          for (int k = 0; k < 2; ++k) buf[k]->put(in[k]);
+          for (int k = 0; k < 2; ++k)
+            CHECK_OPTI(optiAllReduce(buf[k]->p, buf[k]->p, count[k], optiFloat32, optiSum, comm,
+                                     s[k]));
+          for (cudaStream_t x : s) HCHECK(cudaStreamSynchronize(x) == cudaSuccess, "sync");
+          for (int k = 0; k < 2; ++k) {
+            const std::vector<float> out = buf[k]->get();
+            for (size_t i = 0; i < count[k]; ++i) {
+              const float want = float(m.n) * in[k][i];
+              HCHECK(std::fabs(out[i] - want) <= 0.35f * want,
+                     "rank %d step %d bucket %d element %zu: %g, want %g (scratch shared?)",
+                     m.rank, step, k, i, double(out[i]), double(want));
+            }
+          }
+        }
+        for (cudaStream_t x : s) HCHECK(cudaStreamDestroy(x) == cudaSuccess, "stream");
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      {}, 150);
+  EXPECT_EQ(r, "");
+}
+
+// Defect 1: OPTIREDUCE_FILL unset (zero fill) must not hide losses from the library.
+TEST(GpuDefect, LossesAreSeenWithoutHadamardWhateverTheFill) {
+  bounded_under_loss(false, nullptr);
+}
+
+// Defect 3. With OPTIREDUCE_SAFEGUARD_REDO and a threshold every lossy call exceeds, the ranks
+// agree (over the exact communicator) and redo flagged calls exactly: every result is the
+// rank-order sum bit for bit. The agreement must move device memory (the emulator fails a host
+// pointer handed to ncclSend) and read the flags only once the stream has produced them.
+void safeguard(bool redo) {
+  const std::string r = run_ranks(
+      4,
+      [redo](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o = bounded_options(false);
+        o.safeguard = 0.0;
+        o.safeguardRedo = redo ? 1 : 0;
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const size_t count = 200'000;
+        const int calls = 4;
+        DeviceVec buf(count);
+        uint64_t lossy_calls = 0;
+        for (int c = 0; c < calls; ++c) {
+          std::vector<float> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = float(std::cos(double(i + 31 * m.rank + c)));
+          buf.put(mine);
+          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
+          optiStats_t last{};
+          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          if (last.elementsLost[0] + last.elementsLost[1] > 0) ++lossy_calls;
+          if (!redo) continue;
+          const std::vector<float> out = buf.get();
+          for (size_t i = 0; i < count; ++i) {
+            float want = 0;
+            for (int q = 0; q < m.n; ++q) want += float(std::cos(double(i + 31 * q + c)));
+            HCHECK(out[i] == want,
+                   "rank %d call %d element %zu: %g, want %g (the redo did not happen)", m.rank, c,
+                   i, double(out[i]), double(want));
+          }
+        }
+        optiStats_t total{};
+        CHECK_OPTI(optiGetStats(comm, nullptr, &total));
+        std::printf("rank %d: %llu lossy calls, %llu flagged, %llu redone\n", m.rank,
+                    (unsigned long long)lossy_calls, (unsigned long long)total.safeguardFlags,
+                    (unsigned long long)total.safeguardRedos);
+        if (!redo) {
+          HCHECK(lossy_calls > 0, "rank %d: no loss: the test proves nothing", m.rank);
+          HCHECK(total.safeguardFlags == lossy_calls,
+                 "rank %d: %llu calls flagged, %llu lost elements above the threshold 0", m.rank,
+                 (unsigned long long)total.safeguardFlags, (unsigned long long)lossy_calls);
+        } else {
+          HCHECK(total.safeguardRedos > 0, "rank %d: nothing redone under loss", m.rank);
+        }
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      kLoss, 150);
+  EXPECT_EQ(r, "");
+}
+
+TEST(GpuDefect, SafeguardRedoAgreesInDeviceMemory) {
+  safeguard(true);
+}
+
+TEST(GpuDefect, SafeguardFlagsComeFromTheDeviceCounters) {
+  safeguard(false);
+}
+
+}  // namespace
