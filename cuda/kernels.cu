@@ -391,8 +391,11 @@ int reduce_t(const void* const* srcs, const uint8_t* lossy, int nranks, void* ou
              RedOp op, Erasure policy, void* work, unsigned long long* counters, Stream s) {
   using E = Elem<T>;
   using A = typename E::A;
-  A* sum = static_cast<A*>(work);
-  A* got = sum + n;
+  // The workspace only when one launch cannot take every source (reduce_work_bytes is 0
+  // otherwise): no kernel gets a pointer past the end of an allocation, used or not.
+  const bool staged = nranks > kMaxSourcesPerLaunch;
+  A* sum = staged ? static_cast<A*>(work) : nullptr;
+  A* got = staged ? sum + n : nullptr;
   for (int first = 0; first < nranks; first += kMaxSourcesPerLaunch) {
     ReduceArgs a{};
     a.nsrc = nranks - first < kMaxSourcesPerLaunch ? nranks - first : kMaxSourcesPerLaunch;

@@ -1,7 +1,11 @@
 // The emulation's scheduler (see cuda_emu.h): fibers per block, barriers, shuffles, schedules,
 // guarded device memory.
+// Fibers switch with _setjmp/_longjmp from one stack to another; the fortified longjmp refuses
+// a jump to another stack, so this file is built without it.
+#undef _FORTIFY_SOURCE
 #include "kernels_emu/cuda_emu.h"
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <algorithm>
@@ -32,8 +36,15 @@ constexpr size_t kStackBytes = 64 << 10;
 
 enum class Wait : uint8_t { kRunnable, kBarrier, kShuffle, kDone };
 
+// A fiber is made once (makecontext, entered with setcontext) and then runs the kernel body of
+// every block and launch in a loop, switching with _setjmp/_longjmp: swapcontext saves and
+// restores the signal mask with a system call on every switch, which made the emulation spend
+// most of its time in the kernel.
 struct Fiber {
-  ucontext_t ctx{};
+  ucontext_t ctx{};  // the first entry only
+  jmp_buf jb;
+  bool live = false;     // its loop runs (it is parked in a switch)
+  bool in_body = false;  // parked inside a kernel body (not between two)
   std::unique_ptr<char[]> stack;
   ThreadCoords coords;
   Wait wait = Wait::kRunnable;
@@ -49,7 +60,7 @@ struct Fiber {
 
 struct State {
   std::vector<Fiber> fibers;  // grown to the largest block, reused
-  ucontext_t main{};
+  jmp_buf main_jb;
   int running = -1;
   unsigned nthreads = 0;
   const std::function<void()>* body = nullptr;
@@ -94,27 +105,40 @@ void fail(const std::string& why) {
 
 // ASan must be told about every stack switch (its annotations), or it takes the fibers' frames
 // for overflows of the thread's stack.
+void fiber_entry();
+
 void resume(Fiber& f) {
+  State& s = st();
 #if defined(OR_EMU_ASAN)
-  __sanitizer_start_switch_fiber(&st().main_fake_stack, f.stack.get(), kStackBytes);
+  __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack.get(), kStackBytes);
 #endif
-  swapcontext(&st().main, &f.ctx);
+  if (_setjmp(s.main_jb) == 0) {
+    if (!f.live) {
+      f.live = true;
+      getcontext(&f.ctx);
+      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_size = kStackBytes;
+      f.ctx.uc_link = nullptr;
+      makecontext(&f.ctx, fiber_entry, 0);
+      setcontext(&f.ctx);
+    }
+    _longjmp(f.jb, 1);
+  }
 #if defined(OR_EMU_ASAN)
-  __sanitizer_finish_switch_fiber(st().main_fake_stack, nullptr, nullptr);
+  __sanitizer_finish_switch_fiber(s.main_fake_stack, nullptr, nullptr);
 #endif
 }
 
-// Back to the scheduler from the running fiber; `exiting`: it never resumes.
-void yield_to_scheduler(bool exiting = false) {
+// Back to the scheduler from the running fiber.
+void yield_to_scheduler() {
   State& s = st();
   Fiber& f = s.fibers[size_t(s.running)];
 #if defined(OR_EMU_ASAN)
-  __sanitizer_start_switch_fiber(exiting ? nullptr : &f.fake_stack, s.main_bottom, s.main_size);
-  swapcontext(&f.ctx, &s.main);
+  __sanitizer_start_switch_fiber(&f.fake_stack, s.main_bottom, s.main_size);
+#endif
+  if (_setjmp(f.jb) == 0) _longjmp(s.main_jb, 1);
+#if defined(OR_EMU_ASAN)
   __sanitizer_finish_switch_fiber(f.fake_stack, &s.main_bottom, &s.main_size);
-#else
-  (void)exiting;
-  swapcontext(&f.ctx, &s.main);
 #endif
 }
 
@@ -123,9 +147,24 @@ void fiber_entry() {
 #if defined(OR_EMU_ASAN)
   __sanitizer_finish_switch_fiber(nullptr, &s.main_bottom, &s.main_size);
 #endif
-  (*s.body)();
-  s.fibers[size_t(s.running)].wait = Wait::kDone;
-  yield_to_scheduler(true);
+  for (;;) {  // one kernel body per turn: s.running names this fiber whenever it runs
+    s.fibers[size_t(s.running)].in_body = true;
+    (*s.body)();
+    Fiber& f = s.fibers[size_t(s.running)];
+    f.in_body = false;
+    f.wait = Wait::kDone;
+    yield_to_scheduler();
+  }
+}
+
+// After a launch broke a rule, fibers left inside a body start afresh next time.
+void reset_stuck_fibers(State& s) {
+  for (Fiber& f : s.fibers) {
+    if (f.in_body) {
+      f.live = false;
+      f.in_body = false;
+    }
+  }
 }
 
 std::string where(const ThreadCoords& c) {
@@ -201,11 +240,6 @@ bool run_block(State& s, int schedule, dim3 grid, dim3 block, uint3 bid) {
     f.coords.block_dim = block;
     f.coords.grid_dim = grid;
     f.wait = Wait::kRunnable;
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = kStackBytes;
-    f.ctx.uc_link = nullptr;
-    makecontext(&f.ctx, fiber_entry, 0);
   }
   std::vector<unsigned> o;
   for (uint64_t epoch = 0;; ++epoch) {
@@ -355,6 +389,8 @@ bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& 
     return false;
   }
   s.nthreads = unsigned(threads);
+  // Parked fibers hold references into this vector: it must never move them.
+  if (s.fibers.capacity() < kMaxThreadsPerBlock) s.fibers.reserve(kMaxThreadsPerBlock);
   if (s.fibers.size() < threads) {
     s.fibers.resize(threads);
     for (auto& f : s.fibers)
@@ -374,6 +410,7 @@ bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& 
     for (unsigned b : bo) {
       const uint3 bid{b % grid.x, b / grid.x % grid.y, unsigned(b / (uint64_t(grid.x) * grid.y))};
       if (!run_block(s, sch, grid, block, bid)) {
+        reset_stuck_fibers(s);
         ok = false;
         break;
       }

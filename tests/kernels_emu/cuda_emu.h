@@ -27,6 +27,7 @@
 
 #include <math.h>  // sqrt(float) and the other overloads device code calls unqualified
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -173,12 +174,11 @@ T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
   return v;
 }
 
-// Epochs run to completion one thread at a time, so a plain read-modify-write is atomic.
+// A real read-modify-write: launches on several threads (the GPU-path double's streams) may
+// share a counter, as kernels on several streams of one GPU do.
 template <class T>
 T atomicAdd(T* p, T v) {
-  const T old = *p;
-  *p = old + v;
-  return old;
+  return std::atomic_ref<T>(*p).fetch_add(v, std::memory_order_relaxed);
 }
 
 enum cudaError_t : int {
