@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/kernels_host.h"
+#include "tests/collectives/random_elems.h"
 #include "cuda/launch.h"
 
 namespace optireduce::coll {
@@ -54,15 +55,6 @@ class Gpu : public ::testing::Test {
   unsigned long long* counters_ = nullptr;
   std::vector<void*> allocs_;
 };
-
-template <DType T>
-std::vector<typename Elem<T>::S> random_elems(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> g;
-  std::vector<typename Elem<T>::S> v(n);
-  for (auto& x : v) x = Elem<T>::store(typename Elem<T>::A(g(rng)));
-  return v;
-}
 
 template <DType T>
 void encode_decode_matches_host(Gpu* t, uint64_t count, uint64_t block) {

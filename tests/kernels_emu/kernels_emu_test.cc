@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/kernels_host.h"
+#include "tests/collectives/random_elems.h"
 #include "cuda/device_compat.h"
 #include "cuda/launch.h"
 
@@ -58,15 +59,6 @@ class KernelsEmu : public ::testing::Test {
     emu::set_schedules(1);
   }
 };
-
-template <DType T>
-std::vector<typename Elem<T>::S> random_elems(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<double> g;
-  std::vector<typename Elem<T>::S> v(n);
-  for (auto& x : v) x = Elem<T>::store(typename Elem<T>::A(g(rng)));
-  return v;
-}
 
 template <class S>
 size_t first_mismatch(const S* a, const S* b, size_t n) {
