@@ -17,6 +17,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <dlfcn.h>
 #include <sanitizer/common_interface_defs.h>
 #define OR_EMU_ASAN 1
 #endif
@@ -28,11 +29,7 @@ constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr size_t kMaxSharedBytes = 48 << 10;  // without opting in, on every GPU since sm_70
 constexpr size_t kGuardBytes = 256;
 constexpr uint8_t kGuardByte = 0xA5;
-#if defined(OR_EMU_ASAN)
-constexpr size_t kStackBytes = 256 << 10;
-#else
 constexpr size_t kStackBytes = 64 << 10;
-#endif
 
 enum class Wait : uint8_t { kRunnable, kBarrier, kShuffle, kDone };
 
@@ -105,9 +102,46 @@ void fail(const std::string& why) {
 
 // ASan must be told about every stack switch (its annotations), or it takes the fibers' frames
 // for overflows of the thread's stack.
+// The jump between stacks. Under ASan, libc's own _longjmp: ASan's interceptor asks the kernel
+// for the signal stack (sigaltstack) on every jump, which made the sanitizer build spend most of
+// its time in system calls; the fiber annotations already tell ASan about the stacks. The one
+// frame a jump abandons is jump()'s own, which is therefore not instrumented (redzones left
+// poisoned there would be taken for overflows by the next frames at those addresses).
+#if defined(OR_EMU_ASAN)
+using LongjmpFn = void (*)(jmp_buf, int);
+LongjmpFn libc_longjmp() {
+  static const LongjmpFn real = [] {
+    void* libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    void* p = libc != nullptr ? dlsym(libc, "_longjmp") : nullptr;
+    return p != nullptr ? reinterpret_cast<LongjmpFn>(p) : nullptr;
+  }();
+  return real;
+}
+#endif
+
+#if defined(OR_EMU_ASAN)
+// Not [[noreturn]] either: ASan calls __asan_handle_no_return (and so sigaltstack) before every
+// call to a function that is.
+__attribute__((no_sanitize_address)) void jump(jmp_buf to, LongjmpFn real) {
+  if (real != nullptr) real(to, 1);
+  _longjmp(to, 1);
+}
+#define OR_JUMP(to) jump(to, libc_longjmp())
+#else
+#define OR_JUMP(to) _longjmp(to, 1)
+#endif
+
 void fiber_entry();
 
-void resume(Fiber& f) {
+// The two switch points are not instrumented either: ASan treats the code around a _setjmp like
+// a call that does not return and unpoisons the stack there (with a sigaltstack call) each time.
+#if defined(OR_EMU_ASAN)
+#define OR_SWITCH_POINT __attribute__((no_sanitize_address, noinline))
+#else
+#define OR_SWITCH_POINT
+#endif
+
+OR_SWITCH_POINT void resume(Fiber& f) {
   State& s = st();
 #if defined(OR_EMU_ASAN)
   __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack.get(), kStackBytes);
@@ -122,7 +156,7 @@ void resume(Fiber& f) {
       makecontext(&f.ctx, fiber_entry, 0);
       setcontext(&f.ctx);
     }
-    _longjmp(f.jb, 1);
+    OR_JUMP(f.jb);
   }
 #if defined(OR_EMU_ASAN)
   __sanitizer_finish_switch_fiber(s.main_fake_stack, nullptr, nullptr);
@@ -130,13 +164,13 @@ void resume(Fiber& f) {
 }
 
 // Back to the scheduler from the running fiber.
-void yield_to_scheduler() {
+OR_SWITCH_POINT void yield_to_scheduler() {
   State& s = st();
   Fiber& f = s.fibers[size_t(s.running)];
 #if defined(OR_EMU_ASAN)
   __sanitizer_start_switch_fiber(&f.fake_stack, s.main_bottom, s.main_size);
 #endif
-  if (_setjmp(f.jb) == 0) _longjmp(s.main_jb, 1);
+  if (_setjmp(f.jb) == 0) OR_JUMP(s.main_jb);
 #if defined(OR_EMU_ASAN)
   __sanitizer_finish_switch_fiber(f.fake_stack, &s.main_bottom, &s.main_size);
 #endif
