@@ -59,7 +59,11 @@ typedef struct {
   int64_t exactBelowBytes; /* OPTIREDUCE_EXACT_BELOW: smaller buffers always go exact */
 } optiOptions_t;
 
-/* Statistics, per call (the last call) and cumulative. Elements are counted on this rank. */
+/* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.
+ * GPU communicators: deadlineHits, tbUs and tcUs are always 0 there. They are the transport's,
+ * and on GPU the transport is the NCCL net plugin under an NCCL communicator that the library
+ * cannot name (NCCL does not expose the id it passes the plugin): read them from the plugin with
+ * optireduceNetGetStats (optireduce_net.h). Every other field means the same on both paths. */
 typedef struct {
   uint64_t calls;               /* allreduce calls */
   uint64_t exactCalls;          /* of which went exact (exact mode, first call, tiny, redo) */
@@ -74,7 +78,8 @@ typedef struct {
   int32_t incast;               /* incast of the last call's receives */
   int32_t reserved;
   double lostFraction; /* (lost phase 1 + 2) / (expected phase 1 + 2) */
-  double timeUs;       /* wall time of the call(s) on this rank */
+  double timeUs;       /* wall time of the call(s) on this rank (GPU: the host's time to
+                          enqueue the call, plus any wait for the safeguard's redo) */
 } optiStats_t;
 
 /* Fills *opts from the OPTIREDUCE_* environment (the defaults when unset). */

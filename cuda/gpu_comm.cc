@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "collectives/comm.h"
+#include "collectives/shard_plan.h"
 #include "cuda/launch.h"
 #include "transport/params.h"
 
@@ -39,6 +40,9 @@ struct CallScratch {
   unsigned long long* counters = nullptr;
   unsigned long long* base = nullptr;  // counters at the last take_counters, on the device
   unsigned long long* host_counters = nullptr;
+  // The device's `base` as the last take_counters found it: host_counters - host_before is what
+  // the set's last call counted, which is what optiGetStats' `last` must show.
+  unsigned long long* host_before = nullptr;
   void* host_flags = nullptr;  // pinned: read_back's landing place
   size_t host_flags_bytes = 0;
   cudaEvent_t done = nullptr;  // after the last snapshot of the counters
@@ -54,6 +58,7 @@ struct CallScratch {
     if (counters) cudaFree(counters);
     if (base) cudaFree(base);
     if (host_counters) cudaFreeHost(host_counters);
+    if (host_before) cudaFreeHost(host_before);
     if (host_flags) cudaFreeHost(host_flags);
     if (done) cudaEventDestroy(done);
     if (idle) cudaEventDestroy(idle);
@@ -62,6 +67,7 @@ struct CallScratch {
     const size_t bytes = sizeof(unsigned long long) * kNumCounters;
     if (cudaMalloc(&counters, bytes) != cudaSuccess || cudaMalloc(&base, bytes) != cudaSuccess ||
         cudaMallocHost(&host_counters, bytes) != cudaSuccess ||
+        cudaMallocHost(&host_before, bytes) != cudaSuccess ||
         cudaEventCreateWithFlags(&done, cudaEventDisableTiming) != cudaSuccess ||
         cudaEventCreateWithFlags(&idle, cudaEventDisableTiming) != cudaSuccess)
       return false;
@@ -111,6 +117,7 @@ class CudaKernels final : public Kernels {
     pick->stream = s;
     pick->last_use = ++calls_;
     cur_ = pick;
+    took_ = false;
     return Status::ok();
   }
   // Marks the end of the call's work: its set may be taken by another stream after this.
@@ -168,16 +175,25 @@ class CudaKernels final : public Kernels {
     // another stream's call in flight never counts against this one.
     CallScratch& c = *cur_;
     const size_t bytes = sizeof(unsigned long long) * kNumCounters;
+    note(int(cudaMemcpyAsync(c.host_before, c.base, bytes, cudaMemcpyDeviceToHost, stream_)));
     note(int(cudaMemcpyAsync(c.base, c.counters, bytes, cudaMemcpyDeviceToDevice, stream_)));
     note(int(cudaMemcpyAsync(c.host_counters, c.counters, bytes, cudaMemcpyDeviceToHost, stream_)));
     note(int(cudaEventRecord(c.done, stream_)));
     c.pending = true;
+    took_ = true;
     // Only this call's set: the counts go to this call's statistics.
     if (sync_) collect_set(c, out);
   }
   // Waits for the latest snapshots and adds what was counted since the previous ones to out.
   void collect(uint64_t* out) {
     for (auto& c : pool_) collect_set(*c, out);
+  }
+  // Whether the call being enqueued (the latest) took a snapshot of its counters.
+  bool took() const { return took_; }
+  // What the latest call counted, out[kNumCounters] (overwritten). Only after collect(), and
+  // only when that call took exactly one snapshot (async: without the safeguard's redo).
+  void latest_call(uint64_t* out) const {
+    for (int i = 0; i < kNumCounters; ++i) out[i] = cur_->host_counters[i] - cur_->host_before[i];
   }
   int error() const { return error_; }
 
@@ -213,13 +229,16 @@ class CudaKernels final : public Kernels {
   CallScratch* cur_ = nullptr;  // the set of the call being enqueued
   cuda::Stream stream_ = nullptr;
   uint64_t calls_ = 0;
+  bool took_ = false;
   bool sync_ = false;
   int error_ = 0;
 };
 
-// Grouped point-to-point calls: one NCCL group per phase. NCCL has no receiver-paced rounds
-// (a group's sends and receives are matched as a whole), so incast rounds collapse into one
-// group; NCCL's own channels bound the concurrency.
+// Grouped point-to-point calls: one NCCL group per incast round. NCCL has no receiver-paced
+// rounds (a group's sends and receives are matched as a whole), but groups on one stream run one
+// after the other, so a round per group bounds every receiver to the fixed incast it reports;
+// every rank uses the same incast (set_incast), so round q's sends meet round q's receives.
+// With the default incast (all N-1 at once) a phase is one group.
 class NcclExchange final : public Exchange {
  public:
   NcclExchange(ncclComm_t exact, ncclComm_t bounded, int rank, int n)
@@ -228,10 +247,14 @@ class NcclExchange final : public Exchange {
   int size() const override { return n_; }
   bool receiver_paced() const override { return false; }
   void set_stream(cudaStream_t s) { stream_ = s; }
+  // The incast of the next call's phases, as the schedule clamps it (shard_plan.h).
+  void set_incast(int incast) { incast_ = clamp_incast(incast, n_); }
 
-  Status begin_phase(Mode mode, int, std::span<RecvOp> recvs, std::span<const uint32_t>) override {
+  Status begin_phase(Mode mode, int, std::span<RecvOp> recvs,
+                     std::span<const uint32_t> round_end) override {
     mode_ = mode;
     recvs_ = recvs;
+    round_end_ = round_end;
     return Status::ok();
   }
   Status post_sends(std::span<const SendOp> sends) override {
@@ -239,19 +262,20 @@ class NcclExchange final : public Exchange {
     return Status::ok();
   }
   Status end_phase() override {
-    ncclComm_t c = mode_ == Mode::kBounded && bounded_ != nullptr ? bounded_ : exact_;
-    ncclResult_t r = ncclGroupStart();
-    for (RecvOp& op : recvs_) {
-      if (r == ncclSuccess) r = ncclRecv(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
-      // What arrived is known only on the device: bounded receives are scanned for the marker
-      // there, so report them as possibly lossy.
-      op.lost_bytes = mode_ == Mode::kBounded ? op.bytes : 0;
-      op.deadline_hit = false;
+    const RoundPlan rp{n_, incast_};
+    // One round (the safeguard's agreement among them) is one group whatever the incast.
+    const int rounds = round_end_.size() <= 1 ? 1 : int(round_end_.size());
+    if (rounds > 1 && rounds != rp.rounds()) {
+      error_ = "the schedule's rounds do not follow the incast set on the exchange";
+      return Status(Errc::kInternal);
     }
-    for (const SendOp& op : sends_)
-      if (r == ncclSuccess) r = ncclSend(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
-    const ncclResult_t e = ncclGroupEnd();
-    if (r == ncclSuccess) r = e;
+    ncclResult_t r = ncclSuccess;
+    for (int q = 0; q < rounds && r == ncclSuccess; ++q) {
+      const size_t lo = q == 0 ? 0 : round_end_[size_t(q - 1)];
+      const size_t hi = rounds == 1 ? recvs_.size() : round_end_[size_t(q)];
+      r = run_group(rounds == 1 ? 1 : rp.first_distance(q),
+                    rounds == 1 ? n_ - 1 : rp.last_distance(q), recvs_.subspan(lo, hi - lo));
+    }
     if (r != ncclSuccess) {
       error_ = std::string("NCCL: ") + ncclGetErrorString(r);
       return Status(Errc::kSystem);
@@ -260,13 +284,35 @@ class NcclExchange final : public Exchange {
   }
 
  private:
+  // One group: these receives, and the sends to the peers at distance first_d..last_d.
+  ncclResult_t run_group(int first_d, int last_d, std::span<RecvOp> recvs) {
+    ncclComm_t c = mode_ == Mode::kBounded && bounded_ != nullptr ? bounded_ : exact_;
+    ncclResult_t r = ncclGroupStart();
+    for (RecvOp& op : recvs) {
+      if (r == ncclSuccess) r = ncclRecv(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
+      // What arrived is known only on the device: bounded receives are scanned for the marker
+      // there, so report them as possibly lossy.
+      op.lost_bytes = mode_ == Mode::kBounded ? op.bytes : 0;
+      op.deadline_hit = false;
+    }
+    for (const SendOp& op : sends_) {
+      const int d = (op.peer - rank_ + n_) % n_;
+      if (r == ncclSuccess && d >= first_d && d <= last_d)
+        r = ncclSend(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
+    }
+    const ncclResult_t e = ncclGroupEnd();
+    return r == ncclSuccess ? e : r;
+  }
+
   ncclComm_t exact_;
   ncclComm_t bounded_;
   int rank_;
   int n_;
+  int incast_ = 1;
   Mode mode_ = Mode::kExact;
   cudaStream_t stream_ = nullptr;
   std::span<RecvOp> recvs_;
+  std::span<const uint32_t> round_end_;
   std::span<const SendOp> sends_;
 };
 
@@ -278,6 +324,8 @@ struct GpuState {
   std::unique_ptr<NcclExchange> ex;
   std::unique_ptr<CudaKernels> k;
   uint64_t pending_calls = 0;  // calls whose counters are still on the device
+  // The last call's counters are still on the device: `last` gets them at collection.
+  bool last_pending = false;
 };
 
 optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t& opts) {
@@ -334,6 +382,8 @@ optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t 
   if (!st->k->begin_call(stream))
     return api_fail(optiCudaError, "optiAllReduce: CUDA allocation of the call's scratch failed");
   const TarOptions o = api_tar_options(comm->options);
+  // As the schedule chooses for an exchange that is not receiver-paced: adaptive means all.
+  st->ex->set_incast(o.incast < 0 ? 0 : o.incast);
   st->k->set_sync(o.safeguard_redo);
   optiStats_t s{};
   std::string err;
@@ -350,6 +400,7 @@ optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t 
   comm->last = s;
   api_add_stats(&comm->total, s);
   ++st->pending_calls;
+  st->last_pending = !o.safeguard_redo && st->k->took();
   return optiSuccess;
 }
 
@@ -357,15 +408,21 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
   GpuState* st = comm->gpu_state;
   uint64_t c[kNumCounters] = {};
   st->k->collect(c);
-  // The counts belong to the last call (earlier ones were collected or folded into it).
-  comm->last.elementsLost[0] += c[kLostPhase1];
-  comm->last.elementsLost[1] += c[kLostPhase2];
-  comm->last.blocksEmpty += c[kBlocksEmpty];
   comm->total.elementsLost[0] += c[kLostPhase1];
   comm->total.elementsLost[1] += c[kLostPhase2];
   comm->total.blocksEmpty += c[kBlocksEmpty];
-  comm->last.safeguardFlags += c[kSafeguardFlags];
   comm->total.safeguardFlags += c[kSafeguardFlags];
+  // `last` is the last call alone, as on the host: what its own snapshot counted, not every
+  // count collected since the previous optiGetStats (elementsExpected covers one call).
+  if (st->last_pending) {
+    uint64_t d[kNumCounters] = {};
+    st->k->latest_call(d);
+    comm->last.elementsLost[0] = d[kLostPhase1];
+    comm->last.elementsLost[1] = d[kLostPhase2];
+    comm->last.blocksEmpty = d[kBlocksEmpty];
+    comm->last.safeguardFlags = d[kSafeguardFlags];
+    st->last_pending = false;
+  }
   for (optiStats_t* s : {&comm->last, &comm->total}) {
     const uint64_t e = s->elementsExpected[0] + s->elementsExpected[1];
     const uint64_t l = s->elementsLost[0] + s->elementsLost[1];

@@ -540,6 +540,85 @@ TEST(Loopback, BoundedUnderFaultInjectionWithHadamard) {
   EXPECT_GT(total_lost(dir, 3), 0u) << "the fault injector dropped nothing";
 }
 
+// Issue 12, defect 6: replicas drift. Each rank writes its result of every call; the test then
+// measures, per call, the largest relative L2 difference between a rank's result and rank 0's
+// (what data-parallel replicas would apply). Inputs: random, different per rank and call.
+constexpr int kDriftCalls = 6;
+constexpr size_t kDriftCount = size_t(1) << 18;
+
+int drift_rank(int rank, int n, const std::string& dir, bool hadamard) {
+  optiOptions_t o;
+  CHILD_CHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+  o.mode = optiBounded;
+  o.hadamard = hadamard ? 1 : 0;
+  o.safeguardRedo = 0;
+  o.exactBelowBytes = 0;
+  optiComm_t comm = nullptr;
+  CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
+  std::vector<std::vector<float>> buf(kDriftCalls, std::vector<float>(kDriftCount));
+  for (int c = 0; c < kDriftCalls; ++c)
+    for (size_t i = 0; i < kDriftCount; ++i)
+      buf[size_t(c)][i] = float(value(3, uint64_t(1000 * c + rank), i)) / 64.0f;
+  for (int c = 0; c < kDriftCalls; ++c)
+    CHILD_CHECK(optiAllReduce(buf[size_t(c)].data(), buf[size_t(c)].data(), kDriftCount,
+                              optiFloat32, optiSum, comm, nullptr) == optiSuccess,
+                "allreduce %d", c);
+  optiStats_t total{};
+  CHILD_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, "stats");
+  std::printf("rank %d: lost fraction %.4f over %d calls\n", rank, total.lostFraction,
+              kDriftCalls);
+  FILE* f = std::fopen((dir + "/drift." + std::to_string(rank)).c_str(), "wb");
+  CHILD_CHECK(f != nullptr, "drift file");
+  for (const auto& b : buf) CHILD_CHECK(std::fwrite(b.data(), 4, b.size(), f) == b.size(), "write");
+  std::fclose(f);
+  CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+  return 0;
+}
+
+void measure_drift(bool hadamard) {
+  const int n = 4;
+  const std::string dir = temp_dir();
+  ASSERT_EQ(run_ranks(n, kFaultEnv, [&](int r) { return drift_rank(r, n, dir, hadamard); }), 0);
+  std::vector<std::vector<float>> out(size_t(n), std::vector<float>(kDriftCalls * kDriftCount));
+  for (int r = 0; r < n; ++r) {
+    FILE* f = std::fopen((dir + "/drift." + std::to_string(r)).c_str(), "rb");
+    ASSERT_NE(f, nullptr);
+    ASSERT_EQ(std::fread(out[size_t(r)].data(), 4, out[size_t(r)].size(), f), out[size_t(r)].size());
+    std::fclose(f);
+  }
+  double worst = 0;
+  for (int c = 0; c < kDriftCalls; ++c) {
+    double drift = 0;
+    for (int r = 1; r < n; ++r) {
+      double num = 0, den = 0;
+      for (size_t i = 0; i < kDriftCount; ++i) {
+        const double a = out[0][size_t(c) * kDriftCount + i];
+        const double b = out[size_t(r)][size_t(c) * kDriftCount + i];
+        num += (b - a) * (b - a);
+        den += a * a;
+      }
+      drift = std::max(drift, std::sqrt(num / den));
+    }
+    std::printf("%s call %d: largest relative L2 difference to rank 0: %.3e\n",
+                hadamard ? "Hadamard" : "plain", c, drift);
+    // The first call of a communicator is exact: every rank holds the same bits.
+    if (c == 0) {
+      EXPECT_EQ(drift, 0.0);
+    }
+    EXPECT_TRUE(std::isfinite(drift));
+    worst = std::max(worst, drift);
+  }
+  EXPECT_GT(worst, 0.0) << "no drift under loss: the measurement measured nothing";
+}
+
+TEST(Loopback, ReplicaDriftUnderLossWithoutHadamard) {
+  measure_drift(false);
+}
+
+TEST(Loopback, ReplicaDriftUnderLossWithHadamard) {
+  measure_drift(true);
+}
+
 int free_port() {
   // A port nobody listens on right now: bind to 0, read it back, release it.
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

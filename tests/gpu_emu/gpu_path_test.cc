@@ -7,11 +7,14 @@
 #include <nccl.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "collectives/optireduce.h"
 #include "cuda/launch.h"
+#include "transport/params.h"
 #include "tests/gpu_emu/nccl_emu.h"
 #include "tests/gpu_emu/streams.h"
 
@@ -346,6 +349,123 @@ TEST(GpuDefect, SafeguardRedoAgreesInDeviceMemory) {
 
 TEST(GpuDefect, SafeguardFlagsComeFromTheDeviceCounters) {
   safeguard(false);
+}
+
+// Defect 5: optiStats_t on the GPU path means what it means on the host path. The same calls on
+// the same inputs, on the GPU path then on the host path (optiHostCommInitFile): one exact first
+// call, three lossy bounded calls with a fixed incast of 1 and a safeguard threshold of 0, then
+// a tiny call (exact) with no optiGetStats in between, so that `last` must be the tiny call
+// alone. Losses differ between the two runs (two transports, two fault draws): fields that count
+// losses are checked for the same meaning, the others for equality; deadlineHits, tbUs and tcUs
+// are 0 on GPU, as optireduce.h documents.
+struct StatsRun {
+  optiStats_t last{};
+  optiStats_t total{};
+};
+
+StatsRun stats_sequence(optiComm_t comm, bool gpu, int rank) {
+  const size_t count = 200'000, tiny = 100;
+  std::vector<float> in(count);
+  for (size_t i = 0; i < count; ++i) in[i] = float(std::sin(double(i + 17 * rank)));
+  DeviceVec dev(gpu ? count : 1);
+  std::vector<float> host(count);
+  for (int c = 0; c < 5; ++c) {
+    const size_t n = c == 4 ? tiny : count;
+    float* p = gpu ? dev.p : host.data();
+    if (gpu) dev.put(in);
+    else host = in;
+    CHECK_OPTI(optiAllReduce(p, p, n, optiFloat32, optiSum, comm, nullptr));
+  }
+  StatsRun r;
+  CHECK_OPTI(optiGetStats(comm, &r.last, &r.total));
+  return r;
+}
+
+void check_lost_fraction(const optiStats_t& s, const char* what, int rank) {
+  const uint64_t e = s.elementsExpected[0] + s.elementsExpected[1];
+  const uint64_t l = s.elementsLost[0] + s.elementsLost[1];
+  HCHECK(l <= e && s.lostFraction <= 1.0, "rank %d %s: %llu lost of %llu expected", rank, what,
+         (unsigned long long)l, (unsigned long long)e);
+  HCHECK(s.lostFraction == (e ? double(l) / double(e) : 0.0), "rank %d %s: lostFraction %g",
+         rank, what, s.lostFraction);
+}
+
+TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
+  char tmpl[] = "/tmp/optireduce-gpu-stats-XXXXXX";
+  const char* d = ::mkdtemp(tmpl);
+  ASSERT_NE(d, nullptr);
+  const std::string dir = d;
+  const std::string r = run_ranks(
+      4,
+      [&dir](Mesh& m) {
+        optiOptions_t o = bounded_options(false);
+        o.incast = 1;
+        o.safeguard = 0.0;
+        o.exactBelowBytes = 4096;  // the tiny last call (400 bytes) goes exact
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiComm_t gc = nullptr;
+        CHECK_OPTI(optiCommInit(&gc, user, &o));
+        const StatsRun g = stats_sequence(gc, true, m.rank);
+        CHECK_OPTI(optiCommDestroy(gc));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        optiComm_t hc = nullptr;
+        CHECK_OPTI(optiHostCommInitFile(&hc, dir.c_str(), m.rank, m.n, &o));
+        const StatsRun h = stats_sequence(hc, false, m.rank);
+        CHECK_OPTI(optiCommDestroy(hc));
+
+        const int rank = m.rank;
+        std::printf("rank %d: lost %llu + %llu on GPU, %llu + %llu on host, of %llu + %llu\n", rank,
+                    (unsigned long long)g.total.elementsLost[0],
+                    (unsigned long long)g.total.elementsLost[1],
+                    (unsigned long long)h.total.elementsLost[0],
+                    (unsigned long long)h.total.elementsLost[1],
+                    (unsigned long long)g.total.elementsExpected[0],
+                    (unsigned long long)g.total.elementsExpected[1]);
+        for (int k = 0; k < 2; ++k) {
+          const optiStats_t& gs = k == 0 ? g.last : g.total;
+          const optiStats_t& hs = k == 0 ? h.last : h.total;
+          const char* what = k == 0 ? "last" : "total";
+          HCHECK(gs.calls == hs.calls && gs.exactCalls == hs.exactCalls,
+                 "rank %d %s: calls %llu/%llu exact on GPU, %llu/%llu on host", rank, what,
+                 (unsigned long long)gs.exactCalls, (unsigned long long)gs.calls,
+                 (unsigned long long)hs.exactCalls, (unsigned long long)hs.calls);
+          for (int p = 0; p < 2; ++p)
+            HCHECK(gs.elementsExpected[p] == hs.elementsExpected[p],
+                   "rank %d %s: phase %d expects %llu on GPU, %llu on host", rank, what, p + 1,
+                   (unsigned long long)gs.elementsExpected[p],
+                   (unsigned long long)hs.elementsExpected[p]);
+          check_lost_fraction(gs, what, rank);
+          check_lost_fraction(hs, what, rank);
+          HCHECK(gs.blocksEmpty == 0 && hs.blocksEmpty == 0, "rank %d %s: blocks without Hadamard",
+                 rank, what);
+          HCHECK(gs.safeguardRedos == 0 && hs.safeguardRedos == 0, "rank %d %s: redo", rank, what);
+          HCHECK(gs.incast == 1 && hs.incast == 1, "rank %d %s: incast %d on GPU, %d on host",
+                 rank, what, gs.incast, hs.incast);
+          HCHECK(gs.deadlineHits == 0 && gs.tbUs == 0 && gs.tcUs == 0,
+                 "rank %d %s: GPU transport fields not 0 as documented", rank, what);
+          HCHECK(gs.timeUs > 0 && hs.timeUs > 0, "rank %d %s: no time", rank, what);
+        }
+        // `last` is the exact tiny call alone: nothing lost, nothing flagged.
+        for (const optiStats_t* s : {&g.last, &h.last})
+          HCHECK(s->elementsLost[0] + s->elementsLost[1] == 0 && s->safeguardFlags == 0 &&
+                     s->exactCalls == 1,
+                 "rank %d: %s last call (exact) shows %llu + %llu lost, %llu flagged", rank,
+                 s == &g.last ? "GPU" : "host", (unsigned long long)s->elementsLost[0],
+                 (unsigned long long)s->elementsLost[1], (unsigned long long)s->safeguardFlags);
+        // Threshold 0: every lossy bounded call is flagged, and under 2% loss some are.
+        for (const optiStats_t* s : {&g.total, &h.total}) {
+          const bool lossy = s->elementsLost[0] + s->elementsLost[1] > 0;
+          HCHECK(lossy && s->safeguardFlags >= 1 && s->safeguardFlags <= 3,
+                 "rank %d: %s total: %llu flagged, lossy %d", rank, s == &g.total ? "GPU" : "host",
+                 (unsigned long long)s->safeguardFlags, int(lossy));
+        }
+        // A fixed incast is enforced, not only reported: one receive per NCCL group.
+        const int most = emu::max_group_recvs(int(optireduce::global_config().bounded_traffic_class));
+        HCHECK(most == 1, "rank %d: %d receives in one bounded group, incast 1", rank, most);
+      },
+      kLoss, 170);
+  EXPECT_EQ(r, "");
 }
 
 }  // namespace

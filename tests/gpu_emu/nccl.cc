@@ -6,6 +6,7 @@
 // connection, completions taken oldest first. Declarations are NCCL's own (nccl.h).
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -220,6 +221,10 @@ size_t type_size(ncclDataType_t t) {
   }
 }
 
+// The most receives one group held, per traffic class (max_group_recvs).
+std::mutex g_groups_mu;
+std::map<int, int> g_max_group_recvs;
+
 // The group being built on this thread (ncclGroupStart .. ncclGroupEnd).
 struct PendingGroup {
   int depth = 0;
@@ -266,6 +271,12 @@ optireduceNetStats plugin_stats(ncclComm_t comm) {
 
 int traffic_class(ncclComm_t comm) {
   return comm->traffic_class;
+}
+
+int max_group_recvs(int traffic_class) {
+  std::lock_guard<std::mutex> lk(g_groups_mu);
+  const auto it = g_max_group_recvs.find(traffic_class);
+  return it == g_max_group_recvs.end() ? 0 : it->second;
 }
 
 }  // namespace optireduce::gpu_emu
@@ -342,6 +353,13 @@ ncclResult_t ncclGroupEnd() {
   g = emu::PendingGroup{};
   if (err != ncclSuccess) return err;
   if (c != nullptr) {
+    int recvs = 0;
+    for (const Xfer& x : xs) recvs += x.send ? 0 : 1;
+    {
+      std::lock_guard<std::mutex> lk(emu::g_groups_mu);
+      int& m = emu::g_max_group_recvs[c->traffic_class];
+      m = std::max(m, recvs);
+    }
     const uint64_t ticket = emu::take_ticket(c);
     emu::enqueue(s, [c, ticket, xs = std::move(xs)] { emu::drive(c, xs, ticket); });
   }

@@ -24,6 +24,9 @@ ncclComm_t comm_init(int traffic_class = -1);
 optireduceNetStats plugin_stats(ncclComm_t comm);
 // The traffic class the plugin was given for this communicator.
 int traffic_class(ncclComm_t comm);
+// The most receives that one group (ncclGroupStart .. ncclGroupEnd) held on this process's
+// communicators of `traffic_class`: what a receiver's incast was, as NCCL would run it.
+int max_group_recvs(int traffic_class);
 
 // The p2p chunk (NCCL_P2P_NET_CHUNKSIZE's default) and the slots per connection.
 inline constexpr size_t kChunkBytes = 128 * 1024;
