@@ -223,7 +223,7 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
       return fail(optiInvalidUsage, "environment: " + err);
     const optireduce::Config& cfg = optireduce::global_config();
     optiOptions_t o{};
-    o.mode = cfg.mode == "bounded" ? optiBounded : optiExact;
+    o.mode = cfg.allreduce_mode == "bounded" ? optiBounded : optiExact;
     if (!parse_incast(cfg.incast, &o.incast))
       return fail(optiInvalidUsage, "OPTIREDUCE_INCAST='" + cfg.incast +
                                         "': expected a number >= 1, 'max' or 'auto'");

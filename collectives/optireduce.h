@@ -49,7 +49,7 @@ typedef enum { optiExact = 0, optiBounded = 1 } optiMode_t;
 #define OPTI_INCAST_AUTO -1 /* each receiver adapts its incast (host path) */
 
 typedef struct {
-  optiMode_t mode;         /* OPTIREDUCE_MODE */
+  optiMode_t mode;         /* OPTIREDUCE_ALLREDUCE_MODE */
   int incast;              /* OPTIREDUCE_INCAST: >= 1, OPTI_INCAST_MAX or OPTI_INCAST_AUTO */
   int hadamard;            /* OPTIREDUCE_HADAMARD: encode in bounded mode (1) or not (0) */
   int64_t hadamardBlock;   /* OPTIREDUCE_HADAMARD_BLOCK: elements, a power of two >= 2 */

@@ -7,6 +7,9 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <strings.h>
+
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -45,8 +48,8 @@ struct CallScratch {
   unsigned long long* host_before = nullptr;
   void* host_flags = nullptr;  // pinned: read_back's landing place
   size_t host_flags_bytes = 0;
-  cudaEvent_t done = nullptr;  // after the last snapshot of the counters
-  cudaEvent_t idle = nullptr;  // after the last call's last work
+  cudaEvent_t done = nullptr;     // after the last snapshot of the counters
+  cudaEvent_t idle = nullptr;     // after the last call's last work
   cuda::Stream stream = nullptr;  // of the last call
   uint64_t last_use = 0;          // call number of the last call (least recently used first)
   uint64_t seen[kNumCounters] = {};
@@ -328,6 +331,42 @@ struct GpuState {
   bool last_pending = false;
 };
 
+namespace {
+
+// The NCCL network name of the plugin (plugin/api.h kPluginName): the sibling asks for it.
+constexpr const char* kPluginNetName = "OptiReduce";
+// The first NCCL with ncclConfig_t.trafficClass, the plugin's only way to tell the sibling from
+// the application's communicators (docs/architecture.md, "Which network an NCCL communicator
+// uses").
+constexpr int kFirstNcclWithTrafficClass = 22600;
+
+// Why this process's set-up cannot keep the application's communicators exact while the
+// library's sibling runs bounded ("" if it can).
+std::string setup_error(const optiOptions_t& opts) {
+  if (global_config().mode == "bounded")
+    return "OPTIREDUCE_MODE=bounded makes the plugin run every NCCL communicator of this "
+           "process bounded, the application's own and liboptireduce's exact steps included; "
+           "unset it: liboptireduce's bounded steps run on a communicator of their own (choose "
+           "them with OPTIREDUCE_ALLREDUCE_MODE=bounded or optiOptions_t.mode)";
+  if (opts.mode != optiBounded) return "";
+  if (const char* net = std::getenv("NCCL_NET");
+      net != nullptr && strcasecmp(net, kPluginNetName) != 0)
+    return std::string("NCCL_NET=") + net +
+           " overrides every communicator's network, "
+           "liboptireduce's bounded one included, which would then not run over OptiReduce; "
+           "unset NCCL_NET and create your own communicators with ncclConfig_t.netName = \"" +
+           net + "\" instead";
+  int version = 0;
+  if (ncclGetVersion(&version) == ncclSuccess && version < kFirstNcclWithTrafficClass)
+    return "NCCL " + std::to_string(version) +
+           " has no ncclConfig_t.trafficClass (2.26 and "
+           "newer), so the plugin cannot run only liboptireduce's communicator bounded: use "
+           "exact mode, or NCCL 2.26 or newer";
+  return "";
+}
+
+}  // namespace
+
 optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t& opts) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
@@ -337,13 +376,20 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
   int rank = 0, n = 0;
   if (ncclCommUserRank(nccl, &rank) != ncclSuccess || ncclCommCount(nccl, &n) != ncclSuccess)
     return api_fail(optiNcclError, "optiCommInit: the NCCL communicator is not usable");
+  if (std::string why = setup_error(opts); !why.empty())
+    return api_fail(optiInvalidUsage, "optiCommInit: " + why);
   if (opts.mode == optiBounded) {
+    // The sibling: bounded by its traffic class, over OptiReduce by its netName, and with
+    // resources of its own (a child that shares its parent's must keep the parent's network).
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.trafficClass = int(global_config().bounded_traffic_class);
+    cfg.netName = kPluginNetName;
+    cfg.splitShare = 0;
     const ncclResult_t r = ncclCommSplit(nccl, 0, rank, &st->bounded, &cfg);
     if (r != ncclSuccess)
       return api_fail(optiNcclError,
-                      std::string("optiCommInit: ncclCommSplit: ") + ncclGetErrorString(r));
+                      std::string("optiCommInit: ncclCommSplit: ") + ncclGetErrorString(r) +
+                          " (is the OptiReduce plugin loaded: NCCL_NET_PLUGIN=optireduce?)");
   }
   st->ex = std::make_unique<NcclExchange>(nccl, st->bounded, rank, n);
   st->k = std::make_unique<CudaKernels>();

@@ -32,7 +32,8 @@ struct Config {
   int64_t peer_timeout_ms = 5000; // OPTIREDUCE_PEER_TIMEOUT_MS (see transport/liveness.h)
 
   // --- bounded mode
-  std::string mode = "exact";     // OPTIREDUCE_MODE
+  std::string mode = "exact";     // OPTIREDUCE_MODE (the plugin: every communicator)
+  std::string allreduce_mode = "exact";  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce's default)
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
   std::string fill = "zero";      // OPTIREDUCE_FILL
   int64_t calibration_steps = 100; // OPTIREDUCE_CALIBRATION_STEPS

@@ -14,9 +14,9 @@
 
 #include "collectives/optireduce.h"
 #include "cuda/launch.h"
-#include "transport/params.h"
 #include "tests/gpu_emu/nccl_emu.h"
 #include "tests/gpu_emu/streams.h"
+#include "transport/params.h"
 
 namespace {
 
@@ -91,9 +91,9 @@ TEST(Emulator, ReadingWithoutSynchronisingSeesStaleData) {
 
 // ---- Helpers for the GPU path
 
-#define CHECK_OPTI(expr)                                                                    \
-  do {                                                                                      \
-    const optiResult_t r_ = (expr);                                                         \
+#define CHECK_OPTI(expr)                                                                         \
+  do {                                                                                           \
+    const optiResult_t r_ = (expr);                                                              \
     HCHECK(r_ == optiSuccess, "%s: %s (%s)", #expr, optiGetErrorString(r_), optiGetLastError()); \
   } while (0)
 
@@ -117,7 +117,8 @@ struct DeviceVec {
   }
   std::vector<float> get() const {
     std::vector<float> v(n);
-    HCHECK(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess, "down");
+    HCHECK(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
+           "down");
     return v;
   }
 };
@@ -152,8 +153,8 @@ optiStats_t bounded_audit(Mesh& m, optiComm_t comm, size_t count, int calls, dou
     for (size_t i = 0; i < count; ++i) {
       const float want = float(m.n) * in[i];
       HCHECK(std::fabs(out[i] - want) <= tol * want,
-             "rank %d call %d element %zu: %g, want %g (a lost element taken as received?)",
-             m.rank, c, i, double(out[i]), double(want));
+             "rank %d call %d element %zu: %g, want %g (a lost element taken as received?)", m.rank,
+             c, i, double(out[i]), double(want));
     }
   }
   optiStats_t total{};
@@ -229,9 +230,9 @@ TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
 // Defect 4: two buckets in flight on two streams, as DDP overlaps them. Each call needs its own
 // scratch (the encoded vector, the receive slots, the counters): with one shared set, bucket
 // B's encode runs on its stream while bucket A's phases still read and write the same encoded
-// vector. Bounded with Hadamard, in place; every rank holds the same x(i) per bucket, so the sums are N x(i) up to the
-// decoder's estimate where the deadline cut something, and a bucket holding the other's data
-// is off by far more.
+// vector. Bounded with Hadamard, in place; every rank holds the same x(i) per bucket, so the sums
+// are N x(i) up to the decoder's estimate where the deadline cut something, and a bucket holding
+// the other's data is off by far more.
 TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
   const std::string r = run_ranks(
       4,
@@ -245,7 +246,9 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
         cudaStream_t s[2] = {nullptr, nullptr};
         for (cudaStream_t& x : s) HCHECK(cudaStreamCreate(&x) == cudaSuccess, "stream");
         const size_t count[2] = {150'000, 90'001};
-        auto value = [](int b, size_t i) { return b == 0 ? float(1 + i % 13) : float(1000 + i % 7); };
+        auto value = [](int b, size_t i) {
+          return b == 0 ? float(1 + i % 13) : float(1000 + i % 7);
+        };
         DeviceVec a(count[0]), b(count[1]);
         DeviceVec* buf[2] = {&a, &b};
         std::vector<float> in[2];
@@ -260,16 +263,16 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
         for (int step = 0; step < 3; ++step) {
           for (int k = 0; k < 2; ++k) buf[k]->put(in[k]);
           for (int k = 0; k < 2; ++k)
-            CHECK_OPTI(optiAllReduce(buf[k]->p, buf[k]->p, count[k], optiFloat32, optiSum, comm,
-                                     s[k]));
+            CHECK_OPTI(
+                optiAllReduce(buf[k]->p, buf[k]->p, count[k], optiFloat32, optiSum, comm, s[k]));
           for (cudaStream_t x : s) HCHECK(cudaStreamSynchronize(x) == cudaSuccess, "sync");
           for (int k = 0; k < 2; ++k) {
             const std::vector<float> out = buf[k]->get();
             for (size_t i = 0; i < count[k]; ++i) {
               const float want = float(m.n) * in[k][i];
               HCHECK(std::fabs(out[i] - want) <= 0.35f * want,
-                     "rank %d step %d bucket %d element %zu: %g, want %g (scratch shared?)",
-                     m.rank, step, k, i, double(out[i]), double(want));
+                     "rank %d step %d bucket %d element %zu: %g, want %g (scratch shared?)", m.rank,
+                     step, k, i, double(out[i]), double(want));
             }
           }
         }
@@ -372,8 +375,10 @@ StatsRun stats_sequence(optiComm_t comm, bool gpu, int rank) {
   for (int c = 0; c < 5; ++c) {
     const size_t n = c == 4 ? tiny : count;
     float* p = gpu ? dev.p : host.data();
-    if (gpu) dev.put(in);
-    else host = in;
+    if (gpu)
+      dev.put(in);
+    else
+      host = in;
     CHECK_OPTI(optiAllReduce(p, p, n, optiFloat32, optiSum, comm, nullptr));
   }
   StatsRun r;
@@ -386,8 +391,8 @@ void check_lost_fraction(const optiStats_t& s, const char* what, int rank) {
   const uint64_t l = s.elementsLost[0] + s.elementsLost[1];
   HCHECK(l <= e && s.lostFraction <= 1.0, "rank %d %s: %llu lost of %llu expected", rank, what,
          (unsigned long long)l, (unsigned long long)e);
-  HCHECK(s.lostFraction == (e ? double(l) / double(e) : 0.0), "rank %d %s: lostFraction %g",
-         rank, what, s.lostFraction);
+  HCHECK(s.lostFraction == (e ? double(l) / double(e) : 0.0), "rank %d %s: lostFraction %g", rank,
+         what, s.lostFraction);
 }
 
 TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
@@ -440,8 +445,8 @@ TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
           HCHECK(gs.blocksEmpty == 0 && hs.blocksEmpty == 0, "rank %d %s: blocks without Hadamard",
                  rank, what);
           HCHECK(gs.safeguardRedos == 0 && hs.safeguardRedos == 0, "rank %d %s: redo", rank, what);
-          HCHECK(gs.incast == 1 && hs.incast == 1, "rank %d %s: incast %d on GPU, %d on host",
-                 rank, what, gs.incast, hs.incast);
+          HCHECK(gs.incast == 1 && hs.incast == 1, "rank %d %s: incast %d on GPU, %d on host", rank,
+                 what, gs.incast, hs.incast);
           HCHECK(gs.deadlineHits == 0 && gs.tbUs == 0 && gs.tcUs == 0,
                  "rank %d %s: GPU transport fields not 0 as documented", rank, what);
           HCHECK(gs.timeUs > 0 && hs.timeUs > 0, "rank %d %s: no time", rank, what);
@@ -461,7 +466,8 @@ TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
                  (unsigned long long)s->safeguardFlags, int(lossy));
         }
         // A fixed incast is enforced, not only reported: one receive per NCCL group.
-        const int most = emu::max_group_recvs(int(optireduce::global_config().bounded_traffic_class));
+        const int most =
+            emu::max_group_recvs(int(optireduce::global_config().bounded_traffic_class));
         HCHECK(most == 1, "rank %d: %d receives in one bounded group, incast 1", rank, most);
       },
       kLoss, 170);
@@ -469,3 +475,92 @@ TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
 }
 
 }  // namespace
+
+// Defect 2: the library's bounded mode must not make the application's communicators lossy.
+// Bounded TAR chosen by OPTIREDUCE_ALLREDUCE_MODE (before: OPTIREDUCE_MODE, which also made the
+// plugin run every communicator bounded) under 5% injected loss: the library sees losses, the
+// application's own allreduce on its own communicator stays bit-exact, and the sibling asked
+// NCCL for the OptiReduce network with resources of its own.
+TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
+  Env env = kLoss;
+  env[0] = {"OPTIREDUCE_FAULT_DROP", "0.05"};
+  env.push_back({"OPTIREDUCE_ALLREDUCE_MODE", "bounded"});
+  const std::string r = run_ranks(
+      4,
+      [](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o;
+        CHECK_OPTI(optiOptionsDefault(&o));
+        HCHECK(o.mode == optiBounded, "OPTIREDUCE_ALLREDUCE_MODE=bounded: default mode %d", o.mode);
+        o.exactBelowBytes = 0;
+        o.hadamard = 0;  // every estimate checked to the element (bounded_audit)
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const emu::SplitConfig split = emu::last_split();
+        HCHECK(split.net_name == "OptiReduce" && split.split_share == 0,
+               "the sibling asked for network '%s', splitShare %d", split.net_name.c_str(),
+               split.split_share);
+        const optiStats_t t = bounded_audit(m, comm, 200'000, 3, 1e-5);
+        const size_t count = 100'003;
+        std::vector<std::vector<float>> x(size_t(m.n), std::vector<float>(count));
+        for (int q = 0; q < m.n; ++q)
+          for (size_t i = 0; i < count; ++i) x[size_t(q)][i] = float(std::cos(double(i * 3 + q)));
+        DeviceVec send(count), recv(count);
+        send.put(x[size_t(m.rank)]);
+        HCHECK(ncclAllReduce(send.p, recv.p, count, ncclFloat32, ncclSum, user, nullptr) ==
+                   ncclSuccess,
+               "ncclAllReduce");
+        const std::vector<float> out = recv.get();
+        for (size_t i = 0; i < count; ++i) {
+          float want = 0;
+          for (int q = 0; q < m.n; ++q) want += x[size_t(q)][i];
+          HCHECK(out[i] == want, "rank %d: the application's allreduce lost element %zu", m.rank,
+                 i);
+        }
+        const optireduceNetStats s = emu::plugin_stats(user);
+        HCHECK(
+            s.bounded == 0 && s.recv.bytesExpected == 0 && s.recv.retxPkts + s.send.retxPkts > 0,
+            "rank %d: the application's communicator: bounded %u, %llu bytes expected by bounded "
+            "receives, %llu retransmissions (the loss must have been repaired, not delivered)",
+            m.rank, s.bounded, (unsigned long long)s.recv.bytesExpected,
+            (unsigned long long)(s.recv.retxPkts + s.send.retxPkts));
+        std::printf("rank %d: TAR lost %llu + %llu elements; the application's allreduce exact\n",
+                    m.rank, (unsigned long long)t.elementsLost[0],
+                    (unsigned long long)t.elementsLost[1]);
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      env, 180);
+  EXPECT_EQ(r, "");
+}
+
+// Defect 2: set-ups that cannot keep the application exact and the sibling bounded are refused
+// at optiCommInit, with the variable to change named.
+void refused(const Env& env, int version, const char* must_name) {
+  const std::string r = run_ranks(
+      2,
+      [version, must_name](Mesh& m) {
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        if (version != 0) emu::set_version(version);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o;
+        CHECK_OPTI(optiOptionsDefault(&o));
+        o.mode = optiBounded;
+        optiComm_t comm = nullptr;
+        const optiResult_t res = optiCommInit(&comm, user, &o);
+        HCHECK(res == optiInvalidUsage, "optiCommInit accepted it (%s)", optiGetErrorString(res));
+        const std::string why = optiGetLastError();
+        HCHECK(why.find(must_name) != std::string::npos, "the error does not name %s: %s",
+               must_name, why.c_str());
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      env, 60);
+  EXPECT_EQ(r, "") << must_name;
+}
+
+TEST(GpuDefect, SetUpsThatCannotKeepTheApplicationExactAreRefused) {
+  refused({{"OPTIREDUCE_MODE", "bounded"}}, 0, "OPTIREDUCE_MODE");
+  refused({{"NCCL_NET", "IB"}}, 0, "NCCL_NET");
+  refused({}, 22507, "trafficClass");  // NCCL 2.25: no traffic class
+}

@@ -5,6 +5,7 @@
 // protocol: 128 KiB chunks staged through registered host slots, at most 8 in flight per
 // connection, completions taken oldest first. Declarations are NCCL's own (nccl.h).
 #include <nccl.h>
+#include <strings.h>
 
 #include <algorithm>
 #include <chrono>
@@ -50,6 +51,8 @@ namespace {
 
 testing::Mesh* g_mesh = nullptr;
 std::string g_plugin;
+SplitConfig g_last_split;
+int g_version = NCCL_VERSION_CODE;
 uint64_t g_serial = 0;  // communicators made by this process: equal on every rank
 
 // Hashes of NCCL communicators are 64-bit; ours are a fixed tag plus the serial.
@@ -129,7 +132,8 @@ void drive_connections(ncclComm* c, const std::vector<Xfer>& xs) {
         void* req = nullptr;
         int r;
         if (x.send) {
-          std::memcpy(slot, x.data + k.posted, len);  // the GPU fills the slot, then the proxy sends
+          std::memcpy(slot, x.data + k.posted,
+                      len);  // the GPU fills the slot, then the proxy sends
           r = net.isend(peer.send, slot, len, c->rank, ring.mh, &req);
         } else {
           r = net.irecv(peer.recv, slot, len, x.peer, ring.mh, &req);
@@ -249,8 +253,7 @@ ncclResult_t add_p2p(bool send, const void* buf, size_t count, ncclDataType_t t,
     t_group.error = ncclInvalidUsage;
   t_group.comm = c;
   t_group.stream = s;
-  t_group.xfers.push_back({send, peer, static_cast<uint8_t*>(const_cast<void*>(buf)),
-                           count * es});
+  t_group.xfers.push_back({send, peer, static_cast<uint8_t*>(const_cast<void*>(buf)), count * es});
   return implicit ? ncclGroupEnd() : ncclSuccess;
 }
 
@@ -271,6 +274,14 @@ optireduceNetStats plugin_stats(ncclComm_t comm) {
 
 int traffic_class(ncclComm_t comm) {
   return comm->traffic_class;
+}
+
+SplitConfig last_split() {
+  return g_last_split;
+}
+
+void set_version(int version_code) {
+  g_version = version_code;
 }
 
 int max_group_recvs(int traffic_class) {
@@ -308,6 +319,12 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   return ncclSuccess;
 }
 
+ncclResult_t ncclGetVersion(int* version) {
+  if (version == nullptr) return ncclInvalidArgument;
+  *version = emu::g_version;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm,
                            ncclConfig_t* config) {
   if (comm == nullptr || newcomm == nullptr) return ncclInvalidArgument;
@@ -318,6 +335,13 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   const int tc = config != nullptr && config->trafficClass != NCCL_CONFIG_UNDEF_INT
                      ? config->trafficClass
                      : -1;
+  // As NCCL picks a network: a netName must name one that exists; here the only one is the
+  // plugin's (NCCL's internal IB and Socket are not emulated).
+  const char* net =
+      config != nullptr && config->netName != NCCL_CONFIG_UNDEF_PTR ? config->netName : nullptr;
+  if (net != nullptr && strcasecmp(net, "OptiReduce") != 0) return ncclInvalidUsage;
+  emu::g_last_split = {net != nullptr ? net : "", tc,
+                       config != nullptr ? config->splitShare : NCCL_CONFIG_UNDEF_INT};
   *newcomm = emu::make_comm(tc);
   return ncclSuccess;
 }
@@ -390,8 +414,10 @@ ncclResult_t ncclBroadcast(const void* sendbuff, void* recvbuff, size_t count,
   auto* in = static_cast<uint8_t*>(const_cast<void*>(sendbuff));
   for (int j = 0; j < comm->n; ++j) {
     if (j == comm->rank) continue;
-    if (comm->rank == root) xs.push_back({true, j, in, bytes});
-    else if (j == root) xs.push_back({false, j, out, bytes});
+    if (comm->rank == root)
+      xs.push_back({true, j, in, bytes});
+    else if (j == root)
+      xs.push_back({false, j, out, bytes});
   }
   const bool copy = comm->rank == root && in != out;
   const uint64_t ticket = emu::take_ticket(comm);
@@ -445,8 +471,10 @@ ncclResult_t ncclAllReduce(const void* sendbuff, void* recvbuff, size_t count,
     emu::drive(comm, xs, ticket);
     std::vector<const uint8_t*> srcs;
     for (int j = 0; j < comm->n; ++j) srcs.push_back(j == comm->rank ? in : got[size_t(j)].data());
-    if (datatype == ncclFloat32) sum_in_rank_order<float>(out, srcs, count);
-    else sum_in_rank_order<double>(out, srcs, count);
+    if (datatype == ncclFloat32)
+      sum_in_rank_order<float>(out, srcs, count);
+    else
+      sum_in_rank_order<double>(out, srcs, count);
   });
   return ncclSuccess;
 }

@@ -28,6 +28,16 @@ int traffic_class(ncclComm_t comm);
 // communicators of `traffic_class`: what a receiver's incast was, as NCCL would run it.
 int max_group_recvs(int traffic_class);
 
+// What the last ncclCommSplit of this process asked for.
+struct SplitConfig {
+  std::string net_name;  // "" when the config named none
+  int traffic_class = -1;
+  int split_share = 0;
+};
+SplitConfig last_split();
+// The NCCL version ncclGetVersion reports (default: the header's NCCL_VERSION_CODE).
+void set_version(int version_code);
+
 // The p2p chunk (NCCL_P2P_NET_CHUNKSIZE's default) and the slots per connection.
 inline constexpr size_t kChunkBytes = 128 * 1024;
 inline constexpr int kSlots = 8;
