@@ -18,6 +18,7 @@
 #include "collectives/comm.h"
 #include "collectives/shard_plan.h"
 #include "cuda/launch.h"
+#include "plugin/optireduce_net.h"
 #include "transport/params.h"
 
 namespace optireduce::coll {
@@ -333,8 +334,8 @@ struct GpuState {
 
 namespace {
 
-// The NCCL network name of the plugin (plugin/api.h kPluginName): the sibling asks for it.
-constexpr const char* kPluginNetName = "OptiReduce";
+// The plugin's network name, which the sibling asks NCCL for.
+constexpr const char* kPluginNetName = OPTIREDUCE_NET_NAME;
 // The first NCCL with ncclConfig_t.trafficClass, the plugin's only way to tell the sibling from
 // the application's communicators (docs/architecture.md, "Which network an NCCL communicator
 // uses").

@@ -8,6 +8,7 @@
 
 #include "plugin/nccl/net_v11.h"
 #include "plugin/nccl/types.h"
+#include "plugin/optireduce_net.h"
 #include "transport/status.h"
 
 namespace optireduce::plugin {
@@ -19,7 +20,7 @@ using nccl::ncclNetDeviceHandle_v11_t;
 using nccl::ncclNetProperties_v11_t;
 using nccl::ncclResult_t;
 
-inline constexpr const char* kPluginName = "OptiReduce";
+inline constexpr const char* kPluginName = OPTIREDUCE_NET_NAME;
 
 // Largest message (maxP2pBytes and maxCollBytes). test() reports sizes as int, so a message
 // must stay below 2^31; NCCL cuts larger transfers at this bound. A power of two keeps NCCL's

@@ -10,6 +10,10 @@
 extern "C" {
 #endif
 
+/* The network's name as NCCL knows it (ncclNet_t.name): what ncclConfig_t.netName names to run a
+ * communicator over this plugin (NCCL 2.17 and newer). */
+#define OPTIREDUCE_NET_NAME "OptiReduce"
+
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
 #define OPTIREDUCE_NET_STATS_VERSION 2 /* 2: cutSends, repairedPkts */
 

@@ -339,7 +339,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newc
   // plugin's (NCCL's internal IB and Socket are not emulated).
   const char* net =
       config != nullptr && config->netName != NCCL_CONFIG_UNDEF_PTR ? config->netName : nullptr;
-  if (net != nullptr && strcasecmp(net, "OptiReduce") != 0) return ncclInvalidUsage;
+  if (net != nullptr && strcasecmp(net, OPTIREDUCE_NET_NAME) != 0) return ncclInvalidUsage;
   emu::g_last_split = {net != nullptr ? net : "", tc,
                        config != nullptr ? config->splitShare : NCCL_CONFIG_UNDEF_INT};
   *newcomm = emu::make_comm(tc);
