@@ -27,7 +27,7 @@ __device__ void add_count(unsigned long long* c, unsigned v) {
 
 // log2 of a power of two. Blocks, chunks and butterfly distances are all powers of two, so
 // indexing shifts and masks: a 64-bit division is a long software sequence on the GPU.
-__device__ unsigned log2_pow2(uint64_t x) {
+__host__ __device__ unsigned log2_pow2(uint64_t x) {
 #if defined(__CUDA_ARCH__)
   return unsigned(__ffsll(static_cast<long long>(x)) - 1);
 #else
@@ -147,9 +147,10 @@ __global__ void store_decoded(const typename Elem<T>::A* work, typename Elem<T>:
 }
 
 // ---- Fused transform of blocks that fit in shared memory: one kernel reads every element once
-// and writes it once (the three-kernel path below moves each element through global memory three
-// times). One CUDA block per Hadamard block of dimension d = 2^log2d <= kSharedElems, with
-// min(d, kThreads) threads; thread t holds elements t, t + T, t + 2T, ... (T = blockDim.x).
+// and writes it once (the three-kernel path, load_* / fwht_all / store_*, moves each element
+// through global memory three times). One CUDA block per Hadamard block of dimension d = 2^log2d <=
+// kSharedElems, with min(d, kThreads) threads; thread t holds elements t, t + T, t + 2T, ... (T =
+// blockDim.x).
 
 // The butterflies of distance 1..16 in registers: with T a multiple of 32, element i sits in
 // lane i % 32 of its warp, so its partner at distance h < 32 is lane ^ h. The lower lane keeps
@@ -265,14 +266,9 @@ __global__ void decode_fused(const typename Elem<T>::S* in, typename Elem<T>::S*
 template <class F>
 void for_each_region(const HadamardGeometry& g, F launch) {
   const uint64_t nfull = g.count / g.block;
-  auto log2 = [](uint64_t d) {
-    unsigned l = 0;
-    while ((uint64_t(1) << l) < d) ++l;
-    return l;
-  };
-  if (nfull > 0) launch(uint64_t(0), nfull, log2(g.block));
+  if (nfull > 0) launch(uint64_t(0), nfull, log2_pow2(g.block));
   if (g.count > nfull * g.block)
-    launch(nfull, uint64_t(1), log2(next_pow2(g.count - nfull * g.block)));
+    launch(nfull, uint64_t(1), log2_pow2(next_pow2(g.count - nfull * g.block)));
 }
 
 template <class A>
@@ -443,8 +439,8 @@ int fill_t(void* dst, const void* rcv, const void* own, size_t n, double own_sca
 __global__ void safeguard_flag_k(unsigned long long* counters, const unsigned long long* base,
                                  double threshold, unsigned long long expected,
                                  unsigned char* flag) {
-  const unsigned long long lost = (counters[kLostPhase1] - base[kLostPhase1]) +
-                                  (counters[kLostPhase2] - base[kLostPhase2]);
+  const unsigned long long lost =
+      (counters[kLostPhase1] - base[kLostPhase1]) + (counters[kLostPhase2] - base[kLostPhase2]);
   const bool f = expected > 0 && double(lost) / double(expected) > threshold;
   *flag = f ? 1 : 0;
   if (f) counters[kSafeguardFlags] += 1;
