@@ -100,8 +100,6 @@ void fail(const std::string& why) {
   if (st().error.empty()) st().error = why;
 }
 
-// ASan must be told about every stack switch (its annotations), or it takes the fibers' frames
-// for overflows of the thread's stack.
 // The jump between stacks. Under ASan, libc's own _longjmp: ASan's interceptor asks the kernel
 // for the signal stack (sigaltstack) on every jump, which made the sanitizer build spend most of
 // its time in system calls; the fiber annotations already tell ASan about the stacks. The one
@@ -133,6 +131,8 @@ __attribute__((no_sanitize_address)) void jump(jmp_buf to, LongjmpFn real) {
 
 void fiber_entry();
 
+// Both switch points tell ASan about the stack they leave and enter (its fiber annotations),
+// or it takes the fibers' frames for overflows of the thread's stack.
 // The two switch points are not instrumented either: ASan treats the code around a _setjmp like
 // a call that does not return and unpoisons the stack there (with a sigaltstack call) each time.
 #if defined(OR_EMU_ASAN)
@@ -237,7 +237,7 @@ bool release_shuffles(State& s) {
       for (unsigned m = 0; m < 32; ++m) {
         if (!(f.mask >> m & 1)) continue;
         if (m >= lanes || s.fibers[first + m].wait != Wait::kShuffle) {
-          fail("__shfl_down_sync at " + where(f.coords) + ": its mask names lane " +
+          fail("a warp shuffle at " + where(f.coords) + ": its mask names lane " +
                std::to_string(m) + ", which " + (m >= lanes ? "does not exist" : "has exited"));
           return false;
         }
@@ -278,14 +278,12 @@ bool run_block(State& s, int schedule, dim3 grid, dim3 block, uint3 bid) {
   std::vector<unsigned> o;
   for (uint64_t epoch = 0;; ++epoch) {
     order(schedule, salt * 1000003 + epoch, &o, s.nthreads);
-    bool ran = false;
     for (unsigned t : o) {
       Fiber& f = s.fibers[t];
       if (f.wait != Wait::kRunnable) continue;
       s.running = int(t);
       resume(f);
       s.running = -1;
-      ran = true;
     }
     unsigned at_barrier = 0, done = 0;
     for (unsigned t = 0; t < s.nthreads; ++t) {
@@ -301,7 +299,6 @@ bool run_block(State& s, int schedule, dim3 grid, dim3 block, uint3 bid) {
     bool runnable = false;
     for (unsigned t = 0; t < s.nthreads; ++t) runnable |= s.fibers[t].wait == Wait::kRunnable;
     if (runnable) continue;
-    (void)ran;
     // Nothing can run and nothing can be released: the block would hang (or, on some GPUs,
     // go on with undefined results).
     for (unsigned t = 0; t < s.nthreads; ++t) {
@@ -506,17 +503,10 @@ uint64_t launches() {
 
 }  // namespace optireduce::emu
 
-namespace {
-thread_local cudaError_t g_last = cudaSuccess;
-}
-
 cudaError_t cudaGetLastError() {
-  // A failed launch is sticky until read, as the runtime's launch errors are.
-  if (!optireduce::emu::last_error_text().empty() && g_last == cudaSuccess)
-    g_last = cudaErrorLaunchFailure;
-  const cudaError_t e = g_last;
-  g_last = cudaSuccess;
-  return e;
+  // A failed launch stays reported until emu::clear_error(), as a launch failure stays sticky
+  // on a GPU (the emulation's only error).
+  return optireduce::emu::last_error_text().empty() ? cudaSuccess : cudaErrorLaunchFailure;
 }
 
 const char* cudaGetErrorString(cudaError_t e) {
