@@ -123,6 +123,26 @@ struct DeviceVec {
   }
 };
 
+// Every rank's input, value(i, rank) at element i, and the check that a result is their sum in
+// rank order, bit for bit (what the exact paths, the library's and NCCL's, promise).
+struct RankInputs {
+  std::vector<std::vector<float>> x;
+  template <class F>
+  RankInputs(int n, size_t count, F value) : x(size_t(n), std::vector<float>(count)) {
+    for (int q = 0; q < n; ++q)
+      for (size_t i = 0; i < count; ++i) x[size_t(q)][i] = value(i, q);
+  }
+  // The first element of `out` that is not the rank-order sum (out.size() if none).
+  size_t first_wrong(const std::vector<float>& out) const {
+    for (size_t i = 0; i < out.size(); ++i) {
+      float want = 0;
+      for (const auto& xq : x) want += xq[i];
+      if (out[i] != want) return i;
+    }
+    return out.size();
+  }
+};
+
 optiOptions_t bounded_options(bool hadamard) {
   optiOptions_t o;
   HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
@@ -176,19 +196,13 @@ TEST(GpuPath, ExactAllReduceIsBitExactOnFourRanks) {
         optiComm_t comm = nullptr;
         CHECK_OPTI(optiCommInit(&comm, user, &o));
         const size_t count = 300'001;
-        std::vector<std::vector<float>> x(size_t(m.n), std::vector<float>(count));
-        for (int q = 0; q < m.n; ++q)
-          for (size_t i = 0; i < count; ++i) x[size_t(q)][i] = float(std::sin(double(i * 7 + q)));
+        const RankInputs in(m.n, count,
+                            [](size_t i, int q) { return float(std::sin(double(i * 7 + q))); });
         DeviceVec send(count), recv(count);
-        send.put(x[size_t(m.rank)]);
+        send.put(in.x[size_t(m.rank)]);
         CHECK_OPTI(optiAllReduce(send.p, recv.p, count, optiFloat32, optiSum, comm, nullptr));
-        const std::vector<float> out = recv.get();
-        for (size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int q = 0; q < m.n; ++q) want += x[size_t(q)][i];
-          HCHECK(out[i] == want, "rank %d element %zu: %g != %g", m.rank, i, double(out[i]),
-                 double(want));
-        }
+        const size_t bad = in.first_wrong(recv.get());
+        HCHECK(bad == count, "rank %d element %zu is not the rank-order sum", m.rank, bad);
         CHECK_OPTI(optiCommDestroy(comm));
         HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
       },
@@ -504,21 +518,15 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
                split.split_share);
         const optiStats_t t = bounded_audit(m, comm, 200'000, 3, 1e-5);
         const size_t count = 100'003;
-        std::vector<std::vector<float>> x(size_t(m.n), std::vector<float>(count));
-        for (int q = 0; q < m.n; ++q)
-          for (size_t i = 0; i < count; ++i) x[size_t(q)][i] = float(std::cos(double(i * 3 + q)));
+        const RankInputs in(m.n, count,
+                            [](size_t i, int q) { return float(std::cos(double(i * 3 + q))); });
         DeviceVec send(count), recv(count);
-        send.put(x[size_t(m.rank)]);
+        send.put(in.x[size_t(m.rank)]);
         HCHECK(ncclAllReduce(send.p, recv.p, count, ncclFloat32, ncclSum, user, nullptr) ==
                    ncclSuccess,
                "ncclAllReduce");
-        const std::vector<float> out = recv.get();
-        for (size_t i = 0; i < count; ++i) {
-          float want = 0;
-          for (int q = 0; q < m.n; ++q) want += x[size_t(q)][i];
-          HCHECK(out[i] == want, "rank %d: the application's allreduce lost element %zu", m.rank,
-                 i);
-        }
+        const size_t bad = in.first_wrong(recv.get());
+        HCHECK(bad == count, "rank %d: the application's allreduce lost element %zu", m.rank, bad);
         const optireduceNetStats s = emu::plugin_stats(user);
         HCHECK(
             s.bounded == 0 && s.recv.bytesExpected == 0 && s.recv.retxPkts + s.send.retxPkts > 0,
