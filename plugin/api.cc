@@ -3,8 +3,6 @@
 // process_state.cc, the counters and their C query API in stats.cc, the logger glue in logger.cc.
 #include "plugin/api.h"
 
-#include <strings.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cinttypes>
@@ -99,25 +97,35 @@ const char* delivery_name(Delivery d) {
   return d == Delivery::kBounded ? "bounded" : "exact";
 }
 
-// Bounded communicators must stay on NCCL's Simple protocol (an LL/LL128 line lost or
-// zero-filled hangs the GPU forever). NCCL reads NCCL_PROTO after the plugin's init, so setting
-// it here works; a user's own value is never overwritten.
-void keep_simple_protocol() {
-  const char* current = std::getenv("NCCL_PROTO");
-  if (current == nullptr) {
-    setenv("NCCL_PROTO", "Simple", 0);
-    log_init_info("bounded communicator: set NCCL_PROTO=Simple (LL/LL128 cannot tolerate loss)");
-  } else if (strcasecmp(current, "Simple") != 0) {
-    OR_WARN(
-        "bounded communicator but NCCL_PROTO=%s (kept, the user's); a connection that sees "
-        "LL/LL128 falls back to exact delivery",
-        current);
+// How a transfer is posted on a connection: per transfer on a bounded one (transfer_kind.h).
+// The first transfer a bounded context keeps exact is logged once, so that a user can see why
+// a bounded communicator delivered some transfers whole.
+MsgDelivery choose(Context& c, bool bounded_conn, const TransferFacts& facts, bool send) {
+  if (!bounded_conn) return MsgDelivery::kAsConnection;
+  const MsgDelivery how = send ? send_delivery(facts) : recv_delivery(facts);
+  if (how == MsgDelivery::kExact && !c.told_exact.exchange(true, std::memory_order_relaxed)) {
+    OR_INFO("comm 0x%016" PRIx64
+            ": LL/LL128 transfers on its bounded connections are "
+            "delivered exact (NCCL's %s)",
+            c.comm_id, facts.ll_sentinel ? "optional-completion mark" : "setNetAttr");
   }
+  return how;
+}
+
+TransferFacts facts_of(const Context& c) {
+  TransferFacts f;
+  f.abi = c.abi;
+  f.env = c.env;
+  f.p2p_only = c.p2p_only;
+  f.attr.seen = c.attr_seen.load(std::memory_order_relaxed);
+  f.attr.op = c.attr_op.load(std::memory_order_relaxed);
+  f.attr.proto = c.attr_proto.load(std::memory_order_relaxed);
+  return f;
 }
 
 // Makes a context and records its engine in the process state, which `*state` then points to.
-ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<Context>* out,
-                          ProcessState** state) {
+ncclResult_t make_context(uint64_t comm_id, int traffic_class, int abi,
+                          std::shared_ptr<Context>* out, ProcessState** state) {
   std::string error;
   if (Status s = global_config_status(&error); !s) {
     OR_WARN("invalid configuration: %s", error.c_str());
@@ -138,6 +146,9 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<C
   const bool by_class = traffic_class != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
                         traffic_class == cfg.bounded_traffic_class;
   c->bounded = cfg.mode == "bounded" || by_class;
+  c->p2p_only = by_class;
+  c->abi = abi;
+  c->env = NcclEnvFacts::from_environment();
   // The bounded traffic class is liboptireduce's: its kernels find losses by the marker, and
   // zeros would pass for received data (lost contributions summed as 0, no estimate, no count).
   // So that communicator carries the marker whatever OPTIREDUCE_FILL says.
@@ -151,7 +162,6 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, std::shared_ptr<C
     std::lock_guard<std::mutex> lock((*state)->mu);
     (*state)->engine = engine;
   }
-  if (c->bounded) keep_simple_protocol();
   OR_INFO("context %p comm 0x%016" PRIx64 ": %s delivery%s", static_cast<void*>(c.get()), comm_id,
           c->bounded ? "bounded" : "exact",
           c->bounded ? (c->fill == Fill::kMarker ? ", marker fill" : ", zero fill") : "");
@@ -206,7 +216,7 @@ ncclResult_t to_nccl(Status s) noexcept {
 }
 
 ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* config,
-                  ncclDebugLogger_t logger) noexcept {
+                  ncclDebugLogger_t logger, int abi) noexcept {
   return guarded("init", [&] {
     install_logger(logger);
     if (ctx == nullptr) return misuse("init: ctx is NULL");
@@ -214,7 +224,9 @@ ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* c
     std::shared_ptr<Context> c;
     const int tc = config != nullptr ? config->trafficClass : nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF;
     ProcessState* state = nullptr;
-    if (ncclResult_t r = make_context(comm_id, tc, &c, &state); r != nccl::ncclSuccess) return r;
+    if (ncclResult_t r = make_context(comm_id, tc, abi, &c, &state); r != nccl::ncclSuccess) {
+      return r;
+    }
     std::lock_guard<std::mutex> lock(state->mu);
     state->contexts.push_back(c);
     *ctx = c.get();
@@ -244,7 +256,7 @@ ncclResult_t finalize(void* ctx) noexcept {
   });
 }
 
-ncclResult_t init_legacy(ncclDebugLogger_t logger) noexcept {
+ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi) noexcept {
   return guarded("init", [&] {
     install_logger(logger);
     if (ProcessState* state = process_state(); state != nullptr) {
@@ -253,7 +265,7 @@ ncclResult_t init_legacy(ncclDebugLogger_t logger) noexcept {
     }
     std::shared_ptr<Context> c;
     ProcessState* state = nullptr;
-    if (ncclResult_t r = make_context(0, nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF, &c, &state);
+    if (ncclResult_t r = make_context(0, nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF, abi, &c, &state);
         r != nccl::ncclSuccess) {
       return r;
     }
@@ -355,8 +367,7 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
     const bool by_class = config != nullptr &&
                           config->trafficClass != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
                           config->trafficClass == c->engine->config().bounded_traffic_class;
-    const bool bounded =
-        (c->bounded || by_class) && !c->exact_only.load(std::memory_order_relaxed);
+    const bool bounded = c->bounded || by_class;
     ConnOptions opts;
     opts.delivery = bounded ? Delivery::kBounded : Delivery::kExact;
     opts.fill = by_class ? Fill::kMarker : c->fill;
@@ -374,6 +385,7 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
 
     auto w = std::make_unique<SendWrap>(c);
     w->comm = std::move(out);
+    w->p2p_only = c->p2p_only || by_class;
     {
       std::lock_guard<std::mutex> lock(c->mu);
       c->live_send.push_back(w.get());
@@ -452,8 +464,11 @@ ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* 
     if (w->sticky != nccl::ncclSuccess) return w->sticky;
     if (size > kMaxMessageBytes) return misuse("isend: message larger than maxP2pBytes");
     if (data == nullptr && size > 0) return misuse("isend: NULL buffer");
+    TransferFacts facts = facts_of(*w->ctx);
+    facts.p2p_only = w->p2p_only;
+    const MsgDelivery how = choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, true);
     Request* r = nullptr;  // stays null on back-pressure: NCCL retries
-    if (Status s = w->comm->isend(data, size, &r); !s) return fail(w, s, "isend");
+    if (Status s = w->comm->isend(data, size, how, &r); !s) return fail(w, s, "isend");
     *request = r;
     return nccl::ncclSuccess;
   });
@@ -474,19 +489,12 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
     if (data == nullptr || sizes == nullptr) return misuse("irecv: NULL argument");
     if (sizes[0] > kMaxMessageBytes) return misuse("irecv: buffer larger than maxP2pBytes");
     if (data[0] == nullptr && sizes[0] > 0) return misuse("irecv: NULL buffer");
-    if (ll_hint && w->comm->delivery() == Delivery::kBounded) {
-      // LL/LL128 spin on flags inside the data: a hole would hang the GPU. Exact from now on.
-      w->comm->force_exact();
-      if (!w->sentinel_warned) {
-        w->sentinel_warned = true;
-        OR_WARN(
-            "recv comm %p: NCCL uses LL/LL128 on a bounded connection; it falls back to "
-            "exact delivery (set NCCL_PROTO=Simple)",
-            static_cast<void*>(w));
-      }
-    }
+    TransferFacts facts = facts_of(*w->ctx);
+    facts.ll_sentinel = ll_hint;
+    const MsgDelivery how =
+        choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, false);
     Request* r = nullptr;
-    if (Status s = w->comm->irecv(data[0], sizes[0], &r); !s) return fail(w, s, "irecv");
+    if (Status s = w->comm->irecv(data[0], sizes[0], how, &r); !s) return fail(w, s, "irecv");
     *request = r;
     return nccl::ncclSuccess;
   });
@@ -556,14 +564,11 @@ ncclResult_t set_net_attr(void* ctx, ncclNetAttr_v11_t* attr) noexcept {
     if (attr == nullptr) return misuse("setNetAttr: attr is NULL");
     std::shared_ptr<Context> c = find_context(ctx);
     if (c == nullptr) return misuse("setNetAttr: unknown context");
-    c->proto_bits.store(attr->proto, std::memory_order_relaxed);
-    const uint32_t ll = nccl::NCCL_NET_PROTO_LL | nccl::NCCL_NET_PROTO_LL128;
-    if (c->bounded && (attr->proto & ll) != 0 && !c->exact_only.exchange(true)) {
-      OR_WARN("comm 0x%016" PRIx64
-              ": NCCL announces LL/LL128 (proto 0x%x) on a bounded "
-              "communicator; its new connections use exact delivery (set NCCL_PROTO=Simple)",
-              c->comm_id, attr->proto);
-    }
+    // NCCL calls this on its proxy thread right before posting the transfers it describes, so
+    // the next isend/irecv on this context reads it (transfer_kind.h).
+    c->attr_op.store(attr->op, std::memory_order_relaxed);
+    c->attr_proto.store(attr->proto, std::memory_order_relaxed);
+    c->attr_seen.store(true, std::memory_order_relaxed);
     return nccl::ncclSuccess;
   });
 }

@@ -32,13 +32,14 @@ static_assert(kMaxMessageBytes <= static_cast<size_t>(INT32_MAX));
 // The one map from the core's error classes to NCCL's.
 ncclResult_t to_nccl(Status s) noexcept;
 
-// v11: one context per communicator. `config` may be null (treated as trafficClass unset).
+// v11+: one context per communicator. `config` may be null (treated as trafficClass unset).
+// `abi`: the version of the table NCCL loaded (what NCCL can tell about each transfer).
 ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* config,
-                  ncclDebugLogger_t logger) noexcept;
+                  ncclDebugLogger_t logger, int abi) noexcept;
 ncclResult_t finalize(void* ctx) noexcept;
 // v8..v10: NCCL calls init once per process and never finalize; one shared context stands for
 // every communicator (comm id 0) and is released when the library is unloaded.
-ncclResult_t init_legacy(ncclDebugLogger_t logger) noexcept;
+ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi) noexcept;
 void* legacy_context() noexcept;
 
 ncclResult_t devices(int* ndev) noexcept;

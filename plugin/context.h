@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plugin/nccl/types.h"
+#include "plugin/transfer_kind.h"
 #include "transport/bounded.h"
 #include "transport/stats.h"
 #include "transport/transport.h"
@@ -29,9 +30,16 @@ struct Context {
   // Deadlines of this communicator's bounded connections (tB, tC, calibration) are shared:
   // see docs/architecture.md, "Where deadlines come from". Outlives every comm (they hold ctx).
   std::unique_ptr<BoundedGroup> group;
-  // Set when setNetAttr announced LL/LL128 on a bounded context: later connections go exact.
-  std::atomic<bool> exact_only{false};
-  std::atomic<uint32_t> proto_bits{0};
+  // The context was made bounded by liboptireduce's traffic class: point-to-point only.
+  bool p2p_only = false;
+  int abi = 11;      // the net ABI version NCCL loaded the plugin with
+  NcclEnvFacts env;  // NCCL's protocol settings, read at init
+  // What the last setNetAttr said (transfer_kind.h). Written and read by NCCL's proxy thread,
+  // which posts the transfers it describes right after; atomics only for the stats reader.
+  std::atomic<bool> attr_seen{false};
+  std::atomic<uint32_t> attr_op{0};
+  std::atomic<uint32_t> attr_proto{0};
+  std::atomic<bool> told_exact{false};  // the INFO line about exact LL/LL128 transfers, once
 
   std::mutex mu;  // guards the four members below; taken after ProcessState::mu
   std::vector<SendWrap*> live_send;
@@ -60,12 +68,12 @@ struct CommBase {
 struct SendWrap final : CommBase {
   explicit SendWrap(std::shared_ptr<Context> c) : CommBase(kSendMagic, std::move(c)) {}
   std::unique_ptr<SendComm> comm;
+  bool p2p_only = false;  // bounded by the traffic class (v10 names it per connection)
 };
 
 struct RecvWrap final : CommBase {
   explicit RecvWrap(std::shared_ptr<Context> c) : CommBase(kRecvMagic, std::move(c)) {}
   std::unique_ptr<RecvComm> comm;
-  bool sentinel_warned = false;
 };
 
 struct ListenWrap {

@@ -10,7 +10,7 @@ namespace {
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
 ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t /*profiler*/) {
-  return init_legacy(logger);
+  return init_legacy(logger, 10);
 }
 ncclResult_t get_properties_v10(int dev, ncclNetProperties_v10_t* props) {
   ncclNetProperties_v11_t p;

@@ -10,7 +10,7 @@ using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best
 
 ncclResult_t init_v11(void** ctx, uint64_t comm_id, ncclNetCommConfig_v11_t* config,
                       ncclDebugLogger_t logger, ncclProfilerCallback_t /*profiler*/) {
-  return init(ctx, comm_id, config, logger);
+  return init(ctx, comm_id, config, logger, 11);
 }
 ncclResult_t connect_v11(void* ctx, int dev, void* handle, void** send_comm,
                          ncclNetDeviceHandle_v11_t** dev_comm) {

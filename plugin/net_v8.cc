@@ -10,7 +10,7 @@ namespace {
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
 ncclResult_t init_v8(ncclDebugLogger_t logger) {
-  return init_legacy(logger);
+  return init_legacy(logger, 8);
 }
 ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
   ncclNetProperties_v11_t p;

@@ -65,12 +65,7 @@ bool RecvConn::set_msg_state_locked(Msg& m, State to, uint64_t now) {
 
 Delivery RecvConn::delivery() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return force_exact_ ? Delivery::kExact : params_.delivery;
-}
-
-void RecvConn::force_exact() {
-  std::lock_guard<std::mutex> lock(mu_);
-  force_exact_ = true;
+  return params_.delivery;
 }
 
 void RecvConn::set_deadline_policy(DeadlinePolicy* policy) {
@@ -89,7 +84,7 @@ void RecvConn::set_hello_ack(const uint8_t* body) {
   have_hello_ack_ = true;
 }
 
-Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
+Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
   *req = nullptr;
   if (Status st = check_peer_locked(); !st) return st;
@@ -101,7 +96,8 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   }
   Msg& m = slot(next_seq_);
   m.req.seq = next_seq_;
-  m.bounded = params_.delivery == Delivery::kBounded && !force_exact_ &&
+  m.exact = how == MsgDelivery::kExact;
+  m.bounded = params_.delivery == Delivery::kBounded && !m.exact &&
               !(policy_ != nullptr && policy_->calibrating());
   if (!set_msg_state_locked(m, State::kPosted, now)) return fatal_;
   m.started = m.tail_seen = false;
@@ -119,12 +115,19 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
   m.cts_backoff_ns = cts_rto_ns_;
   ++next_seq_;
   *req = &m.req;
-  // The sender told us it gave up on this message before we posted it: done, fully missing.
-  if (expiry_allowed_locked(m) && m.req.seq - expired_base_ < 64 &&
-      (expired_mask_ >> (m.req.seq % 64) & 1)) {
-    complete_locked(m, End::kExpired, now);
-    advance_floor_locked(now);
-    return Status::ok();
+  // The sender told us it gave up on this message before we posted it: done, fully missing,
+  // unless this receive needs it whole (see on_data_locked).
+  if (m.req.seq - expired_base_ < 64 && (expired_mask_ >> (m.req.seq % 64) & 1)) {
+    if (m.exact) {
+      fail_locked(Status(Errc::kRemote),
+                  "the sender expired a message this receiver pinned exact (LL/LL128)");
+      return Status::ok();  // the request fails at its first test
+    }
+    if (expiry_allowed_locked(m)) {
+      complete_locked(m, End::kExpired, now);
+      advance_floor_locked(now);
+      return Status::ok();
+    }
   }
   if (m.req.seq == floor_) arm_deadline_locked(m, now);
   send_cts_locked(m, now);
@@ -134,9 +137,9 @@ Status RecvConn::irecv(void* data, size_t capacity, Request** req) {
 
 // A sender's expiry notice ends a receive that is bounded, or exact only because the group is
 // calibrating (the sender gave up on it just as we would at the fallback bound). A receive
-// forced exact (LL/LL128) never ends without its data; its CTS told the sender so.
+// pinned exact (NCCL's LL/LL128) never ends without its data; its CTS told the sender so.
 bool RecvConn::expiry_allowed_locked(const Msg& m) const {
-  return m.bounded || (params_.delivery == Delivery::kBounded && !force_exact_);
+  return m.bounded || (params_.delivery == Delivery::kBounded && !m.exact);
 }
 
 void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
@@ -150,7 +153,7 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
   if (!m.bounded) {
     // An exact (calibration) receive on a bounded connection still may not hang on a dead
     // sender: it gets the generous fallback bound.
-    if (params_.delivery == Delivery::kBounded && !force_exact_) m.deadline_ns = now + kFallbackNs;
+    if (expiry_allowed_locked(m)) m.deadline_ns = now + kFallbackNs;
     return;
   }
   const uint64_t bytes = m.started ? m.size : m.capacity;
@@ -167,7 +170,7 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.msg_size = m.capacity;
   h.msg_floor = floor_;
   if (m.bounded) h.flags = kFlagBounded;
-  if (force_exact_ && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
+  if (m.exact && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
   // The sender learns from this how long it may wait for a CTS before expiring a message.
   if (m.bounded) {
     const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
@@ -274,6 +277,12 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     if (expiry_allowed_locked(m)) {
       complete_locked(m, End::kExpired, now);
       advance_floor_locked(now);
+    } else if (m.exact) {
+      // The sender gave up on a message this receive needs whole: its bytes will never come,
+      // and waiting would hang the caller. The two ends disagreed on the transfer's kind (a
+      // sender without the protocol of the transfer that expired it before our CTS).
+      fail_locked(Status(Errc::kRemote),
+                  "the sender expired a message this receiver pinned exact (LL/LL128)");
     } else {
       ++stats_.drop_unexpected;
     }

@@ -34,13 +34,13 @@ class RecvConn final : public Conn, public RecvComm {
            const ConnParams& p, std::shared_ptr<Registry> registry);
   ~RecvConn() override;
 
-  Status irecv(void* data, size_t capacity, Request** req) override;
+  using RecvComm::irecv;
+  Status irecv(void* data, size_t capacity, MsgDelivery how, Request** req) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
   ConnStats stats() const override { return stats_snapshot(); }
   Delivery delivery() const override;
-  void force_exact() override;
 
   enum class State : uint8_t { kFree, kPosted, kComplete };
   // The edges listed above; anything else is a bug that fails the connection.
@@ -63,6 +63,7 @@ class RecvConn final : public Conn, public RecvComm {
     Request req;
     State state = State::kFree;
     bool bounded = false;
+    bool exact = false;     // pinned exact on a bounded connection (MsgDelivery::kExact)
     bool started = false;   // first DATA seen: size and packet count known
     bool tail_seen = false; // a tail-flagged packet arrived (bounded early timeout)
     uint8_t* buf = nullptr;
@@ -116,7 +117,6 @@ class RecvConn final : public Conn, public RecvComm {
   std::shared_ptr<Downlink> downlink_;
   uint32_t bounded_posted_ = 0;  // bounded receives posted and not complete (joined if > 0)
   uint64_t burst_bytes_ = 0;     // DATA bytes accepted in the current received burst
-  bool force_exact_ = false;
   bool have_hello_ack_ = false;
   uint8_t hello_ack_[kHelloBodyBytes] = {};
   uint64_t cts_rto_ns_;

@@ -64,12 +64,7 @@ bool SendConn::set_state_locked(Msg& m, State to) {
 
 Delivery SendConn::delivery() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return force_exact_ ? Delivery::kExact : params_.delivery;
-}
-
-void SendConn::force_exact() {
-  std::lock_guard<std::mutex> lock(mu_);
-  force_exact_ = true;
+  return params_.delivery;
 }
 
 void SendConn::set_group(DeadlinePolicy* group) {
@@ -87,12 +82,13 @@ uint32_t SendConn::pkt_len(const Msg& m, uint32_t i) const {
   return static_cast<uint32_t>(m.size - uint64_t{i} * params_.pkt_payload);
 }
 
-// Messages of this connection may end without all their data (bounded, not forced exact).
-bool SendConn::may_expire_locked() const {
-  return params_.delivery == Delivery::kBounded && !force_exact_;
+// The message may end without all its data: its connection is bounded and neither end pinned
+// it exact.
+bool SendConn::may_expire_locked(const Msg& m) const {
+  return params_.delivery == Delivery::kBounded && !m.exact;
 }
 
-Status SendConn::isend(const void* data, size_t size, Request** req) {
+Status SendConn::isend(const void* data, size_t size, MsgDelivery how, Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
   *req = nullptr;
   if (Status st = check_peer_locked(); !st) return st;
@@ -108,6 +104,8 @@ Status SendConn::isend(const void* data, size_t size, Request** req) {
   m.req.seq = next_seq_;
   if (!set_state_locked(m, State::kWaitCts)) return fatal_;
   m.bounded = false;  // decided by the receiver's CTS
+  m.exact = how == MsgDelivery::kExact;
+  m.expire_early = how == MsgDelivery::kAsConnection;
   m.expired = false;
   m.error = Status::ok();
   m.data = static_cast<const uint8_t*>(data);
@@ -119,16 +117,26 @@ Status SendConn::isend(const void* data, size_t size, Request** req) {
   expired_mask_ &= ~(uint64_t{1} << (next_seq_ % 64));  // the bit now belongs to this message
   ++next_seq_;
   CtsRecord& c = cts_[m.req.seq % kCtsRing];
-  if (c.valid && c.seq == m.req.seq) start_locked(m, c.capacity, c.bounded, c.credit, now);
+  if (params_.delivery == Delivery::kBounded &&
+      static_cast<int32_t>(m.req.seq - receiver_floor_) < 0) {
+    // The receiver's deadline ended this message before we posted it (see
+    // on_receiver_floor_locked): nothing of it is wanted any more.
+    m.expired = true;
+    ++stats_.expired_sends;
+    set_state_locked(m, State::kDone);
+  } else if (c.valid && c.seq == m.req.seq) {
+    start_locked(m, c, now);
+  }
   progress_locked(now);
   *req = &m.req;
   return Status::ok();
 }
 
-void SendConn::start_locked(Msg& m, uint64_t capacity, bool bounded, uint16_t credit,
-                            uint64_t now) {
-  m.bounded = bounded && may_expire_locked();
-  m.grant = m.bounded && credit != 0 ? credit : UINT32_MAX;
+void SendConn::start_locked(Msg& m, const CtsRecord& cts, uint64_t now) {
+  if (cts.exact) m.exact = true;  // the receiver will wait for every byte
+  m.bounded = cts.bounded && may_expire_locked(m);
+  m.grant = m.bounded && cts.credit != 0 ? cts.credit : UINT32_MAX;
+  const uint64_t capacity = cts.capacity;
   if (m.size > capacity) {
     // Never truncate silently: NCCL posted a receive smaller than the send, a caller bug.
     m.error = Status(Errc::kInternal);
@@ -183,7 +191,7 @@ void SendConn::on_peer_closed_locked(uint64_t) {
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (m.state != State::kWaitCts && m.state != State::kSending) continue;
-    if (!may_expire_locked()) {
+    if (!may_expire_locked(m)) {
       peer_gone_locked("it closed the connection while a send was pending");
       return;
     }
@@ -197,12 +205,37 @@ void SendConn::on_peer_closed_locked(uint64_t) {
   }
 }
 
+// The receiver's floor (its CTS and ACKs carry it): every message below it is complete there.
+// On a bounded connection a message below it that still waits here was ended by the
+// receiver's deadline with none or only part of our data, so it is done: without this, a send
+// that waits for its CTS without expiring (MsgDelivery::kAskReceiver) would wait for a CTS that
+// never comes. Exact messages under way are left to their acknowledgements.
+void SendConn::on_receiver_floor_locked(uint32_t floor) {
+  if (params_.delivery != Delivery::kBounded) return;
+  if (static_cast<int32_t>(floor - receiver_floor_) <= 0) return;  // old news (reordered)
+  if (static_cast<int32_t>(floor - oldest_) > static_cast<int32_t>(kCtsRing)) {
+    ++stats_.drop_bounds;  // beyond any receive window: not a floor this receiver can have
+    return;
+  }
+  receiver_floor_ = floor;
+  for (uint32_t s = oldest_; s != next_seq_ && static_cast<int32_t>(s - floor) < 0; ++s) {
+    Msg& m = slot(s);
+    if (m.state == State::kWaitCts && !m.exact) {
+      m.expired = true;
+      ++stats_.expired_sends;
+      if (!set_state_locked(m, State::kDone)) return;
+    } else if (m.state == State::kSending && m.bounded) {
+      on_receiver_done_locked(m);
+    }
+  }
+}
+
 void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
+  on_receiver_floor_locked(h.msg_floor);
   const uint32_t s = h.msg_seq;
   const bool bounded = (h.flags & kFlagBounded) != 0;
   heard_cts_ = true;
   presumed_dead_ = false;
-  if (h.flags & kFlagExact) force_exact_ = true;  // the receiver will wait for every byte
   if (bounded && params_.delivery == Delivery::kBounded) {
     // A send waits for its CTS at most as long as the receiver would wait for its data, so
     // that a stalled peer costs either side one deadline per step, not more.
@@ -221,23 +254,26 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
     ++stats_.drop_bounds;
     return;
   }
+  CtsRecord cts;
+  cts.seq = s;
+  cts.capacity = h.msg_size;
+  cts.bounded = bounded;
+  cts.exact = (h.flags & kFlagExact) != 0;
+  cts.credit = h.credit;
+  cts.valid = true;
   if (s < next_seq_) {
     Msg& m = slot(s);
-    if (m.state == State::kWaitCts) start_locked(m, h.msg_size, bounded, h.credit, now);
+    if (m.state == State::kWaitCts)
+      start_locked(m, cts, now);
     else if (m.state == State::kDone && m.expired) send_expired_notice_locked(s);
     // else: a repeated CTS for a message already under way.
     return;
   }
-  CtsRecord& c = cts_[s % kCtsRing];
-  c.seq = s;
-  c.capacity = h.msg_size;
-  c.bounded = bounded;
-  c.credit = h.credit;
-  c.valid = true;
+  cts_[s % kCtsRing] = cts;
 }
 
 void SendConn::on_timers_locked(uint64_t now) {
-  if (may_expire_locked()) expire_bounded_locked(now);
+  if (params_.delivery == Delivery::kBounded) expire_bounded_locked(now);
   if (probe_deadline_ != 0 && now >= probe_deadline_) {
     if (inflight_ > 0) send_probe_locked(now);
     else probe_deadline_ = 0;

@@ -17,7 +17,9 @@
 // Message slot states. The legal edges, the only ones set_state_locked() accepts:
 //   Free    -> WaitCts   isend
 //   WaitCts -> Sending   its CTS arrived
-//   WaitCts -> Done      bounded: it expired without a CTS, or its receiver left; any mode: the
+//   WaitCts -> Done      bounded (and not pinned exact, and sent as kAsConnection): it expired
+//                        without a CTS, or its receiver left; bounded: the receiver's floor
+//                        passed it (it ended the receive by its deadline); any mode: the
 //                        CTS's buffer is too small (an error)
 //   Sending -> Done      acknowledged, completed by the receiver, or given up (bounded)
 //   Done    -> Free      test() reported it
@@ -49,13 +51,13 @@ class SendConn final : public Conn, public SendComm {
            std::shared_ptr<Path> path = nullptr);
   ~SendConn() override;
 
-  Status isend(const void* data, size_t size, Request** req) override;
+  using SendComm::isend;
+  Status isend(const void* data, size_t size, MsgDelivery how, Request** req) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
   ConnStats stats() const override { return stats_snapshot(); }
   Delivery delivery() const override;
-  void force_exact() override;
 
   // Bounded mode: whose tC estimate DATA packets carry to the receiver (null: none).
   void set_group(DeadlinePolicy* group);
@@ -74,6 +76,8 @@ class SendConn final : public Conn, public SendComm {
     Request req;
     State state = State::kFree;
     bool bounded = false;
+    bool exact = false;         // pinned exact: by the isend or by the receiver's CTS
+    bool expire_early = false;  // may expire before its CTS (MsgDelivery::kAsConnection)
     bool expired = false;
     Status error;
     const uint8_t* data = nullptr;
@@ -94,6 +98,7 @@ class SendConn final : public Conn, public SendComm {
     uint32_t seq = 0;
     uint64_t capacity = 0;
     bool bounded = false;
+    bool exact = false;
     bool valid = false;
     uint16_t credit = 0;
   };
@@ -114,9 +119,10 @@ class SendConn final : public Conn, public SendComm {
   // send.cc: the message's life.
   bool set_state_locked(Msg& m, State to);
   void on_cts_locked(const PacketHeader& h, uint64_t now);
-  void start_locked(Msg& m, uint64_t capacity, bool bounded, uint16_t credit, uint64_t now);
+  void start_locked(Msg& m, const CtsRecord& cts, uint64_t now);
+  void on_receiver_floor_locked(uint32_t floor);
   void finish_locked(Msg& m);
-  bool may_expire_locked() const;
+  bool may_expire_locked(const Msg& m) const;
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
@@ -171,7 +177,7 @@ class SendConn final : public Conn, public SendComm {
   uint64_t expiry_budget_ns_ = 0;  // the receiver's announced budget; 0 = none yet
   bool heard_cts_ = false;         // the receiver ever sent a CTS
   bool presumed_dead_ = false;     // a message expired before the receiver ever spoke
-  bool force_exact_ = false;
+  uint32_t receiver_floor_ = 0;    // every message below it is complete at the receiver
   DeadlinePolicy* group_ = nullptr;
 };
 

@@ -1,8 +1,11 @@
-// SendConn: bounded messages that run out of time. A message of a bounded connection never
-// waits forever: without a CTS it expires (and the receiver is told); under way, a bounded
-// message stops at the receiver's budget, and an exact one (calibration) whose receiver stopped
-// acknowledging is abandoned after a long fallback. Normally the receiver's FINAL ends a bounded
-// message first (send_recovery.cc); these timers are for a receiver that went quiet.
+// SendConn: bounded messages that run out of time. A message of a bounded connection that its
+// sender knows to be bounded never waits forever: without a CTS it expires (and the receiver is
+// told); under way, a bounded message stops at the receiver's budget, and an exact one
+// (calibration) whose receiver stopped acknowledging is abandoned after a long fallback. A
+// message pinned exact (MsgDelivery::kExact, or the receiver's CTS said so) never expires, and
+// one whose sender asked the receiver waits for its CTS: a receiver that died is found by the
+// keepalive (liveness.h) and fails the connection instead. Normally the receiver's FINAL ends a
+// bounded message first (send_recovery.cc); these timers are for a receiver that went quiet.
 #include <algorithm>
 
 #include "transport/send.h"
@@ -20,7 +23,8 @@ void SendConn::expire_bounded_locked(uint64_t now) {
   const uint64_t give_up = give_up_ns_locked();
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
-    if (m.state == State::kWaitCts && now - m.posted_ns >= give_up) {
+    if (!may_expire_locked(m)) continue;
+    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= give_up) {
       if (!heard_cts_) presumed_dead_ = true;
       m.expired = true;
       expired_mask_ |= uint64_t{1} << (s % 64);
@@ -45,10 +49,9 @@ void SendConn::send_expired_notice_locked(uint32_t seq) {
 }
 
 // How long a message of a bounded connection may wait. With a budget from the receiver's CTS,
-// that budget. Before the receiver ever spoke, the long fallback: a receiver may still turn out
-// to be forced exact (NCCL using LL/LL128 on it), and an expired message would then hang it,
-// so only a receiver silent for that long is presumed dead; after that first expiry the later
-// messages expire at 2 x OPTIREDUCE_TIMEOUT_MS (else 1 s) instead of 10 s each.
+// that budget. Before the receiver ever spoke, the long fallback: a receiver that never spoke
+// might still be starting up, so only one silent for that long is presumed dead; after that first
+// expiry the later messages expire at 2 x OPTIREDUCE_TIMEOUT_MS (else 1 s) instead of 10 s each.
 uint64_t SendConn::give_up_ns_locked() const {
   if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
   if (!presumed_dead_) return kFallbackGiveUpNs;

@@ -30,6 +30,7 @@ void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
 }
 
 void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
+  on_receiver_floor_locked(h.msg_floor);
   const uint32_t s = h.msg_seq;
   if (static_cast<int32_t>(s - oldest_) < 0) {
     ++stats_.drop_stale;

@@ -33,6 +33,23 @@ class BoundedGroup;
 enum class Delivery : uint8_t { kExact = 0, kBounded = 1 };
 enum class Fill : uint8_t { kZero = 0, kMarker = 1 };  // what a bounded receive writes into holes
 
+// What the caller knows about one message of a connection. A bounded connection may carry
+// messages that must arrive whole (NCCL: its LL and LL128 protocols spin on flags inside the
+// data, so a hole would hang the GPU; plugin/transfer_kind.h decides per transfer), so
+// delivery is chosen per message within what the connection allows. On an exact connection
+// every message is exact whatever is asked.
+enum class MsgDelivery : uint8_t {
+  // Bounded if the receiver's CTS says so; a send may expire before that CTS arrives (the
+  // caller knows that its receiver will post it bounded).
+  kAsConnection = 0,
+  // Every byte, whatever the connection: never expires, never cut by a deadline. The receiver
+  // tells the sender in its CTS, so a receiver's choice alone is enough.
+  kExact = 1,
+  // Sender only: the caller does not know, the receiver's CTS decides, and until it arrives
+  // the send never expires (it might turn out exact).
+  kAskReceiver = 2,
+};
+
 // Per-connection behaviour chosen by the creator (the sender's choice is carried to the
 // receiver in the handshake, so both ends of a connection always agree).
 struct ConnOptions {
@@ -81,25 +98,29 @@ class SendComm {
  public:
   virtual ~SendComm() = default;
   // Queues a message. *req = nullptr means "not now, retry" (too many in flight).
-  virtual Status isend(const void* data, size_t size, Request** req) = 0;
+  virtual Status isend(const void* data, size_t size, MsgDelivery how, Request** req) = 0;
+  Status isend(const void* data, size_t size, Request** req) {
+    return isend(data, size, MsgDelivery::kAsConnection, req);
+  }
   // *done = true once the buffer is no longer read. *size gets the bytes sent.
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
   virtual ConnStats stats() const = 0;
   virtual Delivery delivery() const = 0;
-  // Switches a bounded connection back to exact delivery for the rest of its life (NCCL used
-  // LL/LL128 on it). Takes effect for messages not yet posted.
-  virtual void force_exact() = 0;
 };
 
 class RecvComm {
  public:
   virtual ~RecvComm() = default;
-  virtual Status irecv(void* data, size_t capacity, Request** req) = 0;
+  // `how`: kExact pins this message exact on a bounded connection; kAskReceiver means the same
+  // as kAsConnection here (the receiver is the one that decides).
+  virtual Status irecv(void* data, size_t capacity, MsgDelivery how, Request** req) = 0;
+  Status irecv(void* data, size_t capacity, Request** req) {
+    return irecv(data, capacity, MsgDelivery::kAsConnection, req);
+  }
   // *size gets the message's real size (<= capacity).
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
   virtual ConnStats stats() const = 0;
   virtual Delivery delivery() const = 0;
-  virtual void force_exact() = 0;
 };
 
 // Process-wide transport state: the devices, the background progress thread, the registry of

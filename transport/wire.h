@@ -36,9 +36,9 @@ enum : uint16_t {
   kFlagExpired = 1u << 2,  // DATA (0 bytes): the sender gave up on this message (bounded)
   kFlagRetx = 1u << 3,     // DATA: a retransmission (for RTT sampling: Karn's rule)
   kFlagFinal = 1u << 4,    // ACK: the message is complete at the receiver
-  kFlagExact = 1u << 5,    // CTS: this receiver went exact for good (NCCL used LL/LL128 on a
-                           // bounded connection): it never completes without the data, so
-                           // the sender must never expire or abandon a message again
+  kFlagExact = 1u << 5,    // CTS on a bounded connection: this message is pinned exact (NCCL's
+                           // LL/LL128 transfer): the receiver never completes it without all
+                           // its data, so the sender must neither expire nor cut it
 };
 inline constexpr uint16_t kKnownFlags = 0x3F;
 

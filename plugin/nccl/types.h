@@ -58,6 +58,11 @@ inline constexpr size_t NCCL_MAX_NET_SIZE_BYTES = size_t{1} << 40;
 inline constexpr uint32_t NCCL_NET_PROTO_LL = 1u << 0;
 inline constexpr uint32_t NCCL_NET_PROTO_LL128 = 1u << 1;
 inline constexpr uint32_t NCCL_NET_PROTO_SIMPLE = 1u << 2;
+// An attribute field NCCL has not set (its connect-time attribute leaves op/algo/proto so).
+inline constexpr uint32_t NCCL_NET_ATTR_UNDEF_BITS = 0xFFFFFFFFu;
+// Bits of ncclNetAttr_v11_t::op below 1 << NCCL_NUM_FUNCTIONS (5) are collectives (Broadcast,
+// Reduce, AllGather, ReduceScatter, AllReduce); the ones above are point-to-point operations.
+inline constexpr uint32_t NCCL_NET_OP_COLLECTIVES = (1u << 5) - 1;
 // What NCCL may pre-store in *request before an LL/LL128 irecv.
 inline void* const kOptionalRecvSentinel =
     reinterpret_cast<void*>(static_cast<uintptr_t>(NCCL_NET_OPTIONAL_RECV_COMPLETION));

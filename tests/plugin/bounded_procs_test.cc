@@ -133,6 +133,9 @@ TEST_P(BoundedLoss, DeadlinesKeptHolesDefinedCountersAgree) {
                                                           : "marker");
   env.push_back({"OPTIREDUCE_TIMEOUT_MS", std::to_string(kTimeoutMs)});
   if (!c.by_traffic_class) env.push_back({"OPTIREDUCE_MODE", "bounded"});
+  // NCCL before 2.26 (ABI v8/v9) cannot tell the plugin which transfers are Simple: a user who
+  // wants them bounded pins NCCL on Simple (plugin/transfer_kind.h).
+  if (c.version < 10) env.push_back({"NCCL_PROTO", "Simple"});
   auto rank = [c](Mesh& m) {
     const uint64_t comm = 0xB0B0;
     Node node =

@@ -849,22 +849,18 @@ TEST(FaultInjection, MiniProxyExactAndCountersMove) {
   EXPECT_EQ(run_pair(rank(0), rank(1), fault_env(), 150), "");
 }
 
-// ---- Bounded selection (issue 3): which contexts are bounded, NCCL kept on Simple, and the
-// LL/LL128 fall-backs. No loss here, so bounded transfers are still complete.
+// ---- Bounded selection (issue 3): which contexts are bounded; NCCL's own environment is never
+// changed (issue 14: LL/LL128 transfers are kept exact one by one instead, see below).
 
-TEST(Bounded, TrafficClassSelectsBoundedAndKeepsSimpleProtocol) {
+TEST(Bounded, TrafficClassSelectsBoundedAndNcclsEnvironmentIsNeverTouched) {
   auto rank = [](int me) {
     return [me](Channel& ch) {
       unsetenv("NCCL_PROTO");
       auto net = load_or_die(11);
-      auto* t = static_cast<const nccl::ncclNet_v11_t*>(net->raw_table());
       void* plain = nullptr;
       HCHECK_OK(net->init(&plain, 0x51, -1));
-      HCHECK(std::getenv("NCCL_PROTO") == nullptr, "NCCL_PROTO set for an exact communicator");
       void* bounded = nullptr;
       HCHECK_OK(net->init(&bounded, 0x52, kBoundedClass));
-      const char* proto = std::getenv("NCCL_PROTO");
-      HCHECK(proto != nullptr && std::string(proto) == "Simple", "NCCL_PROTO not set to Simple");
       optireduceNetStats st{};
       HCHECK(net->get_stats(0x51, &st) == 0 && st.bounded == 0, "plain context bounded");
       HCHECK(net->get_stats(0x52, &st) == 0 && st.bounded == 1, "traffic class not honoured");
@@ -878,58 +874,8 @@ TEST(Bounded, TrafficClassSelectsBoundedAndKeepsSimpleProtocol) {
       } else {
         recv_stream(*net, links[0].recv, sizes, 61, 2);
         recv_stream(*net, plain_links[0].recv, sizes, 62, 2);
-        // The LL/LL128 sentinel on a bounded receive: warned once, the comm goes exact.
-        const int warns = log_capture().warns.load();
-        std::vector<uint8_t> buf(64);
-        for (int i = 0; i < 2; ++i) {
-          void* req = reinterpret_cast<void*>(uintptr_t{nccl::NCCL_NET_OPTIONAL_RECV_COMPLETION});
-          HCHECK_OK(net->irecv(links[0].recv, buf.data(), buf.size(), 0, nullptr, &req));
-          HCHECK(req != reinterpret_cast<void*>(uintptr_t{1}), "sentinel not overwritten");
-          HCHECK(req != nullptr, "irecv refused");
-          ch.send<int>(1);  // let the sender send one message for it
-          int done = 0;
-          int size = -1;
-          while (!done) HCHECK_OK(net->test(req, &done, &size));
-          HCHECK(size == 33, "size %d", size);
-          HCHECK(find_mismatch(buf.data(), 33, 63, i) < 0, "bytes after the fall-back");
-        }
-        HCHECK(log_capture().warns.load() == warns + 1, "expected exactly one WARN, got %d",
-               log_capture().warns.load() - warns);
-        // The same sentinel on an exact connection: nothing to do, no warning.
-        void* req = reinterpret_cast<void*>(uintptr_t{1});
-        HCHECK_OK(net->irecv(plain_links[0].recv, buf.data(), buf.size(), 0, nullptr, &req));
-        HCHECK(req != reinterpret_cast<void*>(uintptr_t{1}) && req != nullptr, "exact irecv");
-        ch.send<int>(2);
-        int done = 0;
-        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
-        HCHECK(log_capture().warns.load() == warns + 1, "WARN on an exact connection");
-        // setNetAttr announcing LL on the bounded context: one WARN.
-        nccl::ncclNetAttr_v11_t attr{};
-        attr.proto = nccl::NCCL_NET_PROTO_LL | nccl::NCCL_NET_PROTO_SIMPLE;
-        HCHECK_OK(t->setNetAttr(bounded, &attr));
-        HCHECK_OK(t->setNetAttr(bounded, &attr));
-        HCHECK_OK(t->setNetAttr(plain, &attr));
-        HCHECK(log_capture().warns.load() == warns + 2, "setNetAttr LL on bounded: one WARN");
       }
-      if (me == 0) {
-        std::vector<uint8_t> buf(64);
-        for (int i = 0; i < 2; ++i) {
-          HCHECK(ch.recv<int>() == 1, "sync");
-          fill_pattern(buf.data(), 33, 63, i);
-          void* req = nullptr;
-          while (req == nullptr)
-            HCHECK_OK(net->isend(links[0].send, buf.data(), 33, 0, nullptr, &req));
-          int done = 0;
-          while (!done) HCHECK_OK(net->test(req, &done, nullptr));
-        }
-        HCHECK(ch.recv<int>() == 2, "sync");
-        void* req = nullptr;
-        while (req == nullptr) {
-          HCHECK_OK(net->isend(plain_links[0].send, buf.data(), 5, 0, nullptr, &req));
-        }
-        int done = 0;
-        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
-      }
+      HCHECK(std::getenv("NCCL_PROTO") == nullptr, "the plugin set NCCL_PROTO");
       ch.barrier();
       close_links(*net, links);
       close_links(*net, plain_links);
@@ -940,7 +886,7 @@ TEST(Bounded, TrafficClassSelectsBoundedAndKeepsSimpleProtocol) {
   EXPECT_EQ(run_pair(rank(0), rank(1), {}, 60), "");
 }
 
-TEST(Bounded, UserProtocolKeptAndLegacyModes) {
+TEST(Bounded, UsersProtocolKeptAndLegacyModes) {
   const std::string failure = run_pair(
       [](Channel&) {
         // A user's NCCL_PROTO is never overwritten, even on a bounded communicator.
@@ -952,7 +898,8 @@ TEST(Bounded, UserProtocolKeptAndLegacyModes) {
         HCHECK_OK(net->finalize(ctx));
       },
       [](Channel&) {
-        // v9 has no traffic class: OPTIREDUCE_MODE=bounded makes every communicator bounded.
+        // v9 has no traffic class: OPTIREDUCE_MODE=bounded makes every communicator bounded,
+        // and still leaves NCCL's protocol choice alone.
         unsetenv("NCCL_PROTO");
         setenv("OPTIREDUCE_MODE", "bounded", 1);
         auto net = load_or_die(9);
@@ -960,7 +907,7 @@ TEST(Bounded, UserProtocolKeptAndLegacyModes) {
         HCHECK_OK(net->init(&ctx, 0, -1));
         optireduceNetStats st{};
         HCHECK(net->get_stats(0, &st) == 0 && st.bounded == 1, "v9 mode=bounded not bounded");
-        HCHECK(std::getenv("NCCL_PROTO") != nullptr, "NCCL_PROTO not set under mode=bounded");
+        HCHECK(std::getenv("NCCL_PROTO") == nullptr, "the plugin set NCCL_PROTO");
         HCHECK_OK(net->finalize(ctx));
       });
   EXPECT_EQ(failure, "");
@@ -995,13 +942,103 @@ TEST(Bounded, V10TrafficClassAtConnect) {
   EXPECT_EQ(run_pair(rank(0), rank(1), {{"NCCL_DEBUG", "INFO"}}, 60), "");
 }
 
-// Under loss, a bounded connection whose receiver saw the LL/LL128 sentinel must deliver every
-// byte (the fall-back is to exact delivery, end to end); a plain bounded connection completes
-// every receive without an error, with its real size, and every 8-byte word either exact or
-// zero-filled (OPTIREDUCE_FILL=zero; payload boundaries are 8-byte aligned). The communicator is
-// an ordinary one made bounded by OPTIREDUCE_MODE: the bounded traffic class is liboptireduce's
-// and always carries the marker (issue 12 defect 1), so zero fill is reachable only this way.
-TEST(Bounded, UnderLossSentinelFallsBackAndHolesAreDefined) {
+// ---- Protocol per transfer (issue 14). NCCL's LL/LL128 transfers must arrive whole (the GPU
+// spins on flags inside the data); Simple ones of a bounded communicator may be bounded. NCCL
+// says which is which per transfer: setNetAttr right before posting (v11+) and the optional-
+// completion sentinel on LL/LL128 receives. ncclFunc bits: AllReduce 4, Send 6, Recv 7.
+constexpr uint32_t kOpAllReduce = 1u << 4;
+constexpr uint32_t kOpSend = 1u << 6;
+constexpr uint32_t kOpRecv = 1u << 7;
+
+void set_attr(NetApi& net, void* ctx, uint32_t op, uint32_t proto) {
+  HCHECK_OK(net.set_net_attr(ctx, op, proto));
+}
+
+// What the receiver's counters say: bytes of bounded receives so far.
+uint64_t bounded_bytes(NetApi& net, uint64_t comm_id) {
+  optireduceNetStats st{};
+  HCHECK(net.get_stats(comm_id, &st) == 0, "stats");
+  return st.recv.bytesExpected;
+}
+
+// One bounded connection carries, in turn, transfers NCCL marks as Simple, LL, LL128 and
+// point-to-point: the counters show each bounded or exact as its protocol requires, the
+// connection never "goes exact for good", and the data is whole either way (no loss here).
+TEST(Bounded, ProtocolIsChosenTransferByTransfer) {
+  struct Step {
+    uint32_t op, proto;
+    bool sentinel;  // the receiver gets NCCL's LL/LL128 mark
+    bool bounded;   // what the receiver's counters must show
+    const char* what;
+  };
+  static const Step kSteps[] = {
+      {kOpAllReduce, nccl::NCCL_NET_PROTO_SIMPLE, false, true, "allreduce Simple"},
+      {kOpAllReduce, nccl::NCCL_NET_PROTO_LL, false, false, "allreduce LL"},
+      {kOpAllReduce, nccl::NCCL_NET_PROTO_LL128, true, false, "allreduce LL128 + mark"},
+      {kOpAllReduce, nccl::NCCL_NET_PROTO_SIMPLE, false, true, "allreduce Simple again"},
+      // Point-to-point: the protocol bits are stale (left by the LL128 step) and ignored.
+      {0, nccl::NCCL_NET_PROTO_LL128, false, true, "send/recv"},
+      {0, nccl::NCCL_NET_PROTO_LL128, true, false, "send/recv + mark"},
+  };
+  constexpr size_t kSize = 50'000;
+  auto rank = [](int me) {
+    return [me](Channel& ch) {
+      auto net = load_or_die(11);
+      void* ctx = nullptr;
+      HCHECK_OK(net->init(&ctx, 0xC0 + me, kBoundedClass));
+      auto links = establish(*net, ctx, ch, 1);
+      std::vector<uint8_t> buf(kSize);
+      int k = 0;
+      for (const Step& step : kSteps) {
+        const uint32_t op = step.op != 0 ? step.op : (me == 0 ? kOpSend : kOpRecv);
+        set_attr(*net, ctx, op, step.proto);
+        void* req = nullptr;
+        if (me == 0) {
+          fill_pattern(buf.data(), kSize, 90, k);
+          while (req == nullptr) {
+            HCHECK_OK(net->isend(links[0].send, buf.data(), kSize, 0, nullptr, &req));
+          }
+        } else {
+          std::memset(buf.data(), 0, kSize);
+          const uint64_t before = bounded_bytes(*net, 0xC1);
+          while (req == nullptr) {
+            if (step.sentinel) req = nccl::kOptionalRecvSentinel;
+            HCHECK_OK(net->irecv(links[0].recv, buf.data(), kSize, 0, nullptr, &req));
+            HCHECK(req != nccl::kOptionalRecvSentinel, "sentinel not overwritten");
+          }
+          int done = 0;
+          while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+          HCHECK(find_mismatch(buf.data(), kSize, 90, k) < 0, "%s: bytes differ", step.what);
+          const uint64_t added = bounded_bytes(*net, 0xC1) - before;
+          HCHECK(added == (step.bounded ? kSize : 0), "%s: %s expected, counters added %llu B",
+                 step.what, step.bounded ? "bounded" : "exact",
+                 static_cast<unsigned long long>(added));
+          ++k;
+          continue;
+        }
+        int done = 0;
+        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+        ++k;
+      }
+      HCHECK(std::getenv("NCCL_PROTO") == nullptr, "the plugin set NCCL_PROTO");
+      ch.barrier();
+      close_links(*net, links);
+      HCHECK_OK(net->finalize(ctx));
+    };
+  };
+  // A fixed budget: no calibration steps, which would be exact whatever the protocol.
+  EXPECT_EQ(run_pair(rank(0), rank(1), {{"OPTIREDUCE_TIMEOUT_MS", "2000"}}, 60), "");
+}
+
+// Under loss, on one bounded connection, LL/LL128 transfers interleaved with Simple ones: every
+// LL transfer arrives byte-exact, every Simple one completes without an error, with its real
+// size, and every 8-byte word either exact or zero-filled (OPTIREDUCE_FILL=zero; payload
+// boundaries are 8-byte aligned). Link 0: only the receiver knows (the sentinel; the sender has
+// no setNetAttr, as under ABI v8-v10, and asks the receiver). Link 1: both ends know from
+// setNetAttr. The communicator is an ordinary one made bounded by OPTIREDUCE_MODE: the bounded
+// traffic class is liboptireduce's and always carries the marker (issue 12 defect 1), so zero
+// fill is reachable only this way.
+TEST(Bounded, UnderLossLLTransfersStayExactBesideBoundedOnes) {
   constexpr int kMsgs = 60;
   constexpr size_t kSize = 256 * 1024 + 40;
   auto rank = [](int me) {
@@ -1009,10 +1046,16 @@ TEST(Bounded, UnderLossSentinelFallsBackAndHolesAreDefined) {
       auto net = load_or_die(11);
       void* ctx = nullptr;
       HCHECK_OK(net->init(&ctx, 0xB0, -1));
-      auto links = establish(*net, ctx, ch, 2);  // link 0: sentinel; link 1: plain bounded
+      auto links = establish(*net, ctx, ch, 2);
       std::vector<uint8_t> buf(kSize + 64);
+      uint64_t simple_bytes = 0;  // the sizes the receiver saw for Simple transfers
       for (int l = 0; l < 2; ++l) {
         for (int k = 0; k < kMsgs; ++k) {
+          const bool ll = k % 2 == 1;
+          if (l == 1) {
+            set_attr(*net, ctx, kOpAllReduce,
+                     ll ? nccl::NCCL_NET_PROTO_LL : nccl::NCCL_NET_PROTO_SIMPLE);
+          }
           void* req = nullptr;
           if (me == 0) {
             fill_pattern(buf.data(), kSize, 500 + l, k);
@@ -1028,18 +1071,19 @@ TEST(Bounded, UnderLossSentinelFallsBackAndHolesAreDefined) {
           std::memset(buf.data(), 0xA5, buf.size());
           const double deadline = now_s() + 30;
           while (req == nullptr) {
-            if (l == 0) req = reinterpret_cast<void*>(uintptr_t{1});
+            if (l == 0 && ll) req = nccl::kOptionalRecvSentinel;
             HCHECK_OK(net->irecv(links[l].recv, buf.data(), buf.size(), 0, nullptr, &req));
-            HCHECK(req != reinterpret_cast<void*>(uintptr_t{1}), "sentinel not overwritten");
+            HCHECK(req != nccl::kOptionalRecvSentinel, "sentinel not overwritten");
             HCHECK(now_s() < deadline, "irecv refused for 30 s");
           }
           int done = 0;
           int size = -1;
           while (!done) {
             HCHECK_OK(net->test(req, &done, &size));
-            HCHECK(now_s() < deadline, "bounded receive %d did not complete in 30 s", k);
+            HCHECK(now_s() < deadline, "receive %d of link %d did not complete in 30 s", k, l);
           }
-          if (l == 1 && size == static_cast<int>(buf.size())) {
+          if (!ll) simple_bytes += static_cast<uint64_t>(size);
+          if (!ll && size == static_cast<int>(buf.size())) {
             // Known transport gap (reported): a bounded receive that got no DATA at all (e.g.
             // the sender's message expired) does not learn the message size and reports the
             // posted capacity. Tolerated only when the whole buffer is defined (zero-filled).
@@ -1050,9 +1094,9 @@ TEST(Bounded, UnderLossSentinelFallsBackAndHolesAreDefined) {
             continue;
           }
           HCHECK(size == static_cast<int>(kSize), "link %d msg %d: size %d", l, k, size);
-          if (l == 0) {
+          if (ll) {
             const long long bad = find_mismatch(buf.data(), kSize, 500 + l, k);
-            HCHECK(bad < 0, "sentinel fall-back not exact: msg %d byte %lld", k, bad);
+            HCHECK(bad < 0, "link %d: LL transfer %d not exact at byte %lld", l, k, bad);
           } else {
             for (size_t w = 0; w + 8 <= kSize; w += 8) {
               const uint64_t want = pattern_word(500 + l, k, w / 8);
@@ -1067,6 +1111,10 @@ TEST(Bounded, UnderLossSentinelFallsBackAndHolesAreDefined) {
       if (me == 1) {
         optireduceNetStats st{};
         HCHECK(net->get_stats(0xB0, &st) == 0 && st.bounded == 1, "stats");
+        // Only the Simple half was bounded.
+        HCHECK(st.recv.bytesExpected == simple_bytes,
+               "bounded bytes %llu: LL transfers were counted as bounded ones",
+               static_cast<unsigned long long>(st.recv.bytesExpected));
         std::fprintf(stderr, "bounded under loss: %llu of %llu bytes lost, %llu deadline hits\n",
                      static_cast<unsigned long long>(st.recv.bytesLost),
                      static_cast<unsigned long long>(st.recv.bytesExpected),

@@ -118,6 +118,16 @@ class NetApi {
   virtual ncclResult_t close_recv(void* comm) = 0;
   virtual ncclResult_t close_listen(void* comm) = 0;
 
+  // v11+: what NCCL tells the context right before posting an operation's transfers (`op` and
+  // `proto` are NCCL's bit masks). Older tables have no such call: nothing is told.
+  ncclResult_t set_net_attr(void* ctx, uint32_t op, uint32_t proto) const {
+    if (version_ < 11) return nccl::ncclSuccess;
+    nccl::ncclNetAttr_v11_t attr{};
+    attr.op = op;
+    attr.proto = proto;
+    return static_cast<const nccl::ncclNet_v11_t*>(table_)->setNetAttr(ctx, &attr);
+  }
+
   // The C query API, found with dlsym in the same library (as another library would).
   int get_stats(uint64_t comm_id, optireduceNetStats* out) const {
     using Fn = int (*)(uint64_t, optireduceNetStats*);

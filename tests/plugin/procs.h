@@ -124,6 +124,8 @@ struct Node {
 
 // Loads the plugin, inits one communicator and connects every pair of ranks both ways, as
 // NCCL's proxy would: every connect and accept polled, none blocking.
+inline constexpr uint32_t kNcclOpAllReduce = 1u << 4;  // ncclFuncAllReduce's bit
+
 inline Node open_node(Mesh& m, const std::string& path, int version, uint64_t comm_id,
                       int traffic_class) {
   Node node;
@@ -131,6 +133,9 @@ inline Node open_node(Mesh& m, const std::string& path, int version, uint64_t co
   node.net = NetApi::load(path, version, &err);
   HCHECK(node.net != nullptr, "loading %s v%d: %s", path.c_str(), version, err.c_str());
   HCHECK_OK(node.net->init(&node.ctx, comm_id, traffic_class));
+  // Every exchange of these tests stands for a Simple-protocol allreduce, which NCCL 2.28 (v11)
+  // announces so before its transfers (plugin/transfer_kind.h).
+  HCHECK_OK(node.net->set_net_attr(node.ctx, kNcclOpAllReduce, nccl::NCCL_NET_PROTO_SIMPLE));
   node.comm_id = version == 11 ? comm_id : 0;
   node.peer.resize(m.n);
   using Handle = std::array<uint8_t, nccl::NCCL_NET_HANDLE_MAXSIZE>;

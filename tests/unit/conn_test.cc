@@ -412,11 +412,6 @@ TEST(Bounded, SendExpiresWithoutCtsAndReceiverCompletesAtOnce) {
   EXPECT_EQ(src3, dst3);
 }
 
-// ---- A dead peer is an error within OPTIREDUCE_PEER_TIMEOUT_MS, in exact and bounded mode; a
-// live one, however long its application stays idle, never is.
-
-constexpr int64_t kPeerTimeoutMs = 1000;
-
 // Every byte holds the erasure marker 0x7FF1 (little-endian: F1 7F F1 7F ...).
 bool all_marker(const std::vector<uint8_t>& v) {
   for (size_t i = 0; i < v.size(); ++i) {
@@ -424,6 +419,194 @@ bool all_marker(const std::vector<uint8_t>& v) {
   }
   return true;
 }
+
+// ---- Delivery per message on a bounded connection (issue 14): NCCL may carry LL/LL128
+// transfers, which must arrive whole, on the same connection as bounded Simple ones.
+
+// Drops every odd packet of DATA (first copies and repairs) for the next `for_ms` on the rig's
+// clock, then lets everything through.
+void drop_odd_packets_for(Rig& rig, uint64_t for_ms) {
+  const uint64_t until_ns = rig.clock.now_ns() + for_ms * 1'000'000;
+  rig.tx_ep->policy = [&rig, until_ns](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    const bool early = rig.clock.now_ns() < until_ns;
+    return (early && h.type == PacketType::kData && (h.offset / 1000) % 2 == 1) ? 0 : 1;
+  };
+}
+
+// Runs one message through the rig with the given per-message choices; returns whether both
+// ends finished within `limit_ms` (1 ms per round), the receiver's view in `dst`.
+bool transfer(Rig& rig, const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+              MsgDelivery send_how, MsgDelivery recv_how, int limit_ms) {
+  Request *sr, *rr;
+  EXPECT_TRUE(rig.r->irecv(dst.data(), dst.size(), recv_how, &rr).is_ok());
+  EXPECT_TRUE(rig.s->isend(src.data(), src.size(), send_how, &sr).is_ok());
+  size_t sz = 0;
+  return rig.run(sr, rr, &sz, limit_ms, 1000);
+}
+
+TEST(PerMessage, ExactAndBoundedMessagesShareABoundedConnection) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  const auto src = pattern(10'000, 21);
+  // A message pinned exact by both ends outlives the 50 ms deadline and arrives whole.
+  const uint64_t t0 = rig.clock.now_ns();
+  drop_odd_packets_for(rig, 120);
+  std::vector<uint8_t> dst(src.size(), 0);
+  ASSERT_TRUE(transfer(rig, src, dst, MsgDelivery::kExact, MsgDelivery::kExact, 2000));
+  EXPECT_GE(rig.clock.now_ns() - t0, 120'000'000u) << "it waited for repairs past the deadline";
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(rig.r->stats().bytes_expected, 0u) << "an exact message is not a bounded one";
+  EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
+  EXPECT_EQ(rig.s->stats().cut_sends, 0u);
+  // The next message on the same connection is bounded again: the deadline ends it with holes.
+  drop_odd_packets_for(rig, 1000);
+  std::vector<uint8_t> dst2(src.size(), 0);
+  ASSERT_TRUE(
+      transfer(rig, src, dst2, MsgDelivery::kAsConnection, MsgDelivery::kAsConnection, 200));
+  EXPECT_EQ(rig.r->stats().deadline_hits, 1u);
+  EXPECT_EQ(rig.r->stats().bytes_expected, 10'000u);
+  EXPECT_EQ(rig.r->stats().bytes_lost, 5'000u);
+}
+
+TEST(PerMessage, TheReceiversChoiceAloneKeepsAMessageExact) {
+  // The sender cannot tell (kAskReceiver) or thinks it bounded (kAsConnection): the receiver's
+  // CTS pins the message, the sender neither cuts nor expires it, every byte arrives.
+  for (const MsgDelivery send_how : {MsgDelivery::kAskReceiver, MsgDelivery::kAsConnection}) {
+    SCOPED_TRACE(send_how == MsgDelivery::kAskReceiver ? "ask receiver" : "as connection");
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    const auto src = pattern(10'000, 22);
+    drop_odd_packets_for(rig, 150);
+    std::vector<uint8_t> dst(src.size(), 0);
+    ASSERT_TRUE(transfer(rig, src, dst, send_how, MsgDelivery::kExact, 2000));
+    EXPECT_EQ(src, dst);
+    EXPECT_EQ(rig.s->stats().cut_sends, 0u);
+    EXPECT_EQ(rig.s->stats().expired_sends, 0u);
+  }
+}
+
+TEST(PerMessage, ASendThatAsksTheReceiverNeverExpiresBeforeItsCts) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  const auto src = pattern(2000, 23);
+  std::vector<uint8_t> dst(src.size());
+  // One bounded message first: the sender learns the receiver's 50 ms budget.
+  ASSERT_TRUE(transfer(rig, src, dst, MsgDelivery::kAsConnection, MsgDelivery::kAsConnection, 100));
+  Request* sr;
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAskReceiver, &sr).is_ok());
+  bool done = false;
+  size_t sz = 0;
+  for (int ms = 0; ms < 500; ++ms) {  // ten budgets; the receiver is alive, only late
+    ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+    ASSERT_FALSE(done) << "expired before the receiver said how it takes the message";
+    rig.r->poll();  // its transport answers keepalives
+    rig.clock.advance_ms(1);
+  }
+  EXPECT_EQ(rig.s->stats().expired_sends, 0u);
+  std::fill(dst.begin(), dst.end(), 0);
+  Request* rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &rr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr, &sz, 100, 1000));
+  EXPECT_EQ(src, dst);
+}
+
+// A receiver whose deadline ended a receive before any CTS got through: the sender learns it
+// from the receiver's floor (carried by its next CTS) and ends the send, whether it was posted
+// before or after, instead of waiting for a CTS that will never come.
+TEST(PerMessage, ASendThatAsksTheReceiverEndsOnceTheReceiversDeadlineEndedIt) {
+  for (const bool posted_first : {true, false}) {
+    SCOPED_TRACE(posted_first ? "send posted first" : "send posted after the floor passed");
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    const auto src = pattern(2000, 25);
+    std::vector<uint8_t> dst(src.size());
+    bool drop_cts = true;
+    rig.rx_ep->policy = [&](const std::vector<uint8_t>& d) {
+      PacketHeader h;
+      decode(d.data(), d.size(), &h);
+      return drop_cts && h.type == PacketType::kCts ? 0 : 1;
+    };
+    Request *sr = nullptr, *rr;
+    if (posted_first) {
+      ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAskReceiver, &sr).is_ok());
+    }
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    bool done = false;
+    size_t sz = 0;
+    for (int ms = 0; ms < 60 && !done; ++ms) {
+      ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+      if (sr != nullptr) rig.s->poll();
+      rig.clock.advance_ms(1);
+    }
+    ASSERT_TRUE(done) << "the receive ended at its 50 ms deadline";
+    EXPECT_TRUE(all_marker(dst));
+    // The next receive's CTS tells the sender that message 0 is over at the receiver.
+    drop_cts = false;
+    std::vector<uint8_t> dst2(src.size());
+    Request* rr2;
+    ASSERT_TRUE(rig.r->irecv(dst2.data(), dst2.size(), &rr2).is_ok());
+    if (!posted_first) {
+      rig.s->poll();
+      ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAskReceiver, &sr).is_ok());
+    }
+    done = false;
+    for (int i = 0; i < 3 && !done; ++i) {
+      ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+    }
+    EXPECT_TRUE(done) << "the send still waits for a CTS that will never come";
+    EXPECT_EQ(rig.s->stats().expired_sends, 1u);
+    // And the next message pairs with the next receive.
+    Request* sr2;
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAskReceiver, &sr2).is_ok());
+    ASSERT_TRUE(rig.run(sr2, rr2, &sz, 100, 1000));
+    EXPECT_EQ(src, dst2);
+  }
+}
+
+TEST(PerMessage, AnExpiredMessageThatTheReceiverPinnedExactIsAnErrorNotAHang) {
+  for (const bool posted_late : {true, false}) {
+    SCOPED_TRACE(posted_late ? "the expiry came before the receive" : "the CTS was lost");
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    const auto src = pattern(2000, 24);
+    std::vector<uint8_t> dst(src.size());
+    ASSERT_TRUE(
+        transfer(rig, src, dst, MsgDelivery::kAsConnection, MsgDelivery::kAsConnection, 100));
+    Request *sr, *rr = nullptr;
+    if (!posted_late) {
+      // The receive is posted but its CTS (and repeats) never reach the sender.
+      rig.rx_ep->policy = [](const std::vector<uint8_t>& d) {
+        PacketHeader h;
+        decode(d.data(), d.size(), &h);
+        return h.type == PacketType::kCts ? 0 : 1;
+      };
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &rr).is_ok());
+    }
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &sr).is_ok());
+    bool done = false;
+    size_t sz = 0;
+    for (int ms = 0; ms < 60 && !done; ++ms) {
+      ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+      rig.clock.advance_ms(1);
+    }
+    ASSERT_TRUE(done) << "the sender's message expired at the receiver's budget";
+    if (posted_late) {
+      rig.r->poll();  // the expiry notice arrives before the receive is posted
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &rr).is_ok());
+    }
+    Status st;
+    for (int i = 0; i < 10 && st.is_ok(); ++i) {
+      rig.r->poll();
+      st = rig.r->test(rr, &done, &sz);
+      if (st.is_ok()) {
+        ASSERT_FALSE(done) << "completed without its bytes";
+      }
+    }
+    EXPECT_EQ(st.code(), Errc::kRemote);
+  }
+}
+
+// ---- A dead peer is an error within OPTIREDUCE_PEER_TIMEOUT_MS, in exact and bounded mode; a
+// live one, however long its application stays idle, never is.
+
+constexpr int64_t kPeerTimeoutMs = 1000;
 
 // Polls one side every millisecond (the other side's process is gone: nobody polls it) until
 // its request fails. Returns the failure and how long it took (ms); ok and -1 if none within
