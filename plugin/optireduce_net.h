@@ -64,8 +64,8 @@ struct optireduceNetStats {
 /* Returns OPTIREDUCE_NET_STATS_VERSION. Check it before calling optireduceNetGetStats. */
 int optireduceNetStatsVersion(void);
 
-/* Fills *out for the communicator with this commId (the id NCCL passes to the v11 init; 0 for
- * connections made through the v8/v9/v10 tables, which carry no id). Returns 0 on success,
+/* Fills *out for the communicator with this commId (the id NCCL passes to the v11 and v12 init;
+ * 0 for connections made through the v8/v9/v10 tables, which carry no id). Returns 0 on success,
  * 1 if no live communicator has that id (the process totals are still filled, the rest is 0),
  * -1 if out is NULL. Thread-safe; cheap enough to call once per training step. */
 int optireduceNetGetStats(uint64_t commId, struct optireduceNetStats* out);
