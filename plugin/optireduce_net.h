@@ -18,8 +18,10 @@ extern "C" {
 #define OPTIREDUCE_NET_STATS_VERSION 2 /* 2: cutSends, repairedPkts */
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
- * Every counter only grows over the life of the set, except tbUs/tcUs. Meanings as in
- * transport/stats.h (ConnStats). */
+ * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
+ * the list OPTIREDUCE_CONN_STATS in transport/stats.h, in its order, with its meanings; they are
+ * written out so that this header stays plain, self-contained C, and the library's build proves
+ * them equal to the list member by member (plugin/stats.h). */
 struct optireduceNetCounters {
   uint64_t msgs;           /* messages completed (a bounded receive = one step) */
   uint64_t bytes;          /* payload bytes completed: sent, or delivered */
