@@ -6,7 +6,7 @@
 // connection), timed at the receiver from a common start to the last completion.
 // Latency: round trip of one `size`-byte message and a 1-byte reply, no other traffic; p50.
 //
-//   p2p_bench [--plugin PATH] [--version 8..11] [--min BYTES] [--max BYTES] [--bytes BYTES]
+//   p2p_bench [--plugin PATH] [--version 8..12] [--min BYTES] [--max BYTES] [--bytes BYTES]
 // OPTIREDUCE_* variables (faults, rates, datagram size) apply to the plugin as usual.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -273,7 +273,7 @@ void rank_main(int rank, const Options& o, Channel& ch) {
     }
   }
   optireduceNetStats st{};
-  l.net->get_stats(0xBE4C, &st);
+  l.net->get_stats(l.net->stats_id(0xBE4C), &st);
   if (rank == 1) {
     ch.send(st);
   } else {

@@ -18,8 +18,10 @@ extern "C" {
 #define OPTIREDUCE_NET_STATS_VERSION 2 /* 2: cutSends, repairedPkts */
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
- * Every counter only grows over the life of the set, except tbUs/tcUs. Meanings as in
- * transport/stats.h (ConnStats). */
+ * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
+ * the list OPTIREDUCE_CONN_STATS in transport/stats.h, in its order, with its meanings; they are
+ * written out so that this header stays plain, self-contained C, and the library's build proves
+ * them equal to the list member by member (plugin/stats.h). */
 struct optireduceNetCounters {
   uint64_t msgs;           /* messages completed (a bounded receive = one step) */
   uint64_t bytes;          /* payload bytes completed: sent, or delivered */
@@ -64,8 +66,8 @@ struct optireduceNetStats {
 /* Returns OPTIREDUCE_NET_STATS_VERSION. Check it before calling optireduceNetGetStats. */
 int optireduceNetStatsVersion(void);
 
-/* Fills *out for the communicator with this commId (the id NCCL passes to the v11 init; 0 for
- * connections made through the v8/v9/v10 tables, which carry no id). Returns 0 on success,
+/* Fills *out for the communicator with this commId (the id NCCL passes to the v11 and v12 init;
+ * 0 for connections made through the v8/v9/v10 tables, which carry no id). Returns 0 on success,
  * 1 if no live communicator has that id (the process totals are still filled, the rest is 0),
  * -1 if out is NULL. Thread-safe; cheap enough to call once per training step. */
 int optireduceNetGetStats(uint64_t commId, struct optireduceNetStats* out);

@@ -66,7 +66,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_ALLREDUCE_MODE", &Config::allreduce_mode, 0, 0, "exact|bounded",
    "liboptireduce's default allreduce mode (optiOptionsDefault). Its bounded steps always run on a communicator of their own, so this never makes other traffic lossy."},
   {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", &Config::bounded_traffic_class, 0, 2147483647, nullptr,
-   "A communicator whose ncclConfig_t.trafficClass equals this value runs bounded (v10/v11). Default 0x4F52 = 20306."},
+   "A communicator whose ncclConfig_t.trafficClass equals this value runs bounded (ABI v10 to v12). Default 0x4F52 = 20306."},
   {"OPTIREDUCE_FILL", &Config::fill, 0, 0, "zero|marker",
    "What a bounded receive writes into missing bytes: zeros, or the erasure marker 0x7FF1 repeated (a NaN in fp16/bf16/fp32/fp64). A communicator of OPTIREDUCE_BOUNDED_TRAFFIC_CLASS (liboptireduce's) always gets the marker."},
   {"OPTIREDUCE_CALIBRATION_STEPS", &Config::calibration_steps, 0, 100000, nullptr,

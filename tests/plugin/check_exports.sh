@@ -5,6 +5,7 @@ set -eu
 so="$1"
 expected="ncclNetPlugin_v10
 ncclNetPlugin_v11
+ncclNetPlugin_v12
 ncclNetPlugin_v8
 ncclNetPlugin_v9
 optireduceNetGetStats
@@ -17,7 +18,7 @@ if [ "$actual" != "$expected" ]; then
   exit 1
 fi
 # The tables are data (NCCL reads them), the query API functions.
-for v in 8 9 10 11; do
+for v in 8 9 10 11 12; do
   nm -D --defined-only "$so" | grep -Eq "^[0-9a-f]+ [DdRr] ncclNetPlugin_v$v\$" ||
     { echo "ncclNetPlugin_v$v is not an exported data object"; exit 1; }
 done

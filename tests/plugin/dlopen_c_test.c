@@ -10,8 +10,9 @@
 
 int main(int argc, char** argv) {
   const char* path = argc > 1 ? argv[1] : "libnccl-net-optireduce.so";
-  static const char* const kTables[] = {"ncclNetPlugin_v11", "ncclNetPlugin_v10",
-                                        "ncclNetPlugin_v9", "ncclNetPlugin_v8"};
+  static const char* const kTables[] = {"ncclNetPlugin_v12", "ncclNetPlugin_v11",
+                                        "ncclNetPlugin_v10", "ncclNetPlugin_v9",
+                                        "ncclNetPlugin_v8"};
   int round;
   /* Twice: a second load after dlclose must work as well as the first. */
   for (round = 0; round < 2; ++round) {

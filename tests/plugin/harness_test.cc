@@ -20,7 +20,7 @@
 namespace optireduce::testing {
 namespace {
 
-constexpr int kAllVersions[] = {11, 10, 9, 8};
+constexpr int kAllVersions[] = {12, 11, 10, 9, 8};
 constexpr int kBoundedClass = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS's default
 constexpr size_t kMiB = size_t{1} << 20;
 
@@ -397,7 +397,11 @@ TEST(PluginLoad, PropertiesOfEveryVersion) {
             HCHECK(p.max_p2p_bytes <= 0x7fffffff, "v%d: test() reports int sizes", v);
             HCHECK(p.vprops_ndevs == 1, "v%d: vProps.ndevs %d", v, p.vprops_ndevs);
           }
-          if (v == 11) HCHECK(p.max_multi_request_size == 1, "maxMultiRequestSize");
+          if (v >= 11) HCHECK(p.max_multi_request_size == 1, "v%d: maxMultiRequestSize", v);
+          if (v == 12) {
+            HCHECK(p.rail_id == nccl::NCCL_NET_ID_UNDEF && p.plane_id == nccl::NCCL_NET_ID_UNDEF,
+                   "v12: railId %d planeId %d, expected NCCL_NET_ID_UNDEF", p.rail_id, p.plane_id);
+          }
           HCHECK(net->properties(5, &p) != 0, "v%d: getProperties of a missing device", v);
           HCHECK(thread_count() > base, "v%d: no engine thread after init", v);
           HCHECK_OK(net->finalize(ctx));
@@ -413,7 +417,7 @@ TEST(PluginLoad, PropertiesOfEveryVersion) {
 TEST(PluginLoad, ConfigErrorFailsInitWithInvalidUsage) {
   const std::string failure = run_pair(
       [](Channel&) {
-        for (int v : {11, 9}) {
+        for (int v : {12, 11, 9}) {
           auto net = load_or_die(v);
           void* ctx = nullptr;
           const int r = net->init(&ctx, 1, -1);
@@ -536,7 +540,7 @@ std::string run_sizes(int version, const std::vector<size_t>& sizes, const Env& 
         send_stream(*net, links[0].send, sizes, 77, window);
         if (expect_faults) {
           optireduceNetStats st{};
-          net->get_stats(version == 11 ? kComm : 0, &st);
+          net->get_stats(net->stats_id(kComm), &st);
           HCHECK(st.send.retxPkts > 0, "5%% loss but no retransmission: is the injector on?");
         }
         ch.barrier();
@@ -550,7 +554,7 @@ std::string run_sizes(int version, const std::vector<size_t>& sizes, const Env& 
         auto links = establish(*net, ctx, ch, 1);
         recv_stream(*net, links[0].recv, sizes, 77, window);
         optireduceNetStats st{};
-        const uint64_t id = version == 11 ? kComm : 0;  // legacy tables carry no comm id
+        const uint64_t id = net->stats_id(kComm);
         HCHECK(net->get_stats(id, &st) == 0, "stats of the communicator");
         HCHECK(st.recv.msgs == sizes.size() && st.recv.bytes == total(sizes),
                "stats: %llu msgs %llu bytes, expected %zu / %zu",
@@ -560,7 +564,7 @@ std::string run_sizes(int version, const std::vector<size_t>& sizes, const Env& 
         HCHECK(net->get_stats(0xBAD, &st) == 1, "unknown comm id");
         ch.barrier();
         close_links(*net, links);
-        HCHECK(net->get_stats(id, &st) == 0 || version == 11, "stats after close");
+        HCHECK(net->get_stats(id, &st) == 0 || version >= 11, "stats after close");
         HCHECK_OK(net->finalize(ctx));
       },
       env, 150);
@@ -570,8 +574,8 @@ TEST(Transfer, SizesFromZeroTo64MiB) {
   EXPECT_EQ(run_sizes(11, big_sizes(), {}), "");
 }
 
-TEST(Transfer, SizesEveryOlderVersion) {
-  for (int v : {10, 9, 8}) EXPECT_EQ(run_sizes(v, small_sizes(), {}, 4), "") << "v" << v;
+TEST(Transfer, SizesEveryOtherVersion) {
+  for (int v : {12, 10, 9, 8}) EXPECT_EQ(run_sizes(v, small_sizes(), {}, 4), "") << "v" << v;
 }
 
 // 32 requests in flight per comm, the 33rd refused with a NULL request (back-pressure), then
@@ -722,7 +726,7 @@ TEST(Lifecycle, RepeatedInitFinalizeAndReload) {
     return [me](Channel& ch) {
       const int base = thread_count();
       for (int cycle = 0; cycle < 3; ++cycle) {
-        for (int v : {11, 10}) {
+        for (int v : {12, 11, 10}) {
           auto net = load_or_die(v);
           void* ctx1 = nullptr;
           void* ctx2 = nullptr;
@@ -740,9 +744,9 @@ TEST(Lifecycle, RepeatedInitFinalizeAndReload) {
           ch.barrier();
           close_links(*net, links);
           HCHECK_OK(net->finalize(ctx2));
-          if (v == 11) HCHECK(thread_count() > base, "engine stopped with a context alive");
+          if (v >= 11) HCHECK(thread_count() > base, "engine stopped with a context alive");
           HCHECK_OK(net->finalize(ctx1));
-          if (v == 11) {
+          if (v >= 11) {
             HCHECK(threads_back_to(base), "cycle %d: %d threads after the last finalize", cycle,
                    thread_count());
           }
@@ -884,6 +888,35 @@ TEST(Bounded, TrafficClassSelectsBoundedAndNcclsEnvironmentIsNeverTouched) {
     };
   };
   EXPECT_EQ(run_pair(rank(0), rank(1), {}, 60), "");
+}
+
+// v12 hands init its config and setNetAttr its attributes in v11's layout: the traffic class
+// still selects bounded delivery, setNetAttr is accepted on both kinds of context, and NCCL's
+// environment stays untouched.
+TEST(Bounded, V12ConfigAndNetAttr) {
+  const std::string failure = run_pair(
+      [](Channel&) {
+        unsetenv("NCCL_PROTO");
+        auto net = load_or_die(12);
+        auto* t = static_cast<const nccl::ncclNet_v12_t*>(net->raw_table());
+        HCHECK(t->setNetAttr != nullptr && t->finalize != nullptr, "v12 slots left NULL");
+        void* plain = nullptr;
+        void* bounded = nullptr;
+        HCHECK_OK(net->init(&plain, 0x1251, -1));
+        HCHECK_OK(net->init(&bounded, 0x1252, kBoundedClass));
+        optireduceNetStats st{};
+        HCHECK(net->get_stats(0x1251, &st) == 0 && st.bounded == 0, "plain context bounded");
+        HCHECK(net->get_stats(0x1252, &st) == 0 && st.bounded == 1, "traffic class not honoured");
+        HCHECK(std::getenv("NCCL_PROTO") == nullptr, "the plugin set NCCL_PROTO");
+        const int warns = log_capture().warns.load();
+        HCHECK_OK(net->set_net_attr(plain, 1u << 4, nccl::NCCL_NET_PROTO_LL));
+        HCHECK_OK(net->set_net_attr(bounded, 1u << 4, nccl::NCCL_NET_PROTO_LL));
+        HCHECK(log_capture().warns.load() == warns, "setNetAttr warned");
+        HCHECK_OK(net->finalize(bounded));
+        HCHECK_OK(net->finalize(plain));
+      },
+      no_peer);
+  EXPECT_EQ(failure, "");
 }
 
 TEST(Bounded, UsersProtocolKeptAndLegacyModes) {

@@ -18,6 +18,7 @@
 
 #include "plugin/nccl/net_v10.h"
 #include "plugin/nccl/net_v11.h"
+#include "plugin/nccl/net_v12.h"
 #include "plugin/nccl/net_v8.h"
 #include "plugin/nccl/net_v9.h"
 #include "plugin/optireduce_net.h"
@@ -86,6 +87,8 @@ struct NetProps {
   size_t max_coll_bytes = 0;
   int max_multi_request_size = 0;
   int vprops_ndevs = 0;
+  int rail_id = 0;  // v12 only; NCCL_NET_ID_UNDEF is -1
+  int plane_id = 0;
 };
 
 class NetApi {
@@ -97,7 +100,7 @@ class NetApi {
   void* library() const { return lib_; }
   const void* raw_table() const { return table_; }
 
-  // v11: a context per communicator. v8..v10: the first call runs the process-wide init; the
+  // v11, v12: a context per communicator. v8..v10: the first call runs the process-wide init; the
   // returned ctx is a harness object that remembers the traffic class for v10's connect.
   virtual ncclResult_t init(void** ctx, uint64_t comm_id, int traffic_class) = 0;
   virtual ncclResult_t finalize(void* ctx) = 0;  // v8..v10: harness object freed only
@@ -125,8 +128,14 @@ class NetApi {
     nccl::ncclNetAttr_v11_t attr{};
     attr.op = op;
     attr.proto = proto;
+    if (version_ >= 12) {
+      return static_cast<const nccl::ncclNet_v12_t*>(table_)->setNetAttr(ctx, &attr);
+    }
     return static_cast<const nccl::ncclNet_v11_t*>(table_)->setNetAttr(ctx, &attr);
   }
+  // The id optireduceNetGetStats knows a communicator by: init's comm id from v11 on; the
+  // legacy tables carry none, so their shared context is 0.
+  uint64_t stats_id(uint64_t comm_id) const { return version_ >= 11 ? comm_id : 0; }
 
   // The C query API, found with dlsym in the same library (as another library would).
   int get_stats(uint64_t comm_id, optireduceNetStats* out) const {
@@ -135,7 +144,7 @@ class NetApi {
     return fn != nullptr ? fn(comm_id, out) : -100;
   }
 
-  // Loads `path` and picks table `version` (8..11); nullptr and *error on failure.
+  // Loads `path` and picks table `version` (8..12); nullptr and *error on failure.
   static std::unique_ptr<NetApi> load(const std::string& path, int version, std::string* error);
 
  protected:
@@ -152,6 +161,10 @@ struct LegacyCtx {
 
 template <typename T>
 struct VersionOf;
+template <>
+struct VersionOf<nccl::ncclNet_v12_t> {
+  static constexpr int kValue = 12;
+};
 template <>
 struct VersionOf<nccl::ncclNet_v11_t> {
   static constexpr int kValue = 11;
@@ -172,6 +185,8 @@ struct VersionOf<nccl::ncclNet_v8_t> {
 template <typename T>
 class NetApiOf final : public NetApi {
   static constexpr int V = VersionOf<T>::kValue;
+  // From v11 on, init takes the communicator's id and config and returns its context.
+  static constexpr bool kContexts = V >= 11;
 
  public:
   NetApiOf(void* lib, const T* t) : t_(t) {
@@ -181,7 +196,7 @@ class NetApiOf final : public NetApi {
   }
 
   ncclResult_t init(void** ctx, uint64_t comm_id, int traffic_class) override {
-    if constexpr (V == 11) {
+    if constexpr (kContexts) {
       nccl::ncclNetCommConfig_v11_t config{traffic_class};
       return t_->init(ctx, comm_id, &config, capture_logger, nullptr);
     } else {
@@ -196,7 +211,7 @@ class NetApiOf final : public NetApi {
     }
   }
   ncclResult_t finalize(void* ctx) override {
-    if constexpr (V == 11) {
+    if constexpr (kContexts) {
       return t_->finalize(ctx);
     } else {
       delete static_cast<LegacyCtx*>(ctx);
@@ -209,6 +224,17 @@ class NetApiOf final : public NetApi {
       nccl::ncclNetProperties_v8_t q{};
       ncclResult_t r = t_->getProperties(dev, &q);
       copy_common(q, p);
+      return r;
+    } else if constexpr (V == 12) {
+      nccl::ncclNetProperties_v12_t q{};
+      ncclResult_t r = t_->getProperties(dev, &q);
+      copy_common(q, p);
+      p->max_p2p_bytes = q.maxP2pBytes;
+      p->max_coll_bytes = q.maxCollBytes;
+      p->max_multi_request_size = q.maxMultiRequestSize;
+      p->vprops_ndevs = q.vProps.ndevs;
+      p->rail_id = q.railId;
+      p->plane_id = q.planeId;
       return r;
     } else if constexpr (V == 11) {
       nccl::ncclNetProperties_v11_t q{};
@@ -230,14 +256,14 @@ class NetApiOf final : public NetApi {
     }
   }
   ncclResult_t listen(void* ctx, int dev, void* handle, void** lc) override {
-    if constexpr (V == 11) {
+    if constexpr (kContexts) {
       return t_->listen(ctx, dev, handle, lc);
     } else {
       return t_->listen(dev, handle, lc);
     }
   }
   ncclResult_t connect(void* ctx, int dev, void* handle, void** sc) override {
-    if constexpr (V == 11) {
+    if constexpr (kContexts) {
       return t_->connect(ctx, dev, handle, sc, nullptr);
     } else if constexpr (V == 10) {
       nccl::ncclNetCommConfig_v10_t config{static_cast<LegacyCtx*>(ctx)->traffic_class};
@@ -320,6 +346,9 @@ inline std::unique_ptr<NetApi> NetApi::load(const std::string& path, int version
     return nullptr;
   }
   switch (version) {
+    case 12:
+      return std::make_unique<detail::NetApiOf<nccl::ncclNet_v12_t>>(
+          lib, static_cast<const nccl::ncclNet_v12_t*>(t));
     case 11:
       return std::make_unique<detail::NetApiOf<nccl::ncclNet_v11_t>>(
           lib, static_cast<const nccl::ncclNet_v11_t*>(t));

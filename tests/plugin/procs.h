@@ -107,7 +107,7 @@ inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const 
 struct Node {
   std::unique_ptr<NetApi> net;
   void* ctx = nullptr;
-  uint64_t comm_id = 0;  // what optireduceNetGetStats needs (0 below v11)
+  uint64_t comm_id = 0;  // what optireduceNetGetStats needs (NetApi::stats_id)
   struct Peer {
     void* send = nullptr;
     void* recv = nullptr;
@@ -136,7 +136,7 @@ inline Node open_node(Mesh& m, const std::string& path, int version, uint64_t co
   // Every exchange of these tests stands for a Simple-protocol allreduce, which NCCL 2.28 (v11)
   // announces so before its transfers (plugin/transfer_kind.h).
   HCHECK_OK(node.net->set_net_attr(node.ctx, kNcclOpAllReduce, nccl::NCCL_NET_PROTO_SIMPLE));
-  node.comm_id = version == 11 ? comm_id : 0;
+  node.comm_id = node.net->stats_id(comm_id);
   node.peer.resize(m.n);
   using Handle = std::array<uint8_t, nccl::NCCL_NET_HANDLE_MAXSIZE>;
   std::vector<Handle> mine(m.n), theirs(m.n);
