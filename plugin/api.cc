@@ -18,6 +18,7 @@
 #include "plugin/context.h"
 #include "plugin/logger.h"
 #include "plugin/process_state.h"
+#include "plugin/profiler_events.h"
 #include "plugin/stats.h"
 #include "transport/bounded.h"
 #include "transport/log.h"
@@ -216,9 +217,11 @@ ncclResult_t to_nccl(Status s) noexcept {
 }
 
 ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* config,
-                  ncclDebugLogger_t logger, int abi) noexcept {
+                  ncclDebugLogger_t logger, int abi,
+                  nccl::ncclProfilerCallback_t profiler) noexcept {
   return guarded("init", [&] {
     install_logger(logger);
+    set_profiler(profiler);
     if (ctx == nullptr) return misuse("init: ctx is NULL");
     *ctx = nullptr;
     std::shared_ptr<Context> c;
@@ -256,9 +259,11 @@ ncclResult_t finalize(void* ctx) noexcept {
   });
 }
 
-ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi) noexcept {
+ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi,
+                         nccl::ncclProfilerCallback_t profiler) noexcept {
   return guarded("init", [&] {
     install_logger(logger);
+    set_profiler(profiler);
     if (ProcessState* state = process_state(); state != nullptr) {
       std::lock_guard<std::mutex> lock(state->mu);
       if (state->legacy != nullptr) return nccl::ncclSuccess;
@@ -475,7 +480,7 @@ ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* 
 }
 
 ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*tags*/,
-                   void** /*mhandles*/, void** request) noexcept {
+                   void** /*mhandles*/, void* phandle, void** request) noexcept {
   return guarded("irecv", [&] {
     if (request == nullptr) return misuse("irecv: request is NULL");
     // NCCL may have stored the optional-completion sentinel for LL/LL128: read it, then always
@@ -495,6 +500,9 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
         choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, false);
     Request* r = nullptr;
     if (Status s = w->comm->irecv(data[0], sizes[0], how, &r); !s) return fail(w, s, "irecv");
+    if (r != nullptr && w->comm->delivery() == Delivery::kBounded) {
+      w->events.start(r, phandle, w->ctx->comm_id, sizes[0]);
+    }
     *request = r;
     return nccl::ncclSuccess;
   });
@@ -521,6 +529,7 @@ ncclResult_t test(void* request, int* done, int* sizes) noexcept {
               s.sys_errno());
       return to_nccl(s);
     }
+    if (finished) RecvEvents::finish(static_cast<Request*>(request));
     *done = finished ? 1 : 0;
     // size <= the posted size <= kMaxMessageBytes < 2^31: the int cannot overflow.
     if (finished && sizes != nullptr) *sizes = static_cast<int>(size);

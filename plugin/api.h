@@ -34,12 +34,15 @@ ncclResult_t to_nccl(Status s) noexcept;
 
 // v11+: one context per communicator. `config` may be null (treated as trafficClass unset).
 // `abi`: the version of the table NCCL loaded (what NCCL can tell about each transfer).
+// `profiler`: NCCL's callback for the plugin's own events (v10+; null otherwise).
 ncclResult_t init(void** ctx, uint64_t comm_id, const ncclNetCommConfig_v11_t* config,
-                  ncclDebugLogger_t logger, int abi) noexcept;
+                  ncclDebugLogger_t logger, int abi,
+                  nccl::ncclProfilerCallback_t profiler) noexcept;
 ncclResult_t finalize(void* ctx) noexcept;
 // v8..v10: NCCL calls init once per process and never finalize; one shared context stands for
 // every communicator (comm id 0) and is released when the library is unloaded.
-ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi) noexcept;
+ncclResult_t init_legacy(ncclDebugLogger_t logger, int abi,
+                         nccl::ncclProfilerCallback_t profiler) noexcept;
 void* legacy_context() noexcept;
 
 ncclResult_t devices(int* ndev) noexcept;
@@ -59,8 +62,9 @@ ncclResult_t dereg_mr(void* comm, void* mhandle) noexcept;
 
 ncclResult_t isend(void* send_comm, void* data, size_t size, int tag, void* mhandle,
                    void** request) noexcept;
+// `phandle`: NCCL's profiler handle of the (single) receive, v10+; null otherwise.
 ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                   void** request) noexcept;
+                   void* phandle, void** request) noexcept;
 ncclResult_t iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
                     void** request) noexcept;
 ncclResult_t test(void* request, int* done, int* sizes) noexcept;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "plugin/nccl/types.h"
+#include "plugin/profiler_events.h"
 #include "plugin/transfer_kind.h"
 #include "transport/bounded.h"
 #include "transport/stats.h"
@@ -74,6 +75,7 @@ struct SendWrap final : CommBase {
 struct RecvWrap final : CommBase {
   explicit RecvWrap(std::shared_ptr<Context> c) : CommBase(kRecvMagic, std::move(c)) {}
   std::unique_ptr<RecvComm> comm;
+  RecvEvents events;  // NCCL profiler events of its outstanding bounded receives
 };
 
 struct ListenWrap {

@@ -9,8 +9,8 @@ namespace {
 
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
-ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t /*profiler*/) {
-  return init_legacy(logger, 10);
+ncclResult_t init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t profiler) {
+  return init_legacy(logger, 10, profiler);
 }
 ncclResult_t get_properties_v10(int dev, ncclNetProperties_v10_t* props) {
   ncclNetProperties_v11_t p;
@@ -30,8 +30,9 @@ ncclResult_t isend_v10(void* comm, void* data, size_t size, int tag, void* mhand
   return isend(comm, data, size, tag, mhandle, request);
 }
 ncclResult_t irecv_v10(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                       void** /*phandles*/, void** request) {
-  return irecv(comm, n, data, sizes, tags, mhandles, request);
+                       void** phandles, void** request) {
+  return irecv(comm, n, data, sizes, tags, mhandles, phandles != nullptr ? phandles[0] : nullptr,
+               request);
 }
 
 }  // namespace

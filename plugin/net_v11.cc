@@ -9,8 +9,8 @@ namespace {
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
 ncclResult_t init_v11(void** ctx, uint64_t comm_id, ncclNetCommConfig_v11_t* config,
-                      ncclDebugLogger_t logger, ncclProfilerCallback_t /*profiler*/) {
-  return init(ctx, comm_id, config, logger, 11);
+                      ncclDebugLogger_t logger, ncclProfilerCallback_t profiler) {
+  return init(ctx, comm_id, config, logger, 11, profiler);
 }
 ncclResult_t connect_v11(void* ctx, int dev, void* handle, void** send_comm,
                          ncclNetDeviceHandle_v11_t** dev_comm) {
@@ -22,8 +22,9 @@ ncclResult_t isend_v11(void* comm, void* data, size_t size, int tag, void* mhand
   return isend(comm, data, size, tag, mhandle, request);
 }
 ncclResult_t irecv_v11(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                       void** /*phandles*/, void** request) {
-  return irecv(comm, n, data, sizes, tags, mhandles, request);
+                       void** phandles, void** request) {
+  return irecv(comm, n, data, sizes, tags, mhandles, phandles != nullptr ? phandles[0] : nullptr,
+               request);
 }
 
 }  // namespace

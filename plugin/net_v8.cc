@@ -10,7 +10,7 @@ namespace {
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
 ncclResult_t init_v8(ncclDebugLogger_t logger) {
-  return init_legacy(logger, 8);
+  return init_legacy(logger, 8, nullptr);
 }
 ncclResult_t get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
   ncclNetProperties_v11_t p;
@@ -37,7 +37,7 @@ ncclResult_t irecv_v8(void* comm, int n, void** data, int* sizes, int* tags, voi
   // which checks n before it reads sizes.
   size_t size = kMaxMessageBytes + 1;
   if (n == 1 && sizes != nullptr && sizes[0] >= 0) size = static_cast<size_t>(sizes[0]);
-  return irecv(comm, n, data, sizes != nullptr ? &size : nullptr, tags, mhandles, request);
+  return irecv(comm, n, data, sizes != nullptr ? &size : nullptr, tags, mhandles, nullptr, request);
 }
 
 }  // namespace

@@ -10,7 +10,7 @@ namespace {
 using namespace optireduce::nccl;  // NOLINT: the ABI's own type names read best unqualified
 
 ncclResult_t init_v9(ncclDebugLogger_t logger) {
-  return init_legacy(logger, 9);
+  return init_legacy(logger, 9, nullptr);
 }
 ncclResult_t get_properties_v9(int dev, ncclNetProperties_v9_t* props) {
   ncclNetProperties_v11_t p;
@@ -27,7 +27,7 @@ ncclResult_t connect_v9(int dev, void* handle, void** send_comm,
 }
 ncclResult_t irecv_v9(void* comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
                       void** request) {
-  return irecv(comm, n, data, sizes, tags, mhandles, request);
+  return irecv(comm, n, data, sizes, tags, mhandles, nullptr, request);
 }
 
 }  // namespace

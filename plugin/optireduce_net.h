@@ -63,6 +63,40 @@ struct optireduceNetStats {
   struct optireduceNetCounters processRecv;
 };
 
+/* Profiler events (NCCL 2.26 and newer, net ABI v10+). Every receive posted on a bounded
+ * connection, with a profiler handle from NCCL, becomes one NCCL net-plugin event
+ * (ncclProfileNetPlugin, child of the proxy step): started when NCCL posts the receive, updated
+ * and stopped in the test() that reports it done. The event's plugin id is
+ * OPTIREDUCE_PROFILER_NET_ID (type in the upper 16 bits, version in the lower 16, as NCCL's
+ * profiler_net.h lays out ids); its data, at the start and at the update, is a pointer to one
+ * optireduceProfilerRecv_v1_t, valid during the callback only: a profiler copies what it keeps. */
+#define OPTIREDUCE_PROFILER_NET_TYPE (0x4F52u << 16) /* "OR"; NCCL's own are 1 (IB), 2 (socket) */
+#define OPTIREDUCE_PROFILER_NET_VER 1
+#define OPTIREDUCE_PROFILER_NET_ID (OPTIREDUCE_PROFILER_NET_TYPE | OPTIREDUCE_PROFILER_NET_VER)
+
+enum { optireduceProfileBoundedRecv = 1 };
+/* How a receive ended (the update's `end`). */
+enum {
+  optireduceRecvAll = 0,           /* every byte arrived */
+  optireduceRecvDeadline = 1,      /* the deadline closed it */
+  optireduceRecvEarlyTimeout = 2,  /* the early timeout after the tail closed it */
+  optireduceRecvSenderExpired = 3, /* the sender gave up on it (it never had a clear-to-send) */
+  optireduceRecvPending = 255      /* at the start: not ended yet */
+};
+
+typedef struct {
+  uint8_t type;           /* optireduceProfileBoundedRecv */
+  uint8_t end;            /* optireduceRecv*: Pending at the start, how it ended at the update */
+  uint8_t bounded;        /* at the update: 1 if it could end without all its data; 0 if it ran
+                             exact (a calibration step, or an LL/LL128 transfer) */
+  uint8_t reserved;
+  uint32_t reserved2;
+  uint64_t commId;        /* the communicator's id (0 under the v10 table) */
+  uint64_t bytesPosted;   /* the buffer NCCL posted */
+  uint64_t bytesExpected; /* at the update: the message's size */
+  uint64_t bytesLost;     /* at the update: of which missing, filled with zeros or the marker */
+} optireduceProfilerRecv_v1_t;
+
 /* Returns OPTIREDUCE_NET_STATS_VERSION. Check it before calling optireduceNetGetStats. */
 int optireduceNetStatsVersion(void);
 

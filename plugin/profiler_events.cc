@@ -59,8 +59,8 @@ void RecvEvents::finish(Request* req) noexcept {
   slot->data.bytesLost = o.lost;
   const nccl::ncclProfilerCallback_t fn = g_profiler.load(std::memory_order_acquire);
   if (fn != nullptr) {
-    fn(&slot->handle, nccl::ncclProfilerNetEventUpdateAndStop, nullptr,
-       OPTIREDUCE_PROFILER_NET_ID, &slot->data);
+    fn(&slot->handle, nccl::ncclProfilerNetEventUpdateAndStop, nullptr, OPTIREDUCE_PROFILER_NET_ID,
+       &slot->data);
   }
   slot->handle = nullptr;
 }

@@ -246,6 +246,14 @@ void Registry::remove(Conn* c) {
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
 }
 
+const RecvOutcome& request_outcome(const Request* req) {
+  return req->outcome;
+}
+
+void*& request_caller_data(Request* req) {
+  return req->caller_data;
+}
+
 Status test_request(Request* req, bool* done, size_t* size) {
   if (req == nullptr || req->conn == nullptr) return Status(Errc::kInternal);
   return req->conn->test_request(req, done, size);

@@ -31,6 +31,8 @@ class Registry;
 struct Request {
   Conn* conn = nullptr;
   uint32_t seq = 0;
+  RecvOutcome outcome;          // a receive's, once complete (transport.h)
+  void* caller_data = nullptr;  // the caller's; cleared when the request is posted
 };
 
 // Negotiated at the handshake; constant for the connection's life.

@@ -96,6 +96,8 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   }
   Msg& m = slot(next_seq_);
   m.req.seq = next_seq_;
+  m.req.outcome = RecvOutcome{};
+  m.req.caller_data = nullptr;
   m.exact = how == MsgDelivery::kExact;
   m.bounded = params_.delivery == Delivery::kBounded && !m.exact &&
               !(policy_ != nullptr && policy_->calibrating());
@@ -454,6 +456,10 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (!set_msg_state_locked(m, State::kComplete, now)) return;
   ++stats_.msgs;
   stats_.bytes += m.bytes_got;
+  m.req.outcome.bounded = m.bounded || how != End::kAll;
+  m.req.outcome.end = static_cast<uint8_t>(how);
+  m.req.outcome.expected = size;
+  m.req.outcome.lost = size - std::min(size, m.bytes_got);
   if (m.bounded || how != End::kAll) {
     stats_.bytes_expected += size;
     stats_.bytes_lost += size - std::min(size, m.bytes_got);

@@ -102,6 +102,7 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, Request**
   if (npkts64 > UINT32_MAX) return Status(Errc::kInternal);
   Msg& m = slot(next_seq_);
   m.req.seq = next_seq_;
+  m.req.caller_data = nullptr;
   if (!set_state_locked(m, State::kWaitCts)) return fatal_;
   m.bounded = false;  // decided by the receiver's CTS
   m.exact = how == MsgDelivery::kExact;

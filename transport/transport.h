@@ -82,6 +82,18 @@ struct Request;
 // Tests a request of either kind; same contract as SendComm::test / RecvComm::test.
 Status test_request(Request* req, bool* done, size_t* size);
 
+// How a receive ended, for its caller (the plugin reports it to NCCL's profiler). Valid from the
+// test() that reported the receive done until the next irecv on its connection.
+struct RecvOutcome {
+  bool bounded = false;    // it could end without all its data (it was posted bounded)
+  uint8_t end = 0;         // RecvEnd (deadline.h): all, deadline, early timeout, sender expired
+  uint64_t expected = 0;   // the message's size (the posted capacity if none of it arrived)
+  uint64_t lost = 0;       // of which missing at completion (filled)
+};
+const RecvOutcome& request_outcome(const Request* req);
+// A pointer the caller may keep with an outstanding request (the transport never reads it).
+void*& request_caller_data(Request* req);
+
 // Opens the devices of the datapath OPTIREDUCE_DATAPATH selects (verbs where an RDMA port is
 // active, else UDP). Defined by the datapath layer (verbs/select.cc), not by transport/.
 using DeviceOpener = Status (*)(const Config&, std::vector<std::unique_ptr<Device>>*);

@@ -37,7 +37,13 @@ inline constexpr unsigned long NCCL_NET = 0x10;
 inline constexpr unsigned long NCCL_ENV = 0x80;
 using ncclDebugLogger_t = void (*)(ncclDebugLogLevel level, unsigned long flags, const char* file,
                                    int line, const char* fmt, ...);
-// Profiler hook given to v10/v11 init. We never call it; only its slot width matters.
+// Profiler hook given to v10+ init: the plugin reports its own events through it. `type`:
+// 0 start (event_handle out, parent = the request's profiler handle, ext_data = the plugin's
+// descriptor), 1 stop, 2 update (ext_data = update data), 3 update and stop.
+inline constexpr int ncclProfilerNetEventStart = 0;
+inline constexpr int ncclProfilerNetEventStop = 1;
+inline constexpr int ncclProfilerNetEventUpdate = 2;
+inline constexpr int ncclProfilerNetEventUpdateAndStop = 3;
 using ncclProfilerCallback_t = ncclResult_t (*)(void** event_handle, int type, void* parent,
                                                 int64_t plugin_id, void* ext_data);
 

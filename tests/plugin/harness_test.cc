@@ -1063,6 +1063,105 @@ TEST(Bounded, ProtocolIsChosenTransferByTransfer) {
   EXPECT_EQ(run_pair(rank(0), rank(1), {{"OPTIREDUCE_TIMEOUT_MS", "2000"}}, 60), "");
 }
 
+// ---- Profiler events (issue 14): every receive on a bounded connection is one NCCL net-plugin
+// event, started at irecv with the receive's profiler handle as parent and updated-and-stopped
+// with its outcome in the test() that reports it done. A recording callback stands for NCCL's.
+struct ProfRecord {
+  int type;
+  void* handle;  // the event's handle (start: the one returned)
+  void* parent;
+  int64_t plugin_id;
+  optireduceProfilerRecv_v1_t data;
+};
+std::vector<ProfRecord>& prof_log() {
+  static std::vector<ProfRecord> log;
+  return log;
+}
+nccl::ncclResult_t record_event(void** handle, int type, void* parent, int64_t id, void* data) {
+  static uintptr_t next = 0x100;
+  ProfRecord r{type, nullptr, parent, id, {}};
+  if (data != nullptr) std::memcpy(&r.data, data, sizeof(r.data));
+  if (type == nccl::ncclProfilerNetEventStart) *handle = reinterpret_cast<void*>(next++);
+  r.handle = *handle;
+  prof_log().push_back(r);
+  return nccl::ncclSuccess;
+}
+
+TEST(Bounded, ProfilerEventsPerReceive) {
+  constexpr size_t kCap = 70'000;
+  constexpr size_t kSize = 50'000;
+  auto rank = [](int me) {
+    return [me](Channel& ch) {
+      auto net = load_or_die(11);
+      net->profiler = record_event;
+      void* ctx = nullptr;
+      HCHECK_OK(net->init(&ctx, 0xD0 + me, kBoundedClass));
+      auto links = establish(*net, ctx, ch, 1);
+      std::vector<uint8_t> buf(kCap);
+      int phandles[3] = {};
+      // 0: whole; 1: LL (exact on the bounded connection); 2: no profiler handle; 3: never sent,
+      // the deadline closes it.
+      for (int k = 0; k < 4; ++k) {
+        void* req = nullptr;
+        if (me == 0) {
+          if (k == 3) break;
+          HCHECK(ch.recv<int>() == k, "sync");
+          fill_pattern(buf.data(), kSize, 95, k);
+          while (req == nullptr) {
+            HCHECK_OK(net->isend(links[0].send, buf.data(), kSize, 0, nullptr, &req));
+          }
+          int done = 0;
+          while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+          continue;
+        }
+        net->phandle = k == 2 ? nullptr : &phandles[k % 3];
+        while (req == nullptr) {
+          if (k == 1) req = nccl::kOptionalRecvSentinel;
+          HCHECK_OK(net->irecv(links[0].recv, buf.data(), kCap, 0, nullptr, &req));
+        }
+        const size_t events_after_irecv[4] = {1, 3, 4, 5};  // receive 2 has no handle
+        HCHECK(prof_log().size() == events_after_irecv[k], "receive %d: %zu events after irecv",
+               k, prof_log().size());
+        if (k < 3) ch.send<int>(k);
+        int done = 0;
+        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+      }
+      if (me == 1) {
+        const auto& log = prof_log();
+        HCHECK(log.size() == 6, "%zu events, want 3 starts and 3 stops", log.size());
+        const uint8_t ends[3] = {optireduceRecvAll, optireduceRecvAll, optireduceRecvDeadline};
+        const uint8_t bounded[3] = {1, 0, 1};
+        const uint64_t expected[3] = {kSize, kSize, kCap};
+        const uint64_t lost[3] = {0, 0, kCap};
+        const int receive_of[3] = {0, 1, 3};
+        for (int e = 0; e < 3; ++e) {
+          const ProfRecord& a = log[2 * e];
+          const ProfRecord& b = log[2 * e + 1];
+          const int k = receive_of[e];
+          HCHECK(a.type == nccl::ncclProfilerNetEventStart, "event %d: not started first", e);
+          HCHECK(a.parent == &phandles[k % 3], "receive %d: parent is not its handle", k);
+          HCHECK(a.plugin_id == OPTIREDUCE_PROFILER_NET_ID, "plugin id %llx",
+                 static_cast<unsigned long long>(a.plugin_id));
+          HCHECK(a.data.type == optireduceProfileBoundedRecv && a.data.end == optireduceRecvPending,
+                 "receive %d: start descriptor", k);
+          HCHECK(a.data.commId == 0xD1 && a.data.bytesPosted == kCap, "receive %d: ids/sizes", k);
+          HCHECK(b.type == nccl::ncclProfilerNetEventUpdateAndStop && b.handle == a.handle,
+                 "receive %d: not updated and stopped on its own handle", k);
+          HCHECK(b.data.end == ends[e] && b.data.bounded == bounded[e] &&
+                     b.data.bytesExpected == expected[e] && b.data.bytesLost == lost[e],
+                 "receive %d: end %u bounded %u expected %llu lost %llu", k, b.data.end,
+                 b.data.bounded, static_cast<unsigned long long>(b.data.bytesExpected),
+                 static_cast<unsigned long long>(b.data.bytesLost));
+        }
+      }
+      ch.barrier();
+      close_links(*net, links);
+      HCHECK_OK(net->finalize(ctx));
+    };
+  };
+  EXPECT_EQ(run_pair(rank(0), rank(1), {{"OPTIREDUCE_TIMEOUT_MS", "300"}}, 60), "");
+}
+
 // Under loss, on one bounded connection, LL/LL128 transfers interleaved with Simple ones: every
 // LL transfer arrives byte-exact, every Simple one completes without an error, with its real
 // size, and every 8-byte word either exact or zero-filled (OPTIREDUCE_FILL=zero; payload

@@ -137,6 +137,11 @@ class NetApi {
   // legacy tables carry none, so their shared context is 0.
   uint64_t stats_id(uint64_t comm_id) const { return version_ >= 11 ? comm_id : 0; }
 
+  // What v10+ init is given as NCCL's profiler callback, and what v10+ irecv passes as the
+  // receive's profiler handle (NCCL: its proxy step's). Null by default, as without a profiler.
+  nccl::ncclProfilerCallback_t profiler = nullptr;
+  void* phandle = nullptr;
+
   // The C query API, found with dlsym in the same library (as another library would).
   int get_stats(uint64_t comm_id, optireduceNetStats* out) const {
     using Fn = int (*)(uint64_t, optireduceNetStats*);
@@ -198,11 +203,11 @@ class NetApiOf final : public NetApi {
   ncclResult_t init(void** ctx, uint64_t comm_id, int traffic_class) override {
     if constexpr (kContexts) {
       nccl::ncclNetCommConfig_v11_t config{traffic_class};
-      return t_->init(ctx, comm_id, &config, capture_logger, nullptr);
+      return t_->init(ctx, comm_id, &config, capture_logger, profiler);
     } else {
       ncclResult_t r;
       if constexpr (V == 10) {
-        r = t_->init(capture_logger, nullptr);
+        r = t_->init(capture_logger, profiler);
       } else {
         r = t_->init(capture_logger);
       }
@@ -292,7 +297,7 @@ class NetApiOf final : public NetApi {
     void* mhs[1] = {mh};
     if constexpr (V >= 10) {
       size_t sizes[1] = {size};
-      void* phandles[1] = {nullptr};
+      void* phandles[1] = {phandle};
       return t_->irecv(comm, 1, datas, sizes, tags, mhs, phandles, req);
     } else if constexpr (V == 9) {
       size_t sizes[1] = {size};

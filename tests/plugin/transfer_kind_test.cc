@@ -65,7 +65,7 @@ TEST(TransferKind, PointToPointIgnoresStaleProtocolBits) {
 }
 
 TEST(TransferKind, NothingNamesTheTransfer) {
-  // ABI v8/v9 (NCCL 2.19-2.25): no setNetAttr, and the LL mark only from 2.24.
+  // ABI v8/v9 (NCCL 2.20-2.25): no setNetAttr, and the LL mark only from 2.24.
   for (const int abi : {8, 9}) {
     const TransferFacts f = facts(abi, false, 0, 0);
     EXPECT_EQ(send_delivery(f), A) << abi;
