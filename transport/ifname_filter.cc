@@ -48,11 +48,11 @@ bool IfnameFilter::parse(std::string_view text, IfnameFilter* out, std::string* 
   }
   if (rest.front() == '^') {
     f.exclude_ = true;
-    rest.remove_prefix(1);
+    rest = trim(rest.substr(1));
   }
   if (!rest.empty() && rest.front() == '=') {
     f.exact_ = true;
-    rest.remove_prefix(1);
+    rest = trim(rest.substr(1));
   }
   if (!rest.empty() && rest.front() == '^') {
     *why = "'^' must come before '=' (\"^=a,b\"), not after it";

@@ -72,11 +72,13 @@ TEST(IfnameFilterParse, SkipsEmptyItemsAndTrimsBlanks) {
   EXPECT_EQ(f.items()[0], "eth0");
   EXPECT_EQ(f.items()[1], "ib1");
   // Blanks around the markers too: " ^ = eth0" is "^=eth0".
-  const IfnameFilter g = parsed(" ^= eth0");
-  EXPECT_TRUE(g.exclude());
-  EXPECT_TRUE(g.exact());
-  ASSERT_EQ(g.items().size(), 1u);
-  EXPECT_EQ(g.items()[0], "eth0");
+  for (const char* text : {" ^= eth0", "^ =eth0", " ^ = eth0 "}) {
+    const IfnameFilter g = parsed(text);
+    EXPECT_TRUE(g.exclude()) << text;
+    EXPECT_TRUE(g.exact()) << text;
+    ASSERT_EQ(g.items().size(), 1u) << text;
+    EXPECT_EQ(g.items()[0], "eth0") << text;
+  }
 }
 
 TEST(IfnameFilterParse, MarkersWithoutNamesAreRefused) {
