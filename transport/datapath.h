@@ -112,12 +112,17 @@ class Endpoint {
   virtual std::string peer_host() const { return {}; }
 };
 
+// The speed a device reports where its link speed is unknown (virtual and virtio NICs,
+// loopback, an RDMA port whose speed code we do not know): NCCL only compares the speeds of
+// devices, and its own socket transport assumes the same 10 Gbit/s.
+inline constexpr int kUnknownSpeedMbps = 10000;
+
 // What the plugin reports to NCCL about one device.
 struct DeviceInfo {
   std::string name;      // interface or HCA name, e.g. "eth0", "mlx5_0"
-  std::string pci_path;  // /sys/devices/... path or empty
+  std::string pci_path;  // /sys/devices/... path of a PCI function, or empty
   uint64_t guid = 0;
-  int speed_mbps = 10000;  // link speed; a default when the kernel does not know
+  int speed_mbps = kUnknownSpeedMbps;  // link speed in Mbit/s
   int port = 1;
   float latency_us = 0;
   uint32_t mtu = 1500;

@@ -1,6 +1,7 @@
 // The parameter table and its parser. To add a variable: a field in Config (params.h), a row in
-// kParams below (name, type, default, range, doc), then regenerate the README table with
-// `build/tests/params_table` (the params test fails until you do).
+// kParams below (name, type, default, range, doc, and a check for a syntax of its own), then
+// regenerate the README table with `build/tests/unit/params_table` (the params test fails until
+// you do).
 #include "transport/params.h"
 
 #include <cerrno>
@@ -9,6 +10,8 @@
 #include <cstring>
 #include <mutex>
 #include <variant>
+
+#include "transport/ifname_filter.h"
 
 extern char** environ;
 
@@ -25,14 +28,24 @@ struct ParamSpec {
   double max;
   const char* choices;  // string enums: '|'-separated allowed values; nullptr = free text
   const char* doc;
+  // A string with a syntax of its own: empty when `value` is well-formed, else why not (in
+  // words that follow "invalid NAME=\"value\": "). nullptr = no check beyond the above.
+  std::string (*check)(const char* value);
 };
 
 constexpr double kInf = 1e300;
 
+std::string check_ifname(const char* value) {
+  IfnameFilter filter;
+  std::string why;
+  return IfnameFilter::parse(value, &filter, &why) ? std::string() : why;
+}
+
 // clang-format off
 const ParamSpec kParams[] = {
   {"OPTIREDUCE_IFNAME", &Config::ifname, 0, 0, nullptr,
-   "Network interface(s) to use, comma-separated (e.g. `eth0`, `lo`). Default: the first interface that is up and not loopback, else loopback."},
+   "Network interfaces for UDP, in `NCCL_SOCKET_IFNAME`'s syntax: comma-separated name prefixes (`eth,ens`); a leading `=` makes them exact names (`=eth0,eth1`), a leading `^` excludes them (`^docker,eth0`), `^=` both. Every selected interface that is up, running and has an address is one device, in natural name order (`eth2` before `eth10`). Default: every `ib*` interface; else every other one but loopback, `docker*` and `virbr*`; else `docker*`; else loopback.",
+   &check_ifname},
   {"OPTIREDUCE_DATAPATH", &Config::datapath, 0, 0, "auto|udp|verbs",
    "`verbs` uses UD queue pairs, `udp` UDP sockets, `auto` verbs where an active RDMA port exists, else UDP."},
   {"OPTIREDUCE_IB_HCA", &Config::ib_hca, 0, 0, nullptr,
@@ -224,6 +237,12 @@ Status parse_config(Config* out, std::string* error, std::vector<std::string>* w
       if (error)
         *error = std::string("invalid ") + s.name + "=\"" + v + "\": expected " + why;
       return Status(Errc::kInvalidUsage);
+    }
+    if (s.check != nullptr) {
+      if (const std::string bad = s.check(v); !bad.empty()) {
+        if (error) *error = std::string("invalid ") + s.name + "=\"" + v + "\": " + bad;
+        return Status(Errc::kInvalidUsage);
+      }
     }
   }
   if (c.max_datagram_bytes != 0 && c.max_datagram_bytes < 256) {

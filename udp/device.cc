@@ -1,57 +1,26 @@
-// UDP device discovery (getifaddrs, /sys/class/net) and the Device that opens UdpEndpoints on
-// an interface's address.
+// The UDP Device (endpoints bound to one interface's address) and its description for NCCL.
 #include "udp/device.h"
 
-#include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <climits>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <new>
 
 #include "transport/log.h"
 #include "udp/endpoint.h"
+#include "udp/netdev_sysfs.h"
 
 namespace optireduce {
 namespace {
 
-// What DeviceInfo says when the kernel does not know the link speed (loopback, many virtual
-// NICs): NCCL only compares speeds between devices, and 10 Gbit/s is a typical cloud NIC.
-constexpr int kDefaultSpeedMbps = 10000;
 // MTU assumed when neither sysfs nor SIOCGIFMTU answers: Ethernet's.
 constexpr uint32_t kDefaultMtu = 1500;
 
-bool is_link_local6(const sockaddr_in6& a) {
-  return IN6_IS_ADDR_LINKLOCAL(&a.sin6_addr);
-}
-
-// Reads the first line of a small sysfs file as an integer. False when absent or unreadable
-// (reading `speed` of a virtual or down interface fails with EINVAL).
-bool read_sysfs_long(const std::string& path, long* out) {
-  FILE* f = std::fopen(path.c_str(), "re");
-  if (f == nullptr) return false;
-  char line[64];
-  const bool ok = std::fgets(line, sizeof(line), f) != nullptr;
-  std::fclose(f);
-  if (!ok) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(line, &end, 10);
-  if (errno != 0 || end == line) return false;
-  *out = v;
-  return true;
-}
-
 uint32_t interface_mtu(const std::string& name) {
-  long mtu = 0;
-  if (read_sysfs_long("/sys/class/net/" + name + "/mtu", &mtu) && mtu > 0)
-    return static_cast<uint32_t>(mtu);
+  if (const uint32_t mtu = netdev_mtu(kSysfsRoot, name); mtu > 0) return mtu;
   // No sysfs (some containers): ask the kernel through any socket.
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (fd >= 0) {
@@ -88,13 +57,13 @@ uint64_t interface_guid(const UdpInterface& itf) {
 DeviceInfo describe(const UdpInterface& itf) {
   DeviceInfo info;
   info.name = itf.name;
-  const std::string sys = "/sys/class/net/" + itf.name;
-  char resolved[PATH_MAX];
-  if (::realpath((sys + "/device").c_str(), resolved) != nullptr) info.pci_path = resolved;
-  long speed = 0;
-  info.speed_mbps = read_sysfs_long(sys + "/speed", &speed) && speed > 0 && speed <= INT_MAX
-                        ? static_cast<int>(speed)
-                        : kDefaultSpeedMbps;
+  info.pci_path = netdev_pci_path(kSysfsRoot, itf.name);
+  info.speed_mbps = netdev_speed_mbps(kSysfsRoot, itf.name);
+  if (info.speed_mbps <= 0) {
+    OR_INFO("UDP: %s: the kernel does not know the link speed (virtual NIC?); reporting %d Mbit/s",
+            itf.name.c_str(), kUnknownSpeedMbps);
+    info.speed_mbps = kUnknownSpeedMbps;
+  }
   info.mtu = interface_mtu(itf.name);
   info.guid = interface_guid(itf);
   return info;
@@ -118,112 +87,10 @@ class UdpDevice final : public Device {
   DeviceInfo info_;
 };
 
-const UdpInterface* find_interface(const std::vector<UdpInterface>& all, const std::string& name) {
-  for (const auto& itf : all)
-    if (itf.name == name) return &itf;
-  return nullptr;
-}
-
-bool usable(const UdpInterface& itf) {
-  return (itf.flags & IFF_UP) != 0 && itf.addr.ss_family != 0;
-}
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t");
-  if (b == std::string::npos) return {};
-  const size_t e = s.find_last_not_of(" \t");
-  return s.substr(b, e - b + 1);
-}
-
 }  // namespace
 
-Status list_udp_interfaces(std::vector<UdpInterface>* out) {
-  ifaddrs* head = nullptr;
-  if (::getifaddrs(&head) != 0) {
-    const int err = errno;
-    OR_WARN("UDP: getifaddrs failed: %s", std::strerror(err));
-    return Status(Errc::kSystem, err);
-  }
-  out->clear();
-  for (const ifaddrs* ifa = head; ifa != nullptr; ifa = ifa->ifa_next) {
-    if (ifa->ifa_name == nullptr) continue;
-    UdpInterface* itf = nullptr;
-    for (auto& known : *out)
-      if (known.name == ifa->ifa_name) itf = &known;
-    if (itf == nullptr) {
-      out->push_back(UdpInterface{ifa->ifa_name, ifa->ifa_flags, {}});
-      itf = &out->back();
-    }
-    const sockaddr* sa = ifa->ifa_addr;
-    if (sa == nullptr) continue;
-    const int have = itf->addr.ss_family;
-    if (sa->sa_family == AF_INET && have != AF_INET) {
-      // IPv4 first: it is what RoCE v2 GIDs and most cluster networks use.
-      itf->addr = sockaddr_storage{};
-      std::memcpy(&itf->addr, sa, sizeof(sockaddr_in));
-    } else if (sa->sa_family == AF_INET6 && have != AF_INET) {
-      const auto& a6 = *reinterpret_cast<const sockaddr_in6*>(sa);
-      // A global IPv6 address beats a link-local one, which needs a scope to be reached.
-      const bool better =
-          have == 0 ||
-          (is_link_local6(reinterpret_cast<const sockaddr_in6&>(itf->addr)) && !is_link_local6(a6));
-      if (better) {
-        itf->addr = sockaddr_storage{};
-        std::memcpy(&itf->addr, sa, sizeof(sockaddr_in6));
-      }
-    }
-  }
-  ::freeifaddrs(head);
-  return Status::ok();
-}
-
-Status select_udp_interfaces(const std::vector<UdpInterface>& all, const std::string& ifname,
-                             std::vector<UdpInterface>* out) {
-  out->clear();
-  if (trim(ifname).empty()) {
-    for (const auto& itf : all) {
-      if (usable(itf) && (itf.flags & IFF_RUNNING) && !(itf.flags & IFF_LOOPBACK)) {
-        out->push_back(itf);
-        return Status::ok();
-      }
-    }
-    for (const auto& itf : all) {
-      if (usable(itf) && (itf.flags & IFF_LOOPBACK)) {
-        out->push_back(itf);
-        return Status::ok();
-      }
-    }
-    OR_WARN("UDP: no network interface is up and has an IP address");
-    return Status(Errc::kSystem, ENODEV);
-  }
-  size_t start = 0;
-  while (start <= ifname.size()) {
-    const size_t comma = ifname.find(',', start);
-    const size_t end = comma == std::string::npos ? ifname.size() : comma;
-    const std::string name = trim(ifname.substr(start, end - start));
-    start = end + 1;
-    if (name.empty() || find_interface(*out, name) != nullptr) continue;
-    const UdpInterface* itf = find_interface(all, name);
-    if (itf == nullptr) {
-      OR_WARN("OPTIREDUCE_IFNAME: network interface \"%s\" does not exist", name.c_str());
-      return Status(Errc::kInvalidUsage, ENODEV);
-    }
-    if (!(itf->flags & IFF_UP)) {
-      OR_WARN("OPTIREDUCE_IFNAME: network interface \"%s\" is down", name.c_str());
-      return Status(Errc::kInvalidUsage, ENETDOWN);
-    }
-    if (itf->addr.ss_family == 0) {
-      OR_WARN("OPTIREDUCE_IFNAME: network interface \"%s\" has no IPv4 or IPv6 address",
-              name.c_str());
-      return Status(Errc::kInvalidUsage, EADDRNOTAVAIL);
-    }
-    out->push_back(*itf);
-  }
-  if (out->empty()) {
-    OR_WARN("OPTIREDUCE_IFNAME=\"%s\" names no interface", ifname.c_str());
-    return Status(Errc::kInvalidUsage);
-  }
-  return Status::ok();
+std::unique_ptr<Device> make_udp_device(const UdpInterface& itf) {
+  return std::make_unique<UdpDevice>(itf);
 }
 
 Status open_udp_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>* out) {
@@ -235,10 +102,10 @@ Status open_udp_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>*
   if (!s) return s;
   out->clear();
   for (const auto& itf : chosen) {
-    auto dev = std::make_unique<UdpDevice>(itf);
-    OR_INFO("UDP device %s: MTU %u, %d Mbit/s, PCI %s", dev->info().name.c_str(), dev->info().mtu,
-            dev->info().speed_mbps,
-            dev->info().pci_path.empty() ? "none" : dev->info().pci_path.c_str());
+    auto dev = make_udp_device(itf);
+    const DeviceInfo& info = dev->info();
+    OR_INFO("UDP device %zu: %s, MTU %u, %d Mbit/s, PCI %s", out->size(), info.name.c_str(),
+            info.mtu, info.speed_mbps, info.pci_path.empty() ? "none" : info.pci_path.c_str());
     out->push_back(std::move(dev));
   }
   return Status::ok();

@@ -88,8 +88,8 @@ std::string pci_path_of(const std::string& dev) {
 // Opens one port: its context, PD, GID and limits. *skip is set (and ok returned) when the
 // port is simply unusable (not active, no suitable GID without an override).
 Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& name, int port,
-                 const ibv_device_attr& dattr, const ibv_port_attr& pattr, const Config& cfg,
-                 std::unique_ptr<Device>* out) {
+                 const ibv_device_attr& dattr, const ibv_port_attr& pattr, uint32_t speed_ex,
+                 const Config& cfg, std::unique_ptr<Device>* out) {
   const bool ethernet = pattr.link_layer == IBV_LINK_LAYER_ETHERNET;
   ibv_context* ctx = ibv.open_device(device);
   if (ctx == nullptr) return Status(Errc::kSystem, errno);
@@ -129,8 +129,17 @@ Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& n
   info.name = name;
   info.pci_path = pci_path_of(name);
   info.guid = be64toh(ibv.get_device_guid(device));
-  const int mbps = port_speed_mbps(pattr.active_speed, pattr.active_width);
-  if (mbps > 0) info.speed_mbps = mbps;
+  const uint32_t speed_code = speed_ex != 0 ? speed_ex : pattr.active_speed;
+  const int mbps = port_speed_mbps(speed_code, pattr.active_width);
+  if (mbps > 0) {
+    info.speed_mbps = mbps;
+  } else {
+    // NCCL weighs devices by speed: a guess is better than 0, and the user must know it is one.
+    OR_WARN(
+        "verbs: %s port %d: unknown link speed (speed code %u, width code %u): reporting %d "
+        "Mbit/s to NCCL",
+        name.c_str(), port, speed_code, pattr.active_width, kUnknownSpeedMbps);
+  }
   info.port = port;
   info.mtu = pc->mtu_bytes;
   UdAddress self;
@@ -163,18 +172,20 @@ bool hca_selected(std::string_view filter, std::string_view device, int port) {
   return false;
 }
 
-int port_speed_mbps(uint8_t active_speed, uint8_t active_width) {
-  // (code, Mbit/s per lane) of the IB speed codes SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR.
-  static constexpr int kLaneMbps[][2] = {{1, 2500},   {2, 5000},   {4, 10000},  {8, 10000},
-                                         {16, 14000}, {32, 25000}, {64, 50000}, {128, 100000}};
+int port_speed_mbps(uint32_t speed_code, uint8_t width_code) {
+  // (code, Mbit/s per lane) of the IB speed codes SDR, DDR, QDR, FDR10, FDR, EDR, HDR, NDR, XDR;
+  // XDR's 256 exists only as active_speed_ex.
+  static constexpr uint32_t kLaneMbps[][2] = {{1, 2500},   {2, 5000},     {4, 10000},
+                                              {8, 10000},  {16, 14000},   {32, 25000},
+                                              {64, 50000}, {128, 100000}, {256, 200000}};
   // (code, lanes) of the width codes 1x, 4x, 8x, 12x, 2x.
-  static constexpr int kLanes[][2] = {{1, 1}, {2, 4}, {4, 8}, {8, 12}, {16, 2}};
-  int lane = 0, lanes = 0;
+  static constexpr uint32_t kLanes[][2] = {{1, 1}, {2, 4}, {4, 8}, {8, 12}, {16, 2}};
+  uint32_t lane = 0, lanes = 0;
   for (const auto& e : kLaneMbps)
-    if (e[0] == active_speed) lane = e[1];
+    if (e[0] == speed_code) lane = e[1];
   for (const auto& e : kLanes)
-    if (e[0] == active_width) lanes = e[1];
-  return lane * lanes;
+    if (e[0] == width_code) lanes = e[1];
+  return static_cast<int>(lane * lanes);  // at most 200000 x 12
 }
 
 PortContext::~PortContext() {
@@ -257,10 +268,11 @@ Status open_verbs_devices(const Config& cfg, std::vector<std::unique_ptr<Device>
     for (int port = 1; port <= dattr.phys_port_cnt && result.is_ok(); port++) {
       if (!verbs::hca_selected(cfg.ib_hca, name, port)) continue;
       ibv_port_attr pattr{};
-      if (ibv->query_port(probe, static_cast<uint8_t>(port), &pattr) != 0) continue;
+      uint32_t speed_ex = 0;
+      if (ibv->query_port(probe, static_cast<uint8_t>(port), &pattr, &speed_ex) != 0) continue;
       if (pattr.state != IBV_PORT_ACTIVE) continue;
       std::unique_ptr<Device> dev;
-      result = verbs::open_port(*ibv, list[d], name, port, dattr, pattr, cfg, &dev);
+      result = verbs::open_port(*ibv, list[d], name, port, dattr, pattr, speed_ex, cfg, &dev);
       if (dev) out->push_back(std::move(dev));
     }
     ibv->close_device(probe);

@@ -22,8 +22,10 @@ namespace verbs {
 // OPTIREDUCE_IB_HCA: a comma-separated list of `device` or `device:port`; empty admits all.
 bool hca_selected(std::string_view filter, std::string_view device, int port);
 
-// Link speed in Mbit/s from ibv_port_attr's active_speed and active_width codes; 0 if unknown.
-int port_speed_mbps(uint8_t active_speed, uint8_t active_width);
+// Link speed in Mbit/s from an IB speed code (active_speed_ex where non-zero, else
+// active_speed) and ibv_port_attr's active_width code; 0 if either code is unknown, so that the
+// caller can say so rather than report a wrong figure.
+int port_speed_mbps(uint32_t speed_code, uint8_t width_code);
 
 // One open port. Owned jointly by its Device and every endpoint opened on it, so that an
 // endpoint outliving the device list (NCCL closes comms after finalising devices) still holds a

@@ -5,7 +5,10 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
+#include <cstring>
 
 namespace optireduce::verbs {
 namespace {
@@ -24,13 +27,39 @@ bool resolve(void* lib, const char* name, const char* version, Fn* out) {
   return p != nullptr;
 }
 
+// Where rdma-core puts active_speed_ex: declared after port_cap_flags2 where the headers have
+// it, else the next 4-byte boundary after port_cap_flags2, where later releases added it.
+template <typename Attr>
+constexpr size_t speed_ex_offset() {
+  if constexpr (requires(Attr a) { a.active_speed_ex; })
+    return offsetof(Attr, active_speed_ex);
+  else
+    return (offsetof(Attr, port_cap_flags2) + sizeof(uint16_t) + 3) & ~size_t{3};
+}
+constexpr size_t kSpeedExOffset = speed_ex_offset<ibv_port_attr>();
+constexpr size_t kPortAttrWithSpeedExBytes =
+    std::max(sizeof(ibv_port_attr), kSpeedExOffset + sizeof(uint32_t));
+
 }  // namespace
 
-int IbvSymbols::query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr) const {
+int IbvSymbols::query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr,
+                           uint32_t* speed_ex) const {
+  if (speed_ex != nullptr) *speed_ex = 0;
   verbs_context* vctx = verbs_get_ctx_op(context, query_port);
-  if (vctx != nullptr) return vctx->query_port(context, port, attr, sizeof(*attr));
-  *attr = ibv_port_attr{};
-  return query_port_compat(context, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+  if (vctx == nullptr) {
+    *attr = ibv_port_attr{};
+    return query_port_compat(context, port, reinterpret_cast<_compat_ibv_port_attr*>(attr));
+  }
+  // The library zeroes the whole buffer and fills the attributes it knows, however long the
+  // buffer: a longer one than our headers' struct gets active_speed_ex from a library that
+  // has it and stays 0 past the end of an older library's struct.
+  alignas(ibv_port_attr) unsigned char buf[kPortAttrWithSpeedExBytes] = {};
+  const int rc =
+      vctx->query_port(context, port, reinterpret_cast<ibv_port_attr*>(buf), sizeof(buf));
+  if (rc != 0) return rc;
+  std::memcpy(attr, buf, sizeof(*attr));
+  if (speed_ex != nullptr) std::memcpy(speed_ex, buf + kSpeedExOffset, sizeof(*speed_ex));
+  return 0;
 }
 
 Status load_ibv_symbols(const char* library, IbvSymbols* out, std::string* error) {

@@ -46,8 +46,13 @@ struct IbvSymbols {
   int (*destroy_ah)(ibv_ah* ah) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status status) = nullptr;
 
-  // ibv_query_port as verbs.h's inline does it, through this table.
-  int query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr) const;
+  // ibv_query_port as verbs.h's inline does it, through this table. *speed_ex (if given) gets
+  // the port's active_speed_ex, which carries the speed codes of XDR and later (they do not
+  // fit the 8-bit active_speed): the rdma-core releases that know it (2023 on) append it to
+  // ibv_port_attr, so it is read whatever the headers we build with declare; 0 from a library
+  // that predates it.
+  int query_port(ibv_context* context, uint8_t port, ibv_port_attr* attr,
+                 uint32_t* speed_ex = nullptr) const;
 };
 
 // The process-wide table, loaded from libibverbs.so.1 on first use (thread-safe). Returns

@@ -1,5 +1,5 @@
-// Tests of udp/device.cc: interface selection (on synthetic hosts and on this one, loopback
-// only) and what a device reports.
+// Tests of udp/device.cc: the devices this host gets (loopback only is ever used) and what a
+// device reports.
 #include "udp/device.h"
 
 #include <arpa/inet.h>
@@ -15,23 +15,9 @@
 namespace optireduce {
 namespace {
 
-UdpInterface make_itf(const char* name, unsigned flags, const char* ipv4) {
-  UdpInterface itf;
-  itf.name = name;
-  itf.flags = flags;
-  if (ipv4 != nullptr) {
-    auto* a = reinterpret_cast<sockaddr_in*>(&itf.addr);
-    a->sin_family = AF_INET;
-    inet_pton(AF_INET, ipv4, &a->sin_addr);
-  }
-  return itf;
-}
-
-constexpr unsigned kUp = IFF_UP | IFF_RUNNING;
-
 TEST(OpenUdpDevices, LoopbackByName) {
   Config cfg;
-  cfg.ifname = "lo";
+  cfg.ifname = "=lo";
   std::vector<std::unique_ptr<Device>> devs;
   ASSERT_TRUE(open_udp_devices(cfg, &devs));
   ASSERT_EQ(devs.size(), 1u);
@@ -50,7 +36,7 @@ TEST(OpenUdpDevices, LoopbackByName) {
 
 TEST(OpenUdpDevices, LoopbackEndpointIsOn127001) {
   Config cfg;
-  cfg.ifname = "lo";
+  cfg.ifname = "=lo";
   std::vector<std::unique_ptr<Device>> devs;
   ASSERT_TRUE(open_udp_devices(cfg, &devs));
   std::unique_ptr<Endpoint> ep;
@@ -68,7 +54,7 @@ TEST(OpenUdpDevices, LoopbackEndpointIsOn127001) {
   }
 }
 
-TEST(OpenUdpDevices, UnknownNameIsInvalidUsage) {
+TEST(OpenUdpDevices, SelectingNothingIsInvalidUsage) {
   Config cfg;
   cfg.ifname = "nosuchif0";
   std::vector<std::unique_ptr<Device>> devs;
@@ -76,83 +62,40 @@ TEST(OpenUdpDevices, UnknownNameIsInvalidUsage) {
   EXPECT_EQ(s.code(), Errc::kInvalidUsage);
   EXPECT_TRUE(devs.empty());
 
-  cfg.ifname = "lo,nosuchif0";
+  cfg.ifname = "=nosuchif0,nosuchif1";
+  EXPECT_EQ(open_udp_devices(cfg, &devs).code(), Errc::kInvalidUsage);
+}
+
+TEST(OpenUdpDevices, AnExactNameMissingAmongOthersIsSkipped) {
+  Config cfg;
+  cfg.ifname = "=nosuchif0,lo";
+  std::vector<std::unique_ptr<Device>> devs;
+  ASSERT_TRUE(open_udp_devices(cfg, &devs));
+  ASSERT_EQ(devs.size(), 1u);
+  EXPECT_EQ(devs[0]->info().name, "lo");
+}
+
+TEST(OpenUdpDevices, MalformedValueIsInvalidUsage) {
+  Config cfg;
+  cfg.ifname = "=^lo";
+  std::vector<std::unique_ptr<Device>> devs;
   EXPECT_EQ(open_udp_devices(cfg, &devs).code(), Errc::kInvalidUsage);
 }
 
 TEST(OpenUdpDevices, DefaultFindsAnInterface) {
-  // Only discovery: nothing is sent on whatever interface this host picks.
+  // Only discovery: nothing is sent on whatever interfaces this host offers.
   std::vector<std::unique_ptr<Device>> devs;
   ASSERT_TRUE(open_udp_devices(Config{}, &devs));
-  EXPECT_EQ(devs.size(), 1u);
+  EXPECT_GE(devs.size(), 1u);
+  for (const auto& d : devs) EXPECT_GT(d->info().speed_mbps, 0);
 }
 
-TEST(ListUdpInterfaces, IncludesLoopbackWithIpv4) {
-  std::vector<UdpInterface> all;
-  ASSERT_TRUE(list_udp_interfaces(&all));
-  bool found = false;
-  for (const auto& itf : all) {
-    if (itf.name != "lo") continue;
-    found = true;
-    EXPECT_TRUE(itf.flags & IFF_LOOPBACK);
-    EXPECT_EQ(itf.addr.ss_family, AF_INET);  // IPv4 is preferred over ::1
-  }
-  EXPECT_TRUE(found);
-}
-
-TEST(SelectUdpInterfaces, DefaultPrefersRunningNonLoopback) {
-  const std::vector<UdpInterface> host = {
-      make_itf("lo", kUp | IFF_LOOPBACK, "127.0.0.1"),
-      make_itf("eth0", IFF_UP, "10.0.0.1"),  // up, no carrier
-      make_itf("eth1", kUp, nullptr),        // no address
-      make_itf("eth2", kUp, "10.0.2.1"),
-      make_itf("eth3", kUp, "10.0.3.1"),
-  };
-  std::vector<UdpInterface> out;
-  ASSERT_TRUE(select_udp_interfaces(host, "", &out));
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].name, "eth2");
-}
-
-TEST(SelectUdpInterfaces, DefaultFallsBackToLoopback) {
-  const std::vector<UdpInterface> host = {
-      make_itf("eth0", 0, "10.0.0.1"),
-      make_itf("lo", kUp | IFF_LOOPBACK, "127.0.0.1"),
-  };
-  std::vector<UdpInterface> out;
-  ASSERT_TRUE(select_udp_interfaces(host, "", &out));
-  ASSERT_EQ(out.size(), 1u);
-  EXPECT_EQ(out[0].name, "lo");
-}
-
-TEST(SelectUdpInterfaces, NoUsableInterface) {
-  const std::vector<UdpInterface> host = {make_itf("eth0", 0, "10.0.0.1")};
-  std::vector<UdpInterface> out;
-  EXPECT_EQ(select_udp_interfaces(host, "", &out).code(), Errc::kSystem);
-}
-
-TEST(SelectUdpInterfaces, NamedListKeepsOrderAndSkipsRepeats) {
-  const std::vector<UdpInterface> host = {
-      make_itf("lo", kUp | IFF_LOOPBACK, "127.0.0.1"),
-      make_itf("eth0", kUp, "10.0.0.1"),
-      make_itf("eth1", kUp, "10.0.1.1"),
-  };
-  std::vector<UdpInterface> out;
-  ASSERT_TRUE(select_udp_interfaces(host, " eth1, lo,eth1,", &out));
-  ASSERT_EQ(out.size(), 2u);
-  EXPECT_EQ(out[0].name, "eth1");
-  EXPECT_EQ(out[1].name, "lo");
-}
-
-TEST(SelectUdpInterfaces, NamedDownOrAddresslessIsInvalidUsage) {
-  const std::vector<UdpInterface> host = {
-      make_itf("eth0", 0, "10.0.0.1"),
-      make_itf("eth1", kUp, nullptr),
-  };
-  std::vector<UdpInterface> out;
-  EXPECT_EQ(select_udp_interfaces(host, "eth0", &out).code(), Errc::kInvalidUsage);
-  EXPECT_EQ(select_udp_interfaces(host, "eth1", &out).code(), Errc::kInvalidUsage);
-  EXPECT_EQ(select_udp_interfaces(host, ",", &out).code(), Errc::kInvalidUsage);
+TEST(OpenUdpDevices, LoopbackReportsTheUnknownSpeed) {
+  Config cfg;
+  cfg.ifname = "=lo";
+  std::vector<std::unique_ptr<Device>> devs;
+  ASSERT_TRUE(open_udp_devices(cfg, &devs));
+  EXPECT_EQ(devs[0]->info().speed_mbps, kUnknownSpeedMbps);  // reading lo's speed fails
 }
 
 }  // namespace

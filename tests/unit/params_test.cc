@@ -51,7 +51,8 @@ TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
       {"OPTIREDUCE_FAULT_DROP", "abc"},     {"OPTIREDUCE_RTO_MIN_US", "12x"},
       {"OPTIREDUCE_UDP_GSO", "maybe"},      {"OPTIREDUCE_HADAMARD_BLOCK", "1000"},
       {"OPTIREDUCE_MAX_DATAGRAM", "100"},   {"OPTIREDUCE_INCAST", "0"},
-      {"OPTIREDUCE_SOCKET_BUFFER", "-1"},
+      {"OPTIREDUCE_SOCKET_BUFFER", "-1"},   {"OPTIREDUCE_IFNAME", "^"},
+      {"OPTIREDUCE_IFNAME", "=^eth0"},      {"OPTIREDUCE_IFNAME", "eth0:1"},
   };
   for (const auto& [name, value] : bad) {
     g_env = {{name, value}};
@@ -61,6 +62,21 @@ TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
     EXPECT_EQ(st.code(), Errc::kInvalidUsage) << name << "=" << value;
     EXPECT_NE(err.find(name), std::string::npos) << err;
   }
+}
+
+TEST(ParseConfig, IfnameTakesNcclSocketIfnameSyntax) {
+  for (const char* v : {"eth0", "=eth0,eth1", "^docker,lo", "^=eth0", " ib , eth "}) {
+    g_env = {{"OPTIREDUCE_IFNAME", v}};
+    Config c;
+    std::string err;
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << v << ": " << err;
+    EXPECT_EQ(c.ifname, v);
+  }
+  g_env = {{"OPTIREDUCE_IFNAME", "^="}};
+  Config c;
+  std::string err;
+  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+  EXPECT_EQ(err, "invalid OPTIREDUCE_IFNAME=\"^=\": '^=' must be followed by interface names");
 }
 
 TEST(ParamsTable, ReadmeTableIsTheGeneratedOne) {

@@ -198,10 +198,30 @@ TEST(HcaSelected, ParsesDevicesAndPorts) {
 }
 
 TEST(PortSpeedMbps, MultipliesLaneRateByWidth) {
-  EXPECT_EQ(port_speed_mbps(32, 2), 100000);  // EDR 4x
-  EXPECT_EQ(port_speed_mbps(64, 2), 200000);  // HDR 4x
-  EXPECT_EQ(port_speed_mbps(1, 1), 2500);     // SDR 1x (what rxe reports for unknown links)
-  EXPECT_EQ(port_speed_mbps(3, 2), 0);        // unknown code
+  EXPECT_EQ(port_speed_mbps(32, 2), 100000);    // EDR 4x
+  EXPECT_EQ(port_speed_mbps(64, 2), 200000);    // HDR 4x
+  EXPECT_EQ(port_speed_mbps(1, 1), 2500);       // SDR 1x (what rxe reports for unknown links)
+  EXPECT_EQ(port_speed_mbps(8, 2), 40000);      // FDR10 4x
+  EXPECT_EQ(port_speed_mbps(16, 2), 56000);     // FDR 4x
+  EXPECT_EQ(port_speed_mbps(128, 2), 400000);   // NDR 4x
+  EXPECT_EQ(port_speed_mbps(128, 16), 200000);  // NDR 2x
+  EXPECT_EQ(port_speed_mbps(32, 8), 300000);    // EDR 12x
+}
+
+TEST(PortSpeedMbps, KnowsXdr) {
+  // XDR is 200 Gbit/s a lane (NCCL's table says the same); its code, 256, only ever comes in
+  // active_speed_ex.
+  EXPECT_EQ(port_speed_mbps(256, 2), 800000);   // XDR 4x
+  EXPECT_EQ(port_speed_mbps(256, 16), 400000);  // XDR 2x
+  EXPECT_EQ(port_speed_mbps(256, 1), 200000);
+}
+
+TEST(PortSpeedMbps, UnknownCodesAreZeroNotAGuess) {
+  EXPECT_EQ(port_speed_mbps(3, 2), 0);    // not a speed code
+  EXPECT_EQ(port_speed_mbps(512, 2), 0);  // a speed after XDR
+  EXPECT_EQ(port_speed_mbps(0, 2), 0);    // no code at all
+  EXPECT_EQ(port_speed_mbps(32, 3), 0);   // not a width code
+  EXPECT_EQ(port_speed_mbps(32, 0), 0);
 }
 
 TEST(LoadIbvSymbols, MissingLibraryIsACleanError) {
