@@ -53,22 +53,8 @@ optiResult_t from_status(Status s) {
   return optiInternalError;
 }
 
-// Parses OPTIREDUCE_INCAST: a number >= 1, `max` or `auto`.
-bool parse_incast(const std::string& v, int* out) {
-  if (v == "max") {
-    *out = OPTI_INCAST_MAX;
-    return true;
-  }
-  if (v == "auto") {
-    *out = OPTI_INCAST_AUTO;
-    return true;
-  }
-  char* end = nullptr;
-  const long n = std::strtol(v.c_str(), &end, 10);
-  if (end == v.c_str() || *end != '\0' || n < 1 || n > 1 << 20) return false;
-  *out = int(n);
-  return true;
-}
+static_assert(optireduce::kIncastMax == OPTI_INCAST_MAX && optireduce::kIncastAuto == OPTI_INCAST_AUTO,
+              "OPTIREDUCE_INCAST's names mean the C API's values");
 
 optiResult_t validate_options(const optiOptions_t& o) {
   if (o.mode != optiExact && o.mode != optiBounded)
@@ -223,10 +209,8 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
       return fail(optiInvalidUsage, "environment: " + err);
     const optireduce::Config& cfg = optireduce::global_config();
     optiOptions_t o{};
-    o.mode = cfg.allreduce_mode == "bounded" ? optiBounded : optiExact;
-    if (!parse_incast(cfg.incast, &o.incast))
-      return fail(optiInvalidUsage, "OPTIREDUCE_INCAST='" + cfg.incast +
-                                        "': expected a number >= 1, 'max' or 'auto'");
+    o.mode = cfg.allreduce_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
+    o.incast = static_cast<int>(cfg.incast);  // the table's rule: max, auto or 1 .. 2^20
     o.hadamard = cfg.hadamard ? 1 : 0;
     o.hadamardBlock = cfg.hadamard_block;
     if (o.hadamardBlock < 2 || (o.hadamardBlock & (o.hadamardBlock - 1)) != 0)

@@ -344,7 +344,7 @@ constexpr int kFirstNcclWithTrafficClass = 22600;
 // Why this process's set-up cannot keep the application's communicators exact while the
 // library's sibling runs bounded ("" if it can).
 std::string setup_error(const optiOptions_t& opts) {
-  if (global_config().mode == "bounded")
+  if (global_config().mode == optireduce::ModeChoice::kBounded)
     return "OPTIREDUCE_MODE=bounded makes the plugin run every NCCL communicator of this "
            "process bounded, the application's own and liboptireduce's exact steps included; "
            "unset it: liboptireduce's bounded steps run on a communicator of their own (choose "

@@ -146,14 +146,14 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, int abi,
   c->comm_id = comm_id;
   const bool by_class = traffic_class != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
                         traffic_class == cfg.bounded_traffic_class;
-  c->bounded = cfg.mode == "bounded" || by_class;
+  c->bounded = cfg.mode == ModeChoice::kBounded || by_class;
   c->p2p_only = by_class;
   c->abi = abi;
   c->env = NcclEnvFacts::from_environment();
   // The bounded traffic class is liboptireduce's: its kernels find losses by the marker, and
   // zeros would pass for received data (lost contributions summed as 0, no estimate, no count).
   // So that communicator carries the marker whatever OPTIREDUCE_FILL says.
-  c->fill = cfg.fill == "marker" || by_class ? Fill::kMarker : Fill::kZero;
+  c->fill = cfg.fill == FillChoice::kMarker || by_class ? Fill::kMarker : Fill::kZero;
   c->engine = engine;
   c->group = std::make_unique<BoundedGroup>(cfg);
   c->group->set_label(comm_id);

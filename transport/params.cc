@@ -19,18 +19,22 @@ namespace optireduce {
 namespace {
 
 using Field = std::variant<std::string Config::*, int64_t Config::*, uint64_t Config::*,
-                           double Config::*, bool Config::*>;
+                           double Config::*, bool Config::*, DatapathChoice Config::*,
+                           ModeChoice Config::*, FillChoice Config::*>;
 
 struct ParamSpec {
   const char* name;
   Field field;
   double min;           // numeric types: inclusive bounds
   double max;
-  const char* choices;  // string enums: '|'-separated allowed values; nullptr = free text
+  const char* choices;  // '|'-separated names. Enums: their values in enum order; strings: the
+                        // allowed values (nullptr = free text); integers: names that stand
+                        // for the values in `named` (besides numbers in [min, max])
   const char* doc;
   // A string with a syntax of its own: empty when `value` is well-formed, else why not (in
   // words that follow "invalid NAME=\"value\": "). nullptr = no check beyond the above.
-  std::string (*check)(const char* value);
+  std::string (*check)(const char* value) = nullptr;
+  const int64_t* named = nullptr;  // integers with `choices`: the value of each name
 };
 
 constexpr double kInf = 1e300;
@@ -40,6 +44,8 @@ std::string check_ifname(const char* value) {
   std::string why;
   return IfnameFilter::parse(value, &filter, &why) ? std::string() : why;
 }
+
+constexpr int64_t kIncastNamed[] = {kIncastMax, kIncastAuto};  // "max|auto"
 
 // clang-format off
 const ParamSpec kParams[] = {
@@ -108,8 +114,9 @@ const ParamSpec kParams[] = {
    "Fault injector: scale (minimum) of the Pareto-distributed delay, in microseconds."},
   {"OPTIREDUCE_FAULT_DELAY_ALPHA", &Config::fault_delay_alpha, 0.1, 100, nullptr,
    "Fault injector: Pareto shape of the delay; smaller is heavier-tailed."},
-  {"OPTIREDUCE_INCAST", &Config::incast, 0, 0, nullptr,
-   "TAR: senders a receiver admits at once: a number >= 1, `max` (N-1) or `auto` (adaptive)."},
+  {"OPTIREDUCE_INCAST", &Config::incast, 1, 1 << 20, "max|auto",
+   "TAR: senders a receiver admits at once (`max`: all N-1; `auto`: each receiver adapts it).",
+   nullptr, kIncastNamed},
   {"OPTIREDUCE_HADAMARD", &Config::hadamard, 0, 1, nullptr,
    "TAR: encode buckets with the randomized Hadamard transform in bounded mode."},
   {"OPTIREDUCE_HADAMARD_BLOCK", &Config::hadamard_block, 2, 1 << 24, nullptr,
@@ -137,15 +144,29 @@ bool parse_bool(const char* v, bool* out) {
   return false;
 }
 
-bool in_choices(const char* choices, const char* v) {
+// The position of `v` among the '|'-separated `choices`, or -1.
+int choice_index(const char* choices, const char* v) {
   const size_t n = std::strlen(v);
-  for (const char* p = choices; *p;) {
+  int i = 0;
+  for (const char* p = choices; *p; ++i) {
     const char* bar = std::strchr(p, '|');
     const size_t len = bar ? static_cast<size_t>(bar - p) : std::strlen(p);
-    if (len == n && std::strncmp(p, v, n) == 0) return true;
+    if (len == n && std::strncmp(p, v, n) == 0) return i;
     p += len + (bar ? 1 : 0);
   }
-  return false;
+  return -1;
+}
+
+// The i-th of the '|'-separated `choices`.
+std::string choice_name(const char* choices, int i) {
+  const char* p = choices;
+  for (; i > 0 && p != nullptr; --i) {
+    p = std::strchr(p, '|');
+    if (p != nullptr) ++p;
+  }
+  if (p == nullptr) return "?";
+  const char* bar = std::strchr(p, '|');
+  return bar ? std::string(p, static_cast<size_t>(bar - p)) : std::string(p);
 }
 
 std::string range_text(const ParamSpec& s) {
@@ -160,9 +181,13 @@ std::string apply(const ParamSpec& s, const char* v, Config* c) {
       [&](auto member) -> std::string {
         using T = std::remove_reference_t<decltype(c->*member)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          if (s.choices && !in_choices(s.choices, v))
+          if (s.choices && choice_index(s.choices, v) < 0)
             return std::string("one of ") + s.choices;
           c->*member = v;
+        } else if constexpr (std::is_enum_v<T>) {
+          const int i = choice_index(s.choices, v);
+          if (i < 0) return std::string("one of ") + s.choices;
+          c->*member = static_cast<T>(i);
         } else if constexpr (std::is_same_v<T, bool>) {
           bool b;
           if (!parse_bool(v, &b)) return "0/1, true/false, yes/no or on/off";
@@ -175,14 +200,22 @@ std::string apply(const ParamSpec& s, const char* v, Config* c) {
             return range_text(s);
           c->*member = d;
         } else {
+          if (s.choices != nullptr) {
+            if (const int i = choice_index(s.choices, v); i >= 0) {
+              c->*member = static_cast<T>(s.named[i]);
+              return {};
+            }
+          }
           char* end = nullptr;
           errno = 0;
           // base 0 accepts 0x.. so that hex traffic classes read naturally.
           const long long x = std::strtoll(v, &end, 0);
           if (errno || end == v || *end || static_cast<double>(x) < s.min ||
               static_cast<double>(x) > s.max)
-            return std::string("an integer in [") + std::to_string(static_cast<long long>(s.min)) +
-                   ", " + std::to_string(static_cast<long long>(s.max)) + "]";
+            return std::string(s.choices != nullptr ? "one of " : "") +
+                   (s.choices != nullptr ? s.choices : "") + (s.choices != nullptr ? " or " : "") +
+                   "an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
+                   std::to_string(static_cast<long long>(s.max)) + "]";
           c->*member = static_cast<T>(x);
         }
         return {};
@@ -197,6 +230,8 @@ std::string default_text(const ParamSpec& s) {
         using T = std::remove_cvref_t<decltype(d.*member)>;
         if constexpr (std::is_same_v<T, std::string>) {
           return (d.*member).empty() ? "(auto)" : d.*member;
+        } else if constexpr (std::is_enum_v<T>) {
+          return choice_name(s.choices, static_cast<int>(d.*member));
         } else if constexpr (std::is_same_v<T, bool>) {
           return d.*member ? "1" : "0";
         } else if constexpr (std::is_same_v<T, double>) {
@@ -204,6 +239,11 @@ std::string default_text(const ParamSpec& s) {
           std::snprintf(buf, sizeof(buf), "%g", d.*member);
           return buf;
         } else {
+          if (s.choices != nullptr) {
+            for (int i = 0; choice_name(s.choices, i) != "?"; ++i) {
+              if (s.named[i] == static_cast<int64_t>(d.*member)) return choice_name(s.choices, i);
+            }
+          }
           return std::to_string(d.*member);
         }
       },
@@ -266,15 +306,6 @@ Status parse_config(Config* out, std::string* error, std::vector<std::string>* w
     if (error) *error = "invalid OPTIREDUCE_HADAMARD_BLOCK: must be a power of two";
     return Status(Errc::kInvalidUsage);
   }
-  if (c.incast != "max" && c.incast != "auto") {
-    char* end = nullptr;
-    const long n = std::strtol(c.incast.c_str(), &end, 10);
-    if (end == c.incast.c_str() || *end || n < 1) {
-      if (error)
-        *error = "invalid OPTIREDUCE_INCAST=\"" + c.incast + "\": expected `max`, `auto` or an integer >= 1";
-      return Status(Errc::kInvalidUsage);
-    }
-  }
   // A misspelt variable silently doing nothing is the worst kind of configuration bug.
   if (warnings && !lookup) {
     for (char** e = environ; e && *e; ++e) {
@@ -315,7 +346,12 @@ std::string params_markdown_table() {
     if (s.choices) {
       allowed = " One of `";
       for (const char* p = s.choices; *p; ++p) allowed += (*p == '|') ? std::string("`, `") : std::string(1, *p);
-      allowed += "`.";
+      allowed += "`";
+      if (std::holds_alternative<int64_t Config::*>(s.field)) {
+        allowed += ", or an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
+                   std::to_string(static_cast<long long>(s.max)) + "]";
+      }
+      allowed += ".";
     }
     t += std::string("| `") + s.name + "` | `" + default_text(s) + "` | " + s.doc + allowed + " |\n";
   }

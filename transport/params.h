@@ -11,17 +11,27 @@
 
 namespace optireduce {
 
+// The values of the table's enumerated variables, parsed once from their names (a row's
+// `choices`, listed in enum order) so that nothing compares configuration strings at run time.
+enum class DatapathChoice : uint8_t { kAuto, kUdp, kVerbs };
+enum class ModeChoice : uint8_t { kExact, kBounded };
+enum class FillChoice : uint8_t { kZero, kMarker };
+// OPTIREDUCE_INCAST: senders a receiver admits at once, >= 1, or one of these two names (the C
+// API's OPTI_INCAST_MAX and OPTI_INCAST_AUTO: the same values, checked in collectives/api.cc).
+inline constexpr int64_t kIncastMax = 0;    // `max`: all N-1
+inline constexpr int64_t kIncastAuto = -1;  // `auto`: each receiver adapts it
+
 struct Config {
   // --- devices and datapath
   std::string ifname;             // OPTIREDUCE_IFNAME
-  std::string datapath = "auto";  // OPTIREDUCE_DATAPATH
+  DatapathChoice datapath = DatapathChoice::kAuto;  // OPTIREDUCE_DATAPATH
   std::string ib_hca;             // OPTIREDUCE_IB_HCA
   int64_t gid_index = -1;         // OPTIREDUCE_GID_INDEX
   int64_t max_datagram_bytes = 0; // OPTIREDUCE_MAX_DATAGRAM
   int64_t socket_buffer_bytes = 8 << 20;  // OPTIREDUCE_SOCKET_BUFFER
   bool udp_gso = true;            // OPTIREDUCE_UDP_GSO
   bool udp_gro = true;            // OPTIREDUCE_UDP_GRO
-  std::string log = "warn";       // OPTIREDUCE_LOG
+  std::string log = "warn";       // OPTIREDUCE_LOG (validated here; log.cc reads it itself)
 
   // --- reliable delivery, pacing
   int64_t rto_min_us = 2000;      // OPTIREDUCE_RTO_MIN_US
@@ -32,10 +42,10 @@ struct Config {
   int64_t peer_timeout_ms = 5000; // OPTIREDUCE_PEER_TIMEOUT_MS (see transport/liveness.h)
 
   // --- bounded mode
-  std::string mode = "exact";     // OPTIREDUCE_MODE (the plugin: every communicator)
-  std::string allreduce_mode = "exact";  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce's default)
+  ModeChoice mode = ModeChoice::kExact;  // OPTIREDUCE_MODE (the plugin: every communicator)
+  ModeChoice allreduce_mode = ModeChoice::kExact;  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce)
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
-  std::string fill = "zero";      // OPTIREDUCE_FILL
+  FillChoice fill = FillChoice::kZero;  // OPTIREDUCE_FILL
   int64_t calibration_steps = 100; // OPTIREDUCE_CALIBRATION_STEPS
   double timeout_ms = 0;          // OPTIREDUCE_TIMEOUT_MS (0 = calibrate)
   double timeout_headroom = 1.5;  // OPTIREDUCE_TIMEOUT_HEADROOM (calibrated tB = this x P95)
@@ -53,7 +63,7 @@ struct Config {
   double fault_delay_prob = 0;    // OPTIREDUCE_FAULT_DELAY_PROB
 
   // --- collectives (liboptireduce)
-  std::string incast = "max";     // OPTIREDUCE_INCAST
+  int64_t incast = kIncastMax;    // OPTIREDUCE_INCAST
   bool hadamard = true;           // OPTIREDUCE_HADAMARD
   int64_t hadamard_block = 4096;  // OPTIREDUCE_HADAMARD_BLOCK
   double safeguard = 0.05;        // OPTIREDUCE_SAFEGUARD

@@ -8,7 +8,7 @@
 namespace optireduce {
 
 Status open_datapath_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>* out) {
-  if (cfg.datapath == "udp") return open_udp_devices(cfg, out);
+  if (cfg.datapath == DatapathChoice::kUdp) return open_udp_devices(cfg, out);
   std::vector<std::unique_ptr<Device>> rdma;
   const Status st = open_verbs_devices(cfg, &rdma);
   if (st.code() == Errc::kInvalidUsage) return st;  // already explained by a WARN
@@ -17,7 +17,7 @@ Status open_datapath_devices(const Config& cfg, std::vector<std::unique_ptr<Devi
     for (auto& d : rdma) out->push_back(std::move(d));
     return Status::ok();
   }
-  if (cfg.datapath == "verbs") {
+  if (cfg.datapath == DatapathChoice::kVerbs) {
     OR_WARN("OPTIREDUCE_DATAPATH=verbs but %s",
             st.is_ok() ? "no RDMA port is active (or OPTIREDUCE_IB_HCA admits none)"
                        : "libibverbs is not available");

@@ -24,7 +24,7 @@ TEST(ParseConfig, DefaultsWithEmptyEnvironment) {
   Config c;
   std::string err;
   ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok());
-  EXPECT_EQ(c.mode, "exact");
+  EXPECT_EQ(c.mode, ModeChoice::kExact);
   EXPECT_EQ(c.calibration_steps, 100);
   EXPECT_DOUBLE_EQ(c.early_fraction, 0.1);
   EXPECT_FALSE(c.fault_enabled());
@@ -37,12 +37,50 @@ TEST(ParseConfig, TypedValues) {
   Config c;
   std::string err;
   ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.mode, "bounded");
+  EXPECT_EQ(c.mode, ModeChoice::kBounded);
   EXPECT_FALSE(c.udp_gso);
   EXPECT_DOUBLE_EQ(c.fault_drop, 0.05);
   EXPECT_TRUE(c.fault_enabled());
   EXPECT_EQ(c.bounded_traffic_class, 16);
   EXPECT_EQ(c.ifname, "lo");
+  EXPECT_EQ(c.incast, 3);
+}
+
+// Enumerated variables become enums, once, from their names in the row's order; OPTIREDUCE_INCAST
+// takes its two names or a number within the one bound liboptireduce accepts.
+TEST(ParseConfig, EnumeratedValuesAreTyped) {
+  struct Case {
+    const char* name;
+    const char* value;
+    bool (*check)(const Config&);
+  };
+  const Case cases[] = {
+      {"OPTIREDUCE_DATAPATH", "udp", [](const Config& c) { return c.datapath == DatapathChoice::kUdp; }},
+      {"OPTIREDUCE_DATAPATH", "verbs", [](const Config& c) { return c.datapath == DatapathChoice::kVerbs; }},
+      {"OPTIREDUCE_FILL", "marker", [](const Config& c) { return c.fill == FillChoice::kMarker; }},
+      {"OPTIREDUCE_ALLREDUCE_MODE", "bounded", [](const Config& c) { return c.allreduce_mode == ModeChoice::kBounded; }},
+      {"OPTIREDUCE_INCAST", "max", [](const Config& c) { return c.incast == kIncastMax; }},
+      {"OPTIREDUCE_INCAST", "auto", [](const Config& c) { return c.incast == kIncastAuto; }},
+      {"OPTIREDUCE_INCAST", "1048576", [](const Config& c) { return c.incast == 1 << 20; }},
+  };
+  for (const Case& k : cases) {
+    g_env = {{k.name, k.value}};
+    Config c;
+    std::string err;
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << k.name << ": " << err;
+    EXPECT_TRUE(k.check(c)) << k.name << "=" << k.value;
+  }
+  const Config d;
+  EXPECT_EQ(d.datapath, DatapathChoice::kAuto);
+  EXPECT_EQ(d.fill, FillChoice::kZero);
+  EXPECT_EQ(d.incast, kIncastMax);
+  for (const char* bad : {"1048577", "-1", "Max", "3x"}) {
+    g_env = {{"OPTIREDUCE_INCAST", bad}};
+    Config c;
+    std::string err;
+    EXPECT_FALSE(parse_config(&c, &err, nullptr, lookup).is_ok()) << bad;
+    EXPECT_NE(err.find("one of max|auto or an integer in [1, 1048576]"), std::string::npos) << err;
+  }
 }
 
 TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {

@@ -40,7 +40,7 @@ class RxeTest : public ::testing::Test {
   static void SetUpTestSuite() {
     g_devices = new std::vector<std::unique_ptr<Device>>();
     Config cfg;
-    cfg.datapath = "verbs";
+    cfg.datapath = DatapathChoice::kVerbs;
     if (!open_verbs_devices(cfg, g_devices).is_ok()) g_devices->clear();
   }
   static void TearDownTestSuite() {
@@ -242,7 +242,7 @@ TEST_F(RxeTest, SelectorPrefersVerbsInAutoMode) {
   ASSERT_TRUE(open_datapath_devices(cfg, &d).is_ok());
   ASSERT_FALSE(d.empty());
   EXPECT_EQ(d[0]->info().name.rfind("rxe", 0), 0u);
-  cfg.datapath = "udp";
+  cfg.datapath = DatapathChoice::kUdp;
   cfg.ifname = "lo";
   d.clear();
   ASSERT_TRUE(open_datapath_devices(cfg, &d).is_ok());

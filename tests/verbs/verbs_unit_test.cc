@@ -260,7 +260,7 @@ TEST(OpenDatapathDevices, FallsBackToUdpWithoutRdma) {
   ASSERT_TRUE(open_datapath_devices(cfg, &devs).is_ok());
   ASSERT_FALSE(devs.empty());
   EXPECT_EQ(devs[0]->info().name, "lo");
-  cfg.datapath = "verbs";
+  cfg.datapath = DatapathChoice::kVerbs;
   devs.clear();
   EXPECT_EQ(open_datapath_devices(cfg, &devs).code(), Errc::kInvalidUsage);
   EXPECT_TRUE(devs.empty());
