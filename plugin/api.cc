@@ -496,11 +496,11 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
     if (data[0] == nullptr && sizes[0] > 0) return misuse("irecv: NULL buffer");
     TransferFacts facts = facts_of(*w->ctx);
     facts.ll_sentinel = ll_hint;
-    const MsgDelivery how =
-        choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, false);
+    const bool bounded = w->comm->delivery() == Delivery::kBounded;
+    const MsgDelivery how = choose(*w->ctx, bounded, facts, false);
     Request* r = nullptr;
     if (Status s = w->comm->irecv(data[0], sizes[0], how, &r); !s) return fail(w, s, "irecv");
-    if (r != nullptr && w->comm->delivery() == Delivery::kBounded) {
+    if (r != nullptr && bounded) {
       w->events.start(r, phandle, w->ctx->comm_id, sizes[0]);
     }
     *request = r;

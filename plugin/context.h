@@ -35,8 +35,9 @@ struct Context {
   bool p2p_only = false;
   int abi = 11;      // the net ABI version NCCL loaded the plugin with
   NcclEnvFacts env;  // NCCL's protocol settings, read at init
-  // What the last setNetAttr said (transfer_kind.h). Written and read by NCCL's proxy thread,
-  // which posts the transfers it describes right after; atomics only for the stats reader.
+  // What the last setNetAttr said (transfer_kind.h). NCCL's proxy thread writes it and then
+  // posts the transfers it describes; atomics because NCCL's contract names no single thread
+  // for a context's calls.
   std::atomic<bool> attr_seen{false};
   std::atomic<uint32_t> attr_op{0};
   std::atomic<uint32_t> attr_proto{0};

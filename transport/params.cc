@@ -144,29 +144,33 @@ bool parse_bool(const char* v, bool* out) {
   return false;
 }
 
-// The position of `v` among the '|'-separated `choices`, or -1.
-int choice_index(const char* choices, const char* v) {
-  const size_t n = std::strlen(v);
-  int i = 0;
-  for (const char* p = choices; *p; ++i) {
+// The names of a row's '|'-separated `choices`, in order. Only parsing and the README table
+// read it, never a hot path.
+std::vector<std::string> choice_list(const char* choices) {
+  std::vector<std::string> out;
+  for (const char* p = choices;;) {
     const char* bar = std::strchr(p, '|');
-    const size_t len = bar ? static_cast<size_t>(bar - p) : std::strlen(p);
-    if (len == n && std::strncmp(p, v, n) == 0) return i;
-    p += len + (bar ? 1 : 0);
+    if (bar == nullptr) {
+      out.emplace_back(p);
+      return out;
+    }
+    out.emplace_back(p, static_cast<size_t>(bar - p));
+    p = bar + 1;
+  }
+}
+
+// The position of `v` among the row's choices, or -1.
+int choice_index(const char* choices, const char* v) {
+  const std::vector<std::string> names = choice_list(choices);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == v) return static_cast<int>(i);
   }
   return -1;
 }
 
-// The i-th of the '|'-separated `choices`.
-std::string choice_name(const char* choices, int i) {
-  const char* p = choices;
-  for (; i > 0 && p != nullptr; --i) {
-    p = std::strchr(p, '|');
-    if (p != nullptr) ++p;
-  }
-  if (p == nullptr) return "?";
-  const char* bar = std::strchr(p, '|');
-  return bar ? std::string(p, static_cast<size_t>(bar - p)) : std::string(p);
+std::string int_range_text(const ParamSpec& s) {
+  return "an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
+         std::to_string(static_cast<long long>(s.max)) + "]";
 }
 
 std::string range_text(const ParamSpec& s) {
@@ -212,10 +216,8 @@ std::string apply(const ParamSpec& s, const char* v, Config* c) {
           const long long x = std::strtoll(v, &end, 0);
           if (errno || end == v || *end || static_cast<double>(x) < s.min ||
               static_cast<double>(x) > s.max)
-            return std::string(s.choices != nullptr ? "one of " : "") +
-                   (s.choices != nullptr ? s.choices : "") + (s.choices != nullptr ? " or " : "") +
-                   "an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
-                   std::to_string(static_cast<long long>(s.max)) + "]";
+            return (s.choices != nullptr ? std::string("one of ") + s.choices + " or " : "") +
+                   int_range_text(s);
           c->*member = static_cast<T>(x);
         }
         return {};
@@ -231,7 +233,7 @@ std::string default_text(const ParamSpec& s) {
         if constexpr (std::is_same_v<T, std::string>) {
           return (d.*member).empty() ? "(auto)" : d.*member;
         } else if constexpr (std::is_enum_v<T>) {
-          return choice_name(s.choices, static_cast<int>(d.*member));
+          return choice_list(s.choices).at(static_cast<size_t>(d.*member));
         } else if constexpr (std::is_same_v<T, bool>) {
           return d.*member ? "1" : "0";
         } else if constexpr (std::is_same_v<T, double>) {
@@ -240,8 +242,9 @@ std::string default_text(const ParamSpec& s) {
           return buf;
         } else {
           if (s.choices != nullptr) {
-            for (int i = 0; choice_name(s.choices, i) != "?"; ++i) {
-              if (s.named[i] == static_cast<int64_t>(d.*member)) return choice_name(s.choices, i);
+            const std::vector<std::string> names = choice_list(s.choices);
+            for (size_t i = 0; i < names.size(); ++i) {
+              if (s.named[i] == static_cast<int64_t>(d.*member)) return names[i];
             }
           }
           return std::to_string(d.*member);
@@ -344,13 +347,10 @@ std::string params_markdown_table() {
   for (const auto& s : kParams) {
     std::string allowed;
     if (s.choices) {
-      allowed = " One of `";
-      for (const char* p = s.choices; *p; ++p) allowed += (*p == '|') ? std::string("`, `") : std::string(1, *p);
-      allowed += "`";
-      if (std::holds_alternative<int64_t Config::*>(s.field)) {
-        allowed += ", or an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
-                   std::to_string(static_cast<long long>(s.max)) + "]";
-      }
+      const std::vector<std::string> names = choice_list(s.choices);
+      allowed = " One of `" + names.front() + "`";
+      for (size_t i = 1; i < names.size(); ++i) allowed += ", `" + names[i] + "`";
+      if (std::holds_alternative<int64_t Config::*>(s.field)) allowed += ", or " + int_range_text(s);
       allowed += ".";
     }
     t += std::string("| `") + s.name + "` | `" + default_text(s) + "` | " + s.doc + allowed + " |\n";

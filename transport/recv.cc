@@ -63,8 +63,8 @@ bool RecvConn::set_msg_state_locked(Msg& m, State to, uint64_t now) {
   return true;
 }
 
+// Constant for the connection's life (the handshake's), so no lock on NCCL's hot path.
 Delivery RecvConn::delivery() const {
-  std::lock_guard<std::mutex> lock(mu_);
   return params_.delivery;
 }
 
@@ -121,8 +121,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   // unless this receive needs it whole (see on_data_locked).
   if (m.req.seq - expired_base_ < 64 && (expired_mask_ >> (m.req.seq % 64) & 1)) {
     if (m.exact) {
-      fail_locked(Status(Errc::kRemote),
-                  "the sender expired a message this receiver pinned exact (LL/LL128)");
+      fail_expired_pinned_locked();
       return Status::ok();  // the request fails at its first test
     }
     if (expiry_allowed_locked(m)) {
@@ -140,6 +139,11 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
 // A sender's expiry notice ends a receive that is bounded, or exact only because the group is
 // calibrating (the sender gave up on it just as we would at the fallback bound). A receive
 // pinned exact (NCCL's LL/LL128) never ends without its data; its CTS told the sender so.
+void RecvConn::fail_expired_pinned_locked() {
+  fail_locked(Status(Errc::kRemote),
+              "the sender expired a message this receiver pinned exact (LL/LL128)");
+}
+
 bool RecvConn::expiry_allowed_locked(const Msg& m) const {
   return m.bounded || (params_.delivery == Delivery::kBounded && !m.exact);
 }
@@ -283,8 +287,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
       // The sender gave up on a message this receive needs whole: its bytes will never come,
       // and waiting would hang the caller. The two ends disagreed on the transfer's kind (a
       // sender without the protocol of the transfer that expired it before our CTS).
-      fail_locked(Status(Errc::kRemote),
-                  "the sender expired a message this receiver pinned exact (LL/LL128)");
+      fail_expired_pinned_locked();
     } else {
       ++stats_.drop_unexpected;
     }
@@ -456,13 +459,14 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (!set_msg_state_locked(m, State::kComplete, now)) return;
   ++stats_.msgs;
   stats_.bytes += m.bytes_got;
-  m.req.outcome.bounded = m.bounded || how != End::kAll;
-  m.req.outcome.end = static_cast<uint8_t>(how);
-  m.req.outcome.expected = size;
-  m.req.outcome.lost = size - std::min(size, m.bytes_got);
-  if (m.bounded || how != End::kAll) {
-    stats_.bytes_expected += size;
-    stats_.bytes_lost += size - std::min(size, m.bytes_got);
+  RecvOutcome& o = m.req.outcome;
+  o.bounded = m.bounded || how != End::kAll;
+  o.end = static_cast<uint8_t>(how);
+  o.expected = size;
+  o.lost = size - std::min(size, m.bytes_got);
+  if (o.bounded) {
+    stats_.bytes_expected += o.expected;
+    stats_.bytes_lost += o.lost;
     if (how == End::kDeadline) ++stats_.deadline_hits;
     if (how == End::kEarly) ++stats_.early_timeouts;
   }

@@ -102,6 +102,8 @@ class RecvConn final : public Conn, public RecvComm {
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);
   bool expiry_allowed_locked(const Msg& m) const;
+  // The sender expired a receive pinned exact: its bytes never come, so the connection fails.
+  void fail_expired_pinned_locked();
   uint16_t credit_locked(const Msg& m, bool first) const;
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }

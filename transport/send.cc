@@ -62,8 +62,8 @@ bool SendConn::set_state_locked(Msg& m, State to) {
   return true;
 }
 
+// Constant for the connection's life (the handshake's), so no lock on NCCL's hot path.
 Delivery SendConn::delivery() const {
-  std::lock_guard<std::mutex> lock(mu_);
   return params_.delivery;
 }
 
@@ -122,9 +122,7 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, Request**
       static_cast<int32_t>(m.req.seq - receiver_floor_) < 0) {
     // The receiver's deadline ended this message before we posted it (see
     // on_receiver_floor_locked): nothing of it is wanted any more.
-    m.expired = true;
-    ++stats_.expired_sends;
-    set_state_locked(m, State::kDone);
+    expire_unstarted_locked(m);
   } else if (c.valid && c.seq == m.req.seq) {
     start_locked(m, c, now);
   }
@@ -199,9 +197,7 @@ void SendConn::on_peer_closed_locked(uint64_t) {
     if (m.state == State::kSending) {
       give_up_locked(m);
     } else {
-      m.expired = true;
-      ++stats_.expired_sends;
-      set_state_locked(m, State::kDone);
+      expire_unstarted_locked(m);
     }
   }
 }
@@ -222,9 +218,7 @@ void SendConn::on_receiver_floor_locked(uint32_t floor) {
   for (uint32_t s = oldest_; s != next_seq_ && static_cast<int32_t>(s - floor) < 0; ++s) {
     Msg& m = slot(s);
     if (m.state == State::kWaitCts && !m.exact) {
-      m.expired = true;
-      ++stats_.expired_sends;
-      if (!set_state_locked(m, State::kDone)) return;
+      if (!expire_unstarted_locked(m)) return;
     } else if (m.state == State::kSending && m.bounded) {
       on_receiver_done_locked(m);
     }

@@ -148,6 +148,9 @@ class SendConn final : public Conn, public SendComm {
   void send_expired_notice_locked(uint32_t seq);
   uint64_t give_up_ns_locked() const;
   void give_up_locked(Msg& m);
+  // Ends a message that never started (no CTS, or its receiver no longer wants it): done,
+  // counted as expired. False if the state machine refused (the connection then failed).
+  bool expire_unstarted_locked(Msg& m);
 
   Msg msgs_[kMaxRequests];
   uint32_t next_seq_ = 0;  // sequence of the next isend

@@ -26,10 +26,8 @@ void SendConn::expire_bounded_locked(uint64_t now) {
     if (!may_expire_locked(m)) continue;
     if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= give_up) {
       if (!heard_cts_) presumed_dead_ = true;
-      m.expired = true;
       expired_mask_ |= uint64_t{1} << (s % 64);
-      ++stats_.expired_sends;
-      if (!set_state_locked(m, State::kDone)) return;
+      if (!expire_unstarted_locked(m)) return;
       send_expired_notice_locked(s);
     } else if (m.state == State::kSending && m.bounded && now - m.started_ns >= give_up) {
       give_up_locked(m);
@@ -56,6 +54,12 @@ uint64_t SendConn::give_up_ns_locked() const {
   if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
   if (!presumed_dead_) return kFallbackGiveUpNs;
   return cfg_.timeout_ms > 0 ? static_cast<uint64_t>(2e6 * cfg_.timeout_ms) : 1'000'000'000;
+}
+
+bool SendConn::expire_unstarted_locked(Msg& m) {
+  m.expired = true;
+  ++stats_.expired_sends;
+  return set_state_locked(m, State::kDone);
 }
 
 // Ends a message under way that ran out of time: packets not yet sent never will be, and
