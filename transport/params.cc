@@ -127,6 +127,10 @@ const ParamSpec kParams[] = {
    "TAR: redo a flagged call exactly."},
   {"OPTIREDUCE_EXACT_BELOW", &Config::exact_below_bytes, 0, 1 << 30, nullptr,
    "TAR: buffers smaller than this many bytes always go exactly (norms, loss values)."},
+  {"OPTIREDUCE_HOME", &Config::home, 0, 0, nullptr,
+   "Build tools only (the libraries never read it): where `nccl-tests-patches/apply-and-build.sh` finds an installed liboptireduce, the install prefix holding `include/optireduce.h` (docs/gpu.md)."},
+  {"OPTIREDUCE_NCCL_TESTS_DIR", &Config::nccl_tests_dir, 0, 0, nullptr,
+   "Tests only: an nccl-tests checkout; the `nccl_tests` test suite then checks that `nccl-tests-patches/` applies to it and builds, and skips without it."},
 };
 // clang-format on
 

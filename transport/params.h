@@ -70,6 +70,11 @@ struct Config {
   bool safeguard_redo = false;    // OPTIREDUCE_SAFEGUARD_REDO
   int64_t exact_below_bytes = 4096;  // OPTIREDUCE_EXACT_BELOW
 
+  // --- build and test tools: read by scripts, never by the libraries; in the table so that they
+  // are documented with the rest and a process that inherits them gets no unknown-variable warning
+  std::string home;            // OPTIREDUCE_HOME
+  std::string nccl_tests_dir;  // OPTIREDUCE_NCCL_TESTS_DIR
+
   bool fault_enabled() const {
     return fault_drop > 0 || fault_dup > 0 || fault_reorder > 0 || fault_delay_prob > 0;
   }
