@@ -1,4 +1,4 @@
-// RttEstimator implementation.
+// RttEstimator and MinRttFilter implementation.
 #include "transport/rtt.h"
 
 #include <algorithm>
@@ -15,9 +15,20 @@ void RttEstimator::sample(uint64_t r) {
     rttvar_ns_ = (3 * rttvar_ns_ + err) / 4;  // beta = 1/4
     srtt_ns_ = (7 * srtt_ns_ + r) / 8;        // alpha = 1/8
   }
-  rto_ns_ = std::clamp(srtt_ns_ + 4 * rttvar_ns_, rto_min_ns_, rto_max_ns_);
+  rto_ns_ = std::clamp(std::max(srtt_ns_ + 4 * rttvar_ns_, 2 * srtt_ns_), rto_min_ns_, rto_max_ns_);
 }
 
 void RttEstimator::backoff() { rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_); }
+
+void MinRttFilter::sample(uint64_t ns) {
+  if (ns == 0) ns = 1;
+  cur_min_ = cur_min_ == 0 ? ns : std::min(cur_min_, ns);
+  if (++in_cur_ == kWindow) {
+    prev_min_ = cur_min_;
+    cur_min_ = 0;
+    in_cur_ = 0;
+  }
+  best_ns_ = prev_min_ == 0 ? cur_min_ : cur_min_ == 0 ? prev_min_ : std::min(prev_min_, cur_min_);
+}
 
 }  // namespace optireduce
