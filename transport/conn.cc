@@ -205,8 +205,10 @@ void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
     encode(h, hdr);
     const TxPacket p{hdr, kHeaderBytes, len, payload};
     const int n = ep_->tx_burst(&p, 1);
-    if (n < 0) fail_locked(Status(Errc::kSystem, -n), "send failed");
-    else stats_.ctrl_pkts += static_cast<uint64_t>(n);
+    if (n < 0)
+      fail_locked(Status(Errc::kSystem, -n), "send failed");
+    else
+      stats_.ctrl_pkts += static_cast<uint64_t>(n);
     return;
   }
   if (ctrl_n_ == kCtrlBatch) flush_locked();

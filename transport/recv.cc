@@ -222,8 +222,8 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   // The sender learns from this how long it may wait for a CTS before expiring a message.
   if (m.bounded) {
     const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
-                            : policy_ ? budget_locked(m.capacity)
-                                      : kDefaultBudgetNs;
+                            : policy_     ? budget_locked(m.capacity)
+                                          : kDefaultBudgetNs;
     timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(budget / 1000, UINT32_MAX));
   }
   h.credit = credit_locked(m, true);

@@ -292,8 +292,10 @@ uint64_t SendConn::next_timer_locked() const {
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     const Msg& m = msgs_[s % kMaxRequests];
     if (!may_expire_locked(m)) continue;
-    if (m.state == State::kWaitCts && m.expire_early) consider(m.posted_ns + give_up);
-    else if (m.state == State::kSending && m.bounded) consider(m.started_ns + give_up);
+    if (m.state == State::kWaitCts && m.expire_early)
+      consider(m.posted_ns + give_up);
+    else if (m.state == State::kSending && m.bounded)
+      consider(m.started_ns + give_up);
   }
   return next;
 }
