@@ -1,4 +1,4 @@
-// RttEstimator and MinRttFilter implementation.
+// RttEstimator implementation.
 #include "transport/rtt.h"
 
 #include <algorithm>
@@ -19,16 +19,5 @@ void RttEstimator::sample(uint64_t r) {
 }
 
 void RttEstimator::backoff() { rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_); }
-
-void MinRttFilter::sample(uint64_t ns) {
-  if (ns == 0) ns = 1;
-  cur_min_ = cur_min_ == 0 ? ns : std::min(cur_min_, ns);
-  if (++in_cur_ == kWindow) {
-    prev_min_ = cur_min_;
-    cur_min_ = 0;
-    in_cur_ = 0;
-  }
-  best_ns_ = prev_min_ == 0 ? cur_min_ : cur_min_ == 0 ? prev_min_ : std::min(prev_min_, cur_min_);
-}
 
 }  // namespace optireduce

@@ -42,7 +42,19 @@ class MinRttFilter {
  public:
   static constexpr uint32_t kWindow = 16;
 
-  void sample(uint64_t ns);
+  // Inline: the receive path's fuzz target links transport sources one by one, without rtt.cc.
+  void sample(uint64_t ns) {
+    if (ns == 0) ns = 1;
+    cur_min_ = cur_min_ == 0 || ns < cur_min_ ? ns : cur_min_;
+    if (++in_cur_ == kWindow) {
+      prev_min_ = cur_min_;
+      cur_min_ = 0;
+      in_cur_ = 0;
+    }
+    best_ns_ = prev_min_ == 0 ? cur_min_
+               : cur_min_ == 0 || prev_min_ < cur_min_ ? prev_min_
+                                                       : cur_min_;
+  }
   bool has_sample() const { return best_ns_ != 0; }
   uint64_t min_ns() const { return best_ns_; }  // 0 before the first sample
 
