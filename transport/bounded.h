@@ -53,13 +53,9 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   static int size_class(uint64_t bytes);
 
  private:
-  // Smallest budget the group gives. The group sees no RTT, so this is only an absolute floor
-  // (a timer served by polling is no finer than tens of microseconds); each receiving
-  // connection raises it to a few tens of its own measured RTTs, or to 1 ms before it measured
-  // one (RecvConn::budget_locked), so that a 10 us fabric is not held to a millisecond network's
-  // floor. Scheduling noise on a loaded host is in tB and tC themselves: they are measured from
-  // whole steps on that host.
-  static constexpr uint64_t kMinBudgetNs = 100'000;
+  // Smallest budget ever given: a descheduled thread on a loaded host alone costs this much,
+  // and cutting a step for scheduling noise loses data for nothing.
+  static constexpr uint64_t kMinBudgetNs = 1'000'000;
   // Calibration also ends after this many times the configured steps even if few of them
   // were whole steps (a fully pipelined stream); tB then comes from every sample.
   static constexpr uint64_t kCalibrationPatience = 10;

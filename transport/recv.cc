@@ -26,11 +26,6 @@ constexpr uint64_t kCtsResendMinNs = 20'000;
 // Before the connection measured an RTT: a conservative first repeat, as for a millisecond
 // network.
 constexpr uint64_t kCtsResendInitialNs = 5'000'000;
-// A bounded budget leaves room for this many round trips (a CTS repeat, a tail probe and a
-// retransmission each cost two or three), so that a step whose data is merely repaired is never
-// cut. Before an RTT is known, the millisecond that suits any network.
-constexpr uint64_t kBudgetRtts = 20;
-constexpr uint64_t kBudgetFloorInitialNs = 1'000'000;
 constexpr uint32_t kAckEveryPkts = 16;
 // Bound of an exact receive on a bounded connection (calibration), as kFallbackGiveUpNs of
 // the sending side: never cuts a live step, never lets a dead sender hang us.
@@ -178,17 +173,9 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
 }
 
 uint64_t RecvConn::budget_locked(uint64_t bytes) const {
-  // The floor never lifts a budget past the hard bound tB (the user's OPTIREDUCE_TIMEOUT_MS,
-  // or the calibrated one): on a slow network tB, not the floor, is the word.
-  if (policy_ != nullptr)
-    return std::max(policy_->budget_ns(bytes),
-                    std::min(budget_floor_ns_locked(), policy_->tb_ns(bytes)));
+  if (policy_ != nullptr) return policy_->budget_ns(bytes);
   if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
   return kDefaultBudgetNs;
-}
-
-uint64_t RecvConn::budget_floor_ns_locked() const {
-  return rtt_.has_sample() ? kBudgetRtts * rtt_.min_ns() : kBudgetFloorInitialNs;
 }
 
 uint64_t RecvConn::cts_resend_ns_locked() const {

@@ -106,11 +106,10 @@ class RecvConn final : public Conn, public RecvComm {
   // The sender expired a receive pinned exact: its bytes never come, so the connection fails.
   void fail_expired_pinned_locked();
   uint16_t credit_locked(const Msg& m, bool first) const;
-  // A bounded receive's budget: the policy's, never below budget_floor_ns_locked().
+  // A bounded receive's budget: the policy's, else OPTIREDUCE_TIMEOUT_MS, else 1 s.
   uint64_t budget_locked(uint64_t bytes) const;
-  // Timer floors from the RTT this receiver measured (rtt_), or conservative ones before it
-  // measured any: see recv.cc.
-  uint64_t budget_floor_ns_locked() const;
+  // When a CTS is first repeated: from the RTT this receiver measured (rtt_), or a
+  // conservative figure before it measured any (recv.cc).
   uint64_t cts_resend_ns_locked() const;
   uint64_t next_timer_locked() const override;
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
