@@ -35,11 +35,12 @@ void Conn::deactivate() {
 }
 
 void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
-  // Served recently and no timer due: its owner is polling it. A due timer is served even so,
-  // since the progress thread woke for it and its owner may have moved on to other requests.
-  const uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
+  // Served recently and no timer due (wake_ns): its owner is polling it. A due timer is
+  // served sooner than idle_ns, since the progress thread woke for it and the owner may have
+  // moved on to other requests.
+  const uint64_t wake = wake_ns();
   if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns &&
-      (timer == 0 || now < timer))
+      (wake == 0 || now < wake))
     return;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
@@ -278,10 +279,16 @@ void Registry::remove(Conn* c) {
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
 }
 
+uint64_t Conn::wake_ns() const {
+  const uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
+  if (timer == 0) return 0;
+  return std::max(timer, last_progress_ns_.load(std::memory_order_relaxed) + kOwnerGraceNs);
+}
+
 uint64_t Registry::earliest_timer_ns() {
   uint64_t next = 0;
   for_each([&next](Conn* c) {
-    const uint64_t t = c->next_timer_ns();
+    const uint64_t t = c->wake_ns();
     if (t != 0 && (next == 0 || t < next)) next = t;
   });
   return next;

@@ -74,6 +74,12 @@ class Conn {
   // The earliest armed timer as of the last pass, 0 if none: the progress thread sleeps until
   // then rather than a whole OPTIREDUCE_PROGRESS_US period. Read without the lock.
   uint64_t next_timer_ns() const { return next_timer_ns_.load(std::memory_order_relaxed); }
+  // When the progress thread should visit for that timer: not before kOwnerGraceNs after the
+  // owner's last pass, since an owner that polls (NCCL's test() loop) fires its own timers; so
+  // a busy connection, whose probe moves ahead with every ACK, does not wake the thread every
+  // few RTTs, while one whose owner moved on is served within the grace of its timer.
+  uint64_t wake_ns() const;
+  static constexpr uint64_t kOwnerGraceNs = 50'000;
 
   // Serves the connection now (what the progress thread does for idle connections).
   void poll();
@@ -182,7 +188,8 @@ class Registry {
     std::lock_guard<std::mutex> lock(mu_);
     for (Conn* c : conns_) fn(c);
   }
-  // The earliest timer any live connection has armed (Conn::next_timer_ns()), 0 if none.
+  // When the progress thread should next visit for a timer (the earliest Conn::wake_ns()),
+  // 0 if no connection has one armed.
   uint64_t earliest_timer_ns();
 
  private:
