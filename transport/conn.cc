@@ -11,6 +11,8 @@
 
 namespace optireduce {
 
+static_assert(kHelloBodyBytes <= kSackBytes, "a control payload is copied into kSackBytes");
+
 uint32_t payload_for_datagram(uint32_t max_datagram_bytes) {
   return (max_datagram_bytes - kHeaderBytes) & ~7u;
 }
@@ -33,7 +35,13 @@ void Conn::deactivate() {
 }
 
 void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
-  if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns) return;
+  // Served recently and no timer due (wake_ns): its owner is polling it. A due timer is
+  // served sooner than idle_ns, since the progress thread woke for it and the owner may have
+  // moved on to other requests.
+  const uint64_t wake = wake_ns();
+  if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns &&
+      (wake == 0 || now < wake))
+    return;
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   // Read the clock again under the lock: `now` was taken before it, and an owner that held the
@@ -43,12 +51,18 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
 
 void Conn::progress_locked(uint64_t now) {
   last_progress_ns_.store(now, std::memory_order_relaxed);
-  if (!fatal_.is_ok()) return;
-  drain_rx_locked(now);
-  check_liveness_locked(now);
-  if (!fatal_.is_ok()) return;
-  on_timers_locked(now);
-  transmit_locked(now);
+  if (fatal_.is_ok()) {
+    drain_rx_locked(now);
+    check_liveness_locked(now);
+    if (fatal_.is_ok()) {
+      on_timers_locked(now);
+      transmit_locked(now);
+    }
+  }
+  // The pass's control packets that no DATA took along (a receiver's ACKs, a CTS), in one
+  // burst; also what was queued before a failure (a FINAL, say), as it would have left at once.
+  flush_locked();
+  next_timer_ns_.store(fatal_.is_ok() ? next_timer_locked() : 0, std::memory_order_relaxed);
 }
 
 void Conn::check_liveness_locked(uint64_t now) {
@@ -99,6 +113,7 @@ void Conn::say_close_locked() {
   PacketHeader h;
   h.type = PacketType::kClose;
   send_ctrl_locked(h);
+  flush_locked();  // the connection is going away: no later pass will send it
 }
 
 Status Conn::test_request(Request* req, bool* done, size_t* size) {
@@ -176,37 +191,51 @@ void Conn::receive_datagram(const uint8_t* data, uint32_t len) {
   const uint64_t now = clock_.now_ns();
   handle_datagram_locked(data, len, now);
   after_rx_burst_locked(now);
+  flush_locked();  // its answer (an ACK) must not wait for the connection's first pass
 }
 
 void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
-  uint8_t hdr[kHeaderBytes];
   h.token = params_.token;
-  h.payload_len = len;
   h.timeout_us = timeout_hint_us_;
-  encode(h, hdr);
-  TxPacket p;
-  p.hdr = hdr;
-  p.hdr_len = kHeaderBytes;
-  p.payload = payload;
-  p.payload_len = len;
-  const int n = ep_->tx_burst(&p, 1);
-  if (n < 0) {
-    fail_locked(Status(Errc::kSystem, -n), "send failed");
+  if (batch_n_ != 0) {
+    // DATA is queued: a side made a control packet halfway through building a burst (none
+    // does). Its rollback counts on what flush_locked() returns, so the burst stays as it is
+    // and this packet leaves alone, at once.
+    uint8_t hdr[kHeaderBytes];
+    h.payload_len = len;
+    encode(h, hdr);
+    const TxPacket p{hdr, kHeaderBytes, len, payload};
+    const int n = ep_->tx_burst(&p, 1);
+    if (n < 0)
+      fail_locked(Status(Errc::kSystem, -n), "send failed");
+    else
+      stats_.ctrl_pkts += static_cast<uint64_t>(n);
     return;
   }
-  // A full queue drops the control packet; the timers that made it will make it again.
-  if (n == 1) ++stats_.ctrl_pkts;
+  if (ctrl_n_ == kCtrlBatch) flush_locked();
+  // Every control payload fits (a SACK, a HELLO body).
+  len = payload != nullptr ? std::min(len, kSackBytes) : 0;
+  h.payload_len = len;
+  const int k = ctrl_n_++;
+  encode(h, batch_hdr_[k]);
+  if (payload != nullptr && len != 0) std::memcpy(ctrl_payload_[k], payload, len);
+  TxPacket& p = batch_[k];
+  p.hdr = batch_hdr_[k];
+  p.hdr_len = kHeaderBytes;
+  p.payload = len != 0 ? ctrl_payload_[k] : nullptr;
+  p.payload_len = len;
 }
 
 TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len) {
   if (batch_n_ == kBatch) return nullptr;
+  const int k = ctrl_n_ + batch_n_++;
   PacketHeader hh = h;
   hh.token = params_.token;
   hh.payload_len = len;
   hh.timeout_us = timeout_hint_us_;
-  encode(hh, batch_hdr_[batch_n_]);
-  TxPacket& p = batch_[batch_n_++];
-  p.hdr = batch_hdr_[batch_n_ - 1];
+  encode(hh, batch_hdr_[k]);
+  TxPacket& p = batch_[k];
+  p.hdr = batch_hdr_[k];
   p.hdr_len = kHeaderBytes;
   p.payload = payload;
   p.payload_len = len;
@@ -214,14 +243,18 @@ TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, ui
 }
 
 int Conn::flush_locked() {
-  if (batch_n_ == 0) return 0;
-  const int n = ep_->tx_burst(batch_, batch_n_);
-  batch_n_ = 0;
+  const int ctrl = ctrl_n_, total = ctrl_n_ + batch_n_;
+  if (total == 0) return 0;
+  const int n = ep_->tx_burst(batch_, total);
+  ctrl_n_ = batch_n_ = 0;
   if (n < 0) {
     fail_locked(Status(Errc::kSystem, -n), "send failed");
     return 0;
   }
-  return n;
+  // A full queue drops the control packets it did not take; the timers that made them will
+  // make them again.
+  stats_.ctrl_pkts += static_cast<uint64_t>(std::min(n, ctrl));
+  return std::max(0, n - ctrl);
 }
 
 void Conn::fail_locked(Status s, const char* why) {
@@ -244,6 +277,21 @@ void Registry::add(Conn* c) {
 void Registry::remove(Conn* c) {
   std::lock_guard<std::mutex> lock(mu_);
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+}
+
+uint64_t Conn::wake_ns() const {
+  const uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
+  if (timer == 0) return 0;
+  return std::max(timer, last_progress_ns_.load(std::memory_order_relaxed) + kOwnerGraceNs);
+}
+
+uint64_t Registry::earliest_timer_ns() {
+  uint64_t next = 0;
+  for_each([&next](Conn* c) {
+    const uint64_t t = c->wake_ns();
+    if (t != 0 && (next == 0 || t < next)) next = t;
+  });
+  return next;
 }
 
 const RecvOutcome& request_outcome(const Request* req) {

@@ -71,6 +71,16 @@ class Conn {
 
   Status test_request(Request* req, bool* done, size_t* size);
 
+  // The earliest armed timer as of the last pass, 0 if none: the progress thread sleeps until
+  // then rather than a whole OPTIREDUCE_PROGRESS_US period. Read without the lock.
+  uint64_t next_timer_ns() const { return next_timer_ns_.load(std::memory_order_relaxed); }
+  // When the progress thread should visit for that timer: not before kOwnerGraceNs after the
+  // owner's last pass, since an owner that polls (NCCL's test() loop) fires its own timers; so
+  // a busy connection, whose probe moves ahead with every ACK, does not wake the thread every
+  // few RTTs, while one whose owner moved on is served within the grace of its timer.
+  uint64_t wake_ns() const;
+  static constexpr uint64_t kOwnerGraceNs = 50'000;
+
   // Serves the connection now (what the progress thread does for idle connections).
   void poll();
 
@@ -97,19 +107,33 @@ class Conn {
   virtual void transmit_locked(uint64_t now) = 0;
   virtual Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) = 0;
 
-  // Sends one control datagram at once (control packets are never paced: they are small and
-  // they are what unblocks the peer). Loss of one is repaired by the protocol's timers.
+  // Queues one control datagram (CTS, ACK, FINAL, PING, PONG, CLOSE, an expiry notice) for the
+  // connection's next transmit burst: it leaves with the pass's DATA, ahead of it, in one
+  // tx_burst, or alone at the end of the pass (progress_locked). Control packets are never
+  // paced: they are small and they are what unblocks the peer. `payload` (at most kSackBytes)
+  // is copied, so the caller's buffer may go at once. A full queue is flushed on the spot, so
+  // nothing waits beyond kCtrlBatch packets. Every public entry point that takes mu_ ends in
+  // progress_locked() or flush_locked(), so nothing queued outlives the lock. Loss of one
+  // (the datapath's queue full included) is repaired by the protocol's timers.
   void send_ctrl_locked(PacketHeader h, const void* payload = nullptr, uint32_t len = 0);
 
   // A sibling in the same group polled within this long is being served by its own caller.
   static constexpr uint64_t kSiblingIdleNs = 20'000;
 
-  // Transmit batch: the side fills up to kBatch entries, then flush_locked() hands them to the
-  // endpoint and returns how many were taken (the rest must be treated as never sent).
+  // Transmit batch: the side fills up to kBatch DATA entries, then flush_locked() hands them,
+  // behind the control packets queued since the last flush, to the endpoint in one tx_burst
+  // and returns how many DATA entries were taken (the rest must be treated as never sent).
   static constexpr int kBatch = 32;
+  // Control packets queued at most: one ACK per posted message per received burst (32
+  // messages) fits; beyond it the queue is flushed early rather than grown.
+  static constexpr int kCtrlBatch = 32;
   TxPacket* batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len);
   int batch_size() const { return batch_n_; }
   int flush_locked();
+
+  // The earliest instant at which the side's timers want a pass (0: none armed), for the
+  // progress thread (next_timer_ns()). Called at the end of every pass.
+  virtual uint64_t next_timer_locked() const = 0;
 
   void fail_locked(Status s, const char* why);
   // The peer is gone (CLOSE, silence, ICMP): the connection fails with Errc::kRemote, which
@@ -141,8 +165,13 @@ class Conn {
   PeerLiveness liveness_;
   uint64_t unreachable_seen_ = 0;  // the endpoint's peer_unreachable already counted
   std::atomic<uint64_t> last_progress_ns_{0};
-  TxPacket batch_[kBatch];
-  uint8_t batch_hdr_[kBatch][kHeaderBytes];
+  std::atomic<uint64_t> next_timer_ns_{0};
+  // One burst: ctrl_n_ control packets first (they unblock the peer), then batch_n_ DATA.
+  // Fixed arrays: nothing is allocated per packet.
+  TxPacket batch_[kCtrlBatch + kBatch];
+  uint8_t batch_hdr_[kCtrlBatch + kBatch][kHeaderBytes];
+  uint8_t ctrl_payload_[kCtrlBatch][kSackBytes];
+  int ctrl_n_ = 0;
   int batch_n_ = 0;
 };
 
@@ -159,6 +188,9 @@ class Registry {
     std::lock_guard<std::mutex> lock(mu_);
     for (Conn* c : conns_) fn(c);
   }
+  // When the progress thread should next visit for a timer (the earliest Conn::wake_ns()),
+  // 0 if no connection has one armed.
+  uint64_t earliest_timer_ns();
 
  private:
   std::mutex mu_;

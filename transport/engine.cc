@@ -3,6 +3,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 
@@ -175,15 +176,26 @@ Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOp
 }
 
 void EngineImpl::progress_loop() {
-  const auto period = std::chrono::microseconds(cfg_.progress_us);
-  const uint64_t idle_ns = static_cast<uint64_t>(cfg_.progress_us) * 500;
+  const uint64_t period_ns = static_cast<uint64_t>(cfg_.progress_us) * 1000;
+  const uint64_t idle_ns = period_ns / 2;
+  // Shortest sleep: a timer that is due but whose connection its owner holds right now is
+  // served by that owner; waking again at once would spin.
+  constexpr uint64_t kMinSleepNs = 20'000;
   std::unique_lock<std::mutex> lock(thread_mu_);
   while (!stop_) {
-    thread_cv_.wait_for(lock, period, [this] { return stop_; });
+    // Sleep a whole period when nothing is armed (idle: no spinning), else until the earliest
+    // armed timer, so that a connection nobody polls still meets a timer of tens of
+    // microseconds (a lost CTS or tail on a fast fabric). A timer armed during the sleep waits
+    // for the next wake-up, at most one period.
+    const uint64_t now = clock_.now_ns();
+    const uint64_t next = registry_->earliest_timer_ns();
+    uint64_t sleep_ns = period_ns;
+    if (next != 0) sleep_ns = std::clamp(next > now ? next - now : 0, kMinSleepNs, period_ns);
+    thread_cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns), [this] { return stop_; });
     if (stop_) break;
     lock.unlock();
-    const uint64_t now = clock_.now_ns();
-    registry_->for_each([&](Conn* c) { c->background_progress(now, idle_ns); });
+    const uint64_t t = clock_.now_ns();
+    registry_->for_each([&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();
   }
 }

@@ -34,7 +34,7 @@ struct Config {
   std::string log = "warn";       // OPTIREDUCE_LOG (validated here; log.cc reads it itself)
 
   // --- reliable delivery, pacing
-  int64_t rto_min_us = 2000;      // OPTIREDUCE_RTO_MIN_US
+  int64_t rto_min_us = 100;       // OPTIREDUCE_RTO_MIN_US (the timeout follows the RTT above it)
   int64_t rto_max_us = 200000;    // OPTIREDUCE_RTO_MAX_US
   int64_t window_bytes = 4 << 20; // OPTIREDUCE_WINDOW_BYTES
   double rate_gbps = 0;           // OPTIREDUCE_RATE_GBPS (0 = no ceiling on a path's pacing)

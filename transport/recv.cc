@@ -16,8 +16,16 @@ namespace {
 constexpr uint16_t kMarker16 = 0x7FF1;
 // Without a policy, a bounded receive gets this budget (OPTIREDUCE_TIMEOUT_MS overrides).
 constexpr uint64_t kDefaultBudgetNs = 1'000'000'000;
-// First CTS resend after this long without DATA, doubling up to the RTO maximum.
-constexpr uint64_t kCtsRtoMinNs = 5'000'000;
+// A CTS is repeated after this many RTTs without DATA (the CTS's own round trip, the sender's
+// poll, one to spare), doubling up to the RTO maximum. A repeat the sender did not need costs
+// one small datagram, which it ignores, so the timer may be short.
+constexpr uint64_t kCtsRtts = 3;
+// ... but never sooner than this: a software timer served by polling, on a host that
+// schedules other threads, is no finer.
+constexpr uint64_t kCtsResendMinNs = 20'000;
+// Before the connection measured an RTT: a conservative first repeat, as for a millisecond
+// network.
+constexpr uint64_t kCtsResendInitialNs = 5'000'000;
 constexpr uint32_t kAckEveryPkts = 16;
 // Bound of an exact receive on a bounded connection (calibration), as kFallbackGiveUpNs of
 // the sending side: never cuts a live step, never lets a dead sender hang us.
@@ -26,8 +34,7 @@ constexpr uint64_t kFallbackNs = 10'000'000'000;
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
                    const ConnParams& p, std::shared_ptr<Registry> registry)
-    : Conn(cfg, clock, std::move(ep), p, std::move(registry)),
-      cts_rto_ns_(std::max<uint64_t>(kCtsRtoMinNs, static_cast<uint64_t>(cfg.rto_min_us) * 2000)) {
+    : Conn(cfg, clock, std::move(ep), p, std::move(registry)) {
   for (auto& m : msgs_) m.req.conn = this;
 }
 
@@ -114,7 +121,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.head_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
   m.pkts_since_ack = 0;
-  m.cts_backoff_ns = cts_rto_ns_;
+  m.cts_backoff_ns = cts_resend_ns_locked();
   ++next_seq_;
   *req = &m.req;
   // The sender told us it gave up on this message before we posted it: done, fully missing,
@@ -162,11 +169,33 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
     if (expiry_allowed_locked(m)) m.deadline_ns = now + kFallbackNs;
     return;
   }
-  const uint64_t bytes = m.started ? m.size : m.capacity;
-  uint64_t budget = kDefaultBudgetNs;
-  if (policy_ != nullptr) budget = policy_->budget_ns(bytes);
-  else if (cfg_.timeout_ms > 0) budget = static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
-  m.deadline_ns = now + budget;
+  m.deadline_ns = now + budget_locked(m.started ? m.size : m.capacity);
+}
+
+uint64_t RecvConn::budget_locked(uint64_t bytes) const {
+  if (policy_ != nullptr) return policy_->budget_ns(bytes);
+  if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
+  return kDefaultBudgetNs;
+}
+
+uint64_t RecvConn::cts_resend_ns_locked() const {
+  if (!rtt_.has_sample()) return kCtsResendInitialNs;
+  return std::clamp(kCtsRtts * rtt_.min_ns(), kCtsResendMinNs, kCtsResendInitialNs);
+}
+
+uint64_t RecvConn::next_timer_locked() const {
+  uint64_t next = 0;
+  auto consider = [&next](uint64_t t) {
+    if (t != 0 && (next == 0 || t < next)) next = t;
+  };
+  for (uint32_t s = floor_; s != next_seq_; ++s) {
+    const Msg& m = msgs_[s % kMaxRequests];
+    if (m.state != State::kPosted) continue;
+    consider(m.deadline_ns);
+    if (m.bounded) consider(m.early_ns);
+    if (!m.started) consider(m.cts_ns + m.cts_backoff_ns);
+  }
+  return next;
 }
 
 void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
@@ -180,8 +209,8 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   // The sender learns from this how long it may wait for a CTS before expiring a message.
   if (m.bounded) {
     const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
-                            : policy_ ? policy_->budget_ns(m.capacity)
-                                      : kDefaultBudgetNs;
+                            : policy_     ? budget_locked(m.capacity)
+                                          : kDefaultBudgetNs;
     timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(budget / 1000, UINT32_MAX));
   }
   h.credit = credit_locked(m, true);
@@ -344,11 +373,13 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     const uint64_t budget = m.deadline_ns - m.head_ns;
     if (now - m.head_ns > budget / 10) m.deadline_ns = std::max(m.deadline_ns, now + budget);
   }
+  // The first DATA a CTS unlocked: a sample of the RTT, never below it (the sender may have
+  // posted or polled late; the first CTS is the one it may have answered). Retransmissions
+  // may have been sent long before; only a fresh packet times the path.
+  const bool rtt_sample = m.bytes_got == 0 && !(h.flags & kFlagRetx) && m.first_cts_ns != 0;
+  if (rtt_sample) rtt_.sample(now - m.first_cts_ns);
   if (m.bounded && downlink_) {
-    // The first DATA a CTS unlocked: a sample of the downlink's RTT. Retransmissions may have
-    // been sent long before; only a fresh packet times the path.
-    if (m.bytes_got == 0 && !(h.flags & kFlagRetx) && m.first_cts_ns != 0)
-      downlink_->on_rtt(now - m.first_cts_ns, now);
+    if (rtt_sample) downlink_->on_rtt(now - m.first_cts_ns, now);
     burst_bytes_ += h.payload_len + kHeaderBytes;
   }
   m.bytes_got += h.payload_len;

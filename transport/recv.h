@@ -22,6 +22,7 @@
 
 #include "transport/conn.h"
 #include "transport/credit.h"
+#include "transport/rtt.h"
 #include "transport/sack.h"
 
 namespace optireduce {
@@ -105,6 +106,12 @@ class RecvConn final : public Conn, public RecvComm {
   // The sender expired a receive pinned exact: its bytes never come, so the connection fails.
   void fail_expired_pinned_locked();
   uint16_t credit_locked(const Msg& m, bool first) const;
+  // A bounded receive's budget: the policy's, else OPTIREDUCE_TIMEOUT_MS, else 1 s.
+  uint64_t budget_locked(uint64_t bytes) const;
+  // When a CTS is first repeated: from the RTT this receiver measured (rtt_), or a
+  // conservative figure before it measured any (recv.cc).
+  uint64_t cts_resend_ns_locked() const;
+  uint64_t next_timer_locked() const override;
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
@@ -121,7 +128,8 @@ class RecvConn final : public Conn, public RecvComm {
   uint64_t burst_bytes_ = 0;     // DATA bytes accepted in the current received burst
   bool have_hello_ack_ = false;
   uint8_t hello_ack_[kHelloBodyBytes] = {};
-  uint64_t cts_rto_ns_;
+  // The RTT as this side sees it: CTS to the first DATA it unlocked, which only overstates it.
+  MinRttFilter rtt_;
   // The last completed message whose late bounded DATA was answered with a FINAL.
   bool answered_late_ = false;
   uint32_t answered_seq_ = 0;

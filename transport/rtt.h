@@ -1,5 +1,6 @@
-// Round-trip time estimate and retransmission timeout (RFC 6298 smoothing, Karn's rule applied
-// by the caller: only packets sent once give samples).
+// Round-trip time estimates. RttEstimator: the sender's smoothed RTT and retransmission timeout
+// (RFC 6298 smoothing, Karn's rule applied by the caller: only packets sent once give samples).
+// MinRttFilter: the receiver's view, from samples that can only overstate the RTT.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +12,11 @@ class RttEstimator {
   RttEstimator(uint64_t rto_min_ns, uint64_t rto_max_ns, uint64_t initial_rto_ns)
       : rto_min_ns_(rto_min_ns), rto_max_ns_(rto_max_ns), rto_ns_(initial_rto_ns) {}
 
+  // The timeout follows the measured RTT: RFC 6298's srtt + 4 rttvar, but never below twice
+  // the smoothed RTT (on a steady path rttvar decays to nearly 0, and an ACK that waits for
+  // the receiver's next burst or pass would then time out spuriously, which collapses the
+  // window), nor outside [rto_min, rto_max]. So a 10 us fabric gets a timeout of tens of
+  // microseconds above rto_min, and a 2 ms one a timeout above 4 ms.
   void sample(uint64_t rtt_ns);
   // Doubles the timeout after an expiry (exponential backoff), up to the maximum.
   void backoff();
@@ -25,6 +31,38 @@ class RttEstimator {
   uint64_t srtt_ns_ = 0;
   uint64_t rttvar_ns_ = 0;
   uint64_t rto_ns_;
+};
+
+// The smallest of the recent samples of a quantity that is only ever overstated (a receiver's
+// CTS-to-first-DATA time: the RTT plus however long the sender took to post and to poll). The
+// minimum of a window finds the RTT as soon as one sample caught a sender that was waiting;
+// two windows of kWindow samples let it rise again within 2 x kWindow samples when the path's
+// RTT grows (a smoothed mean of such samples would carry every late isend).
+class MinRttFilter {
+ public:
+  static constexpr uint32_t kWindow = 16;
+
+  // Inline: the receive path's fuzz target links transport sources one by one, without rtt.cc.
+  void sample(uint64_t ns) {
+    if (ns == 0) ns = 1;
+    cur_min_ = cur_min_ == 0 || ns < cur_min_ ? ns : cur_min_;
+    if (++in_cur_ == kWindow) {
+      prev_min_ = cur_min_;
+      cur_min_ = 0;
+      in_cur_ = 0;
+    }
+    best_ns_ = prev_min_ == 0 ? cur_min_
+               : cur_min_ == 0 || prev_min_ < cur_min_ ? prev_min_
+                                                       : cur_min_;
+  }
+  bool has_sample() const { return best_ns_ != 0; }
+  uint64_t min_ns() const { return best_ns_; }  // 0 before the first sample
+
+ private:
+  uint64_t cur_min_ = 0;   // of the current window (0: empty)
+  uint64_t prev_min_ = 0;  // of the window before it
+  uint32_t in_cur_ = 0;
+  uint64_t best_ns_ = 0;
 };
 
 }  // namespace optireduce

@@ -33,14 +33,24 @@ uint32_t PacketBitmap::first_clear(uint32_t from) const {
 }
 
 uint32_t PacketBitmap::export_bits(uint32_t base, uint32_t nbits, uint8_t* out) const {
-  std::memset(out, 0, nbits / 8);
+  const uint32_t nbytes = nbits / 8;
+  std::memset(out, 0, nbytes);
+  // Bits at or beyond npkts_ read as 0 (the words hold no garbage past it after reset(), but
+  // a longer message before may have left bits in the storage beyond this one's words).
+  const uint32_t end = npkts_ > base ? std::min(npkts_ - base, nbits) : 0;
   uint32_t used = 0;
-  const uint32_t end = std::min(npkts_, base + nbits);
-  for (uint32_t i = base; i < end; ++i) {
-    if (test(i)) {
-      out[(i - base) >> 3] |= static_cast<uint8_t>(1u << ((i - base) & 7));
-      used = ((i - base) >> 3) + 1;
-    }
+  for (uint32_t at = 0; at < end; at += 64) {
+    // 64 bits from bit base + at, straddling two storage words unless aligned.
+    const uint32_t i = base + at;
+    const uint32_t shift = i & 63;
+    uint64_t w = words_[i >> 6] >> shift;
+    if (shift != 0 && (i >> 6) + 1 < words_.size()) w |= words_[(i >> 6) + 1] << (64 - shift);
+    if (end - at < 64) w &= (uint64_t{1} << (end - at)) - 1;
+    if (w == 0) continue;
+    const uint32_t first_byte = at / 8;
+    for (uint32_t b = 0; b < 8 && first_byte + b < nbytes; ++b)
+      out[first_byte + b] = static_cast<uint8_t>(w >> (8 * b));
+    used = first_byte + (63 - static_cast<uint32_t>(__builtin_clzll(w))) / 8 + 1;
   }
   return used;
 }

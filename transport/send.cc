@@ -12,7 +12,9 @@
 namespace optireduce {
 
 namespace {
-// Before the first RTT sample, retransmit after this long.
+// Before the first RTT sample, retransmit after this long: conservative, as for a millisecond
+// network. The first ACK of the first message gives a sample, and from then on every timer of
+// the connection follows the measured RTT (rtt.h).
 constexpr uint64_t kInitialRtoNs = 20'000'000;
 }  // namespace
 
@@ -274,6 +276,28 @@ void SendConn::on_timers_locked(uint64_t now) {
     else probe_deadline_ = 0;
   }
   if (rto_deadline_ != 0 && now >= rto_deadline_) on_rto_locked(now);
+}
+
+uint64_t SendConn::next_timer_locked() const {
+  uint64_t next = 0;
+  auto consider = [&next](uint64_t t) {
+    if (t != 0 && (next == 0 || t < next)) next = t;
+  };
+  consider(rto_deadline_);
+  consider(probe_deadline_);
+  if (params_.delivery != Delivery::kBounded) return next;
+  // The bounded give-ups of expire_bounded_locked() that a budget sets (the 10 s fallback is
+  // left to the periodic pass).
+  const uint64_t give_up = give_up_ns_locked();
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    const Msg& m = msgs_[s % kMaxRequests];
+    if (!may_expire_locked(m)) continue;
+    if (m.state == State::kWaitCts && m.expire_early)
+      consider(m.posted_ns + give_up);
+    else if (m.state == State::kSending && m.bounded)
+      consider(m.started_ns + give_up);
+  }
+  return next;
 }
 
 Status SendConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {

@@ -115,6 +115,7 @@ class SendConn final : public Conn, public SendComm {
   void on_timers_locked(uint64_t now) override;
   void transmit_locked(uint64_t now) override;
   Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) override;
+  uint64_t next_timer_locked() const override;
 
   // send.cc: the message's life.
   bool set_state_locked(Msg& m, State to);

@@ -12,8 +12,10 @@ namespace {
 // A hole is declared lost once this many packets above it have been acknowledged (TCP's
 // duplicate-ACK threshold: tolerates mild reordering without spurious retransmissions).
 constexpr uint32_t kDupThresh = 3;
-// Shortest tail-loss-probe delay: below this a probe mostly duplicates packets still in flight.
-constexpr uint64_t kMinProbeNs = 100'000;
+// Shortest tail-loss-probe delay. The probe otherwise follows the measured RTT (two of them,
+// see arm_probe_locked), which already keeps it from duplicating packets still in flight; this
+// only keeps it above what a timer served by polling can resolve on a busy host.
+constexpr uint64_t kMinProbeNs = 20'000;
 }  // namespace
 
 void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
@@ -73,19 +75,16 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
     }
     for (uint32_t i = m.acked.first_clear(m.cum); i < h.offset; i = m.acked.first_clear(i + 1))
       ack_packet_locked(m, i, &t);
-    const uint32_t nbytes = std::min(h.payload_len, kSackBytes);
-    for (uint32_t byte = 0; byte < nbytes; ++byte) {
-      if (sack[byte] == 0) continue;
-      for (uint32_t bit = 0; bit < 8; ++bit) {
-        if (!(sack[byte] >> bit & 1)) continue;
-        const uint64_t i = uint64_t{h.offset} + byte * 8 + bit;
-        if (i >= m.next_new) {
-          ++stats_.drop_bounds;
-          break;
-        }
-        ack_packet_locked(m, static_cast<uint32_t>(i), &t);
+    // Bits ascend, so the first one beyond what we sent ends the walk: the rest are too.
+    for_each_set_bit(sack, std::min(h.payload_len, kSackBytes), [&](uint32_t bit) {
+      const uint64_t i = uint64_t{h.offset} + bit;
+      if (i >= m.next_new) {
+        ++stats_.drop_bounds;
+        return false;
       }
-    }
+      ack_packet_locked(m, static_cast<uint32_t>(i), &t);
+      return true;
+    });
   }
   // The receiver's credit counts from the ACK's cumulative point; an older ACK's smaller grant
   // never takes back what a newer one gave.

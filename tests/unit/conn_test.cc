@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <iterator>
 #include <random>
 #include <utility>
@@ -33,11 +34,12 @@ struct Rig {
   std::unique_ptr<SendConn> s;
   std::unique_ptr<RecvConn> r;
 
+  // one_way_ns: the link's latency each way (0: none; the RTT is then the polling rounds').
   explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero,
-               int64_t peer_timeout_ms = Config().peer_timeout_ms) {
+               int64_t peer_timeout_ms = Config().peer_timeout_ms, uint64_t one_way_ns = 0) {
     cfg.timeout_ms = 50;
     cfg.peer_timeout_ms = peer_timeout_ms;
-    auto p = make_mem_pair(kDgram);
+    auto p = make_mem_pair(kDgram, &clock, one_way_ns);
     tx_ep = p.a.get();
     rx_ep = p.b.get();
     to_rx = p.ab;
@@ -311,16 +313,10 @@ TEST(Bounded, DeadlineFillsHolesWithMarkerAndCountsThem) {
 
 TEST(Bounded, ALossEarlyInAStepIsRepairedBeforeTheDeadline) {
   Rig rig(Delivery::kBounded);
-  bool dropped = false;
-  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
-    PacketHeader h;
-    decode(d.data(), d.size(), &h);
-    if (h.type == PacketType::kData && h.offset == 3000 && !dropped) {
-      dropped = true;  // the first copy of packet 3 only
-      return 0;
-    }
-    return 1;
-  };
+  int dropped = 0;  // the first copy of packet 3 only
+  rig.tx_ep->policy = testing::drop_first(
+      [](const PacketHeader& h) { return h.type == PacketType::kData && h.offset == 3000; }, 1,
+      &dropped);
   auto src = pattern(20'000, 4);
   std::vector<uint8_t> dst(src.size(), 0);
   Request *sr, *rr;
@@ -330,7 +326,7 @@ TEST(Bounded, ALossEarlyInAStepIsRepairedBeforeTheDeadline) {
   const uint64_t t0 = rig.clock.now_ns();
   ASSERT_TRUE(rig.run(sr, rr, &sz, 2000, 100));
   EXPECT_LT(rig.clock.now_ns() - t0, 50'000'000u) << "before the 50 ms deadline";
-  EXPECT_TRUE(dropped);
+  EXPECT_EQ(dropped, 1);
   EXPECT_EQ(src, dst);
   EXPECT_EQ(rig.r->stats().bytes_lost, 0u);
   EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
@@ -519,11 +515,7 @@ TEST(PerMessage, ASendThatAsksTheReceiverEndsOnceTheReceiversDeadlineEndedIt) {
     const auto src = pattern(2000, 25);
     std::vector<uint8_t> dst(src.size());
     bool drop_cts = true;
-    rig.rx_ep->policy = [&](const std::vector<uint8_t>& d) {
-      PacketHeader h;
-      decode(d.data(), d.size(), &h);
-      return drop_cts && h.type == PacketType::kCts ? 0 : 1;
-    };
+    rig.rx_ep->policy = testing::drop_type(PacketType::kCts, &drop_cts);
     Request *sr = nullptr, *rr;
     if (posted_first) {
       ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAskReceiver, &sr).is_ok());
@@ -572,11 +564,7 @@ TEST(PerMessage, AnExpiredMessageThatTheReceiverPinnedExactIsAnErrorNotAHang) {
     Request *sr, *rr = nullptr;
     if (!posted_late) {
       // The receive is posted but its CTS (and repeats) never reach the sender.
-      rig.rx_ep->policy = [](const std::vector<uint8_t>& d) {
-        PacketHeader h;
-        decode(d.data(), d.size(), &h);
-        return h.type == PacketType::kCts ? 0 : 1;
-      };
+      rig.rx_ep->policy = testing::drop_type(PacketType::kCts);
       ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &rr).is_ok());
     }
     ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &sr).is_ok());
@@ -782,6 +770,163 @@ TEST(PeerDeath, RepeatedPortUnreachableFailsAtOnce) {
   ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
   rig.rx_ep->report_unreachable(PeerLiveness::kUnreachableLimit - 1);
   EXPECT_EQ(rig.r->test(rr, &done, &sz).code(), Errc::kRemote);
+}
+
+// ---- Control packets leave in the connection's transmit burst: one tx_burst per pass.
+
+TEST(ControlBatch, APassSendsItsAcksInOneBurst) {
+  Rig rig;
+  constexpr int kMsgs = 8;
+  std::vector<std::vector<uint8_t>> src, dst;
+  Request *sr[kMsgs], *rr[kMsgs];
+  for (int k = 0; k < kMsgs; ++k) {
+    src.push_back(pattern(900, k));  // one packet each
+    dst.emplace_back(900);
+    ASSERT_TRUE(rig.r->irecv(dst[k].data(), dst[k].size(), &rr[k]).is_ok());
+  }
+  for (int k = 0; k < kMsgs; ++k) ASSERT_TRUE(rig.s->isend(src[k].data(), 900, &sr[k]).is_ok());
+  ASSERT_EQ(rig.to_rx->q.size(), static_cast<size_t>(kMsgs));  // every DATA waits at the receiver
+  const uint64_t calls = rig.rx_ep->counters().tx_syscalls;
+  const uint64_t ctrl = rig.r->stats().ctrl_pkts;
+  rig.r->poll();  // one pass: 8 messages complete, 8 FINAL ACKs
+  EXPECT_EQ(rig.r->stats().ctrl_pkts - ctrl, static_cast<uint64_t>(kMsgs));
+  EXPECT_EQ(rig.rx_ep->counters().tx_syscalls - calls, 1u) << "one burst, not one per ACK";
+  size_t sz;
+  for (int k = 0; k < kMsgs; ++k) {
+    ASSERT_TRUE(rig.run(sr[k], rr[k], &sz));
+    EXPECT_EQ(src[k], dst[k]);
+  }
+}
+
+TEST(ControlBatch, AFullQueueIsFlushedEarlyAndNothingIsLost) {
+  Rig rig;
+  auto src = pattern(900, 1);
+  std::vector<uint8_t> dst(900);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_EQ(rig.to_rx->q.size(), 1u);
+  const std::vector<uint8_t> data = rig.to_rx->q.front();
+  size_t sz;
+  ASSERT_TRUE(rig.run(sr, rr, &sz));
+  // 40 stale copies of a completed exact message: each is answered with a FINAL, in one pass
+  // (the receive drains up to 8 bursts of 32), more than the control queue holds.
+  constexpr int kCopies = 40;
+  for (int i = 0; i < kCopies; ++i) rig.to_rx->q.push_back(data);
+  const uint64_t calls = rig.rx_ep->counters().tx_syscalls;
+  const uint64_t ctrl = rig.r->stats().ctrl_pkts;
+  rig.r->poll();
+  EXPECT_EQ(rig.r->stats().ctrl_pkts - ctrl, static_cast<uint64_t>(kCopies));
+  const uint64_t bursts = rig.rx_ep->counters().tx_syscalls - calls;
+  EXPECT_EQ(bursts, 2u) << "32 in the queue, flushed early, then the other 8 at the pass's end";
+}
+
+// ---- Timers follow the measured RTT: on a 10 us fabric a lost CTS, DATA packet or ACK costs
+// a few RTTs, not milliseconds; on a 2 ms network nothing is sent again for want of patience.
+
+constexpr uint64_t kFastOneWayNs = 5'000;  // 10 us RTT
+constexpr uint64_t kFastRttNs = 2 * kFastOneWayNs;
+
+// Runs one message with 1 us polling rounds; returns the fake time both ends took (ns), or
+// UINT64_MAX if they did not finish within `limit_ns`.
+uint64_t timed_transfer(Rig& rig, const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+                        uint64_t limit_ns, uint64_t step_ns = 1'000) {
+  Request *sr, *rr;
+  const uint64_t t0 = rig.clock.now_ns();
+  EXPECT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  EXPECT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool sd = false, rd = false;
+  size_t sz = 0;
+  while (!(sd && rd) && rig.clock.now_ns() - t0 <= limit_ns) {
+    if (!sd) {
+      EXPECT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+    }
+    if (!rd) {
+      EXPECT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+    }
+    if (sd && rd) break;
+    rig.s->poll();
+    rig.r->poll();
+    rig.clock.advance_ns(step_ns);
+  }
+  return sd && rd ? rig.clock.now_ns() - t0 : UINT64_MAX;
+}
+
+// A few clean messages, so that both ends have measured the RTT.
+void warm_up(Rig& rig, uint64_t step_ns = 1'000) {
+  for (int k = 0; k < 4; ++k) {
+    const auto src = pattern(3000, 100 + k);
+    std::vector<uint8_t> dst(src.size());
+    ASSERT_NE(timed_transfer(rig, src, dst, 1'000'000'000, step_ns), UINT64_MAX);
+    ASSERT_EQ(src, dst);
+  }
+}
+
+// A loss on the 10 us link: the message still completes within 10 RTTs, and the one loss is
+// repaired exactly once.
+struct FastLoss {
+  const char* what;
+  bool on_receiver;  // the receiver's endpoint loses it (CTS, ACK), else the sender's
+  bool (*match)(const PacketHeader& h);
+};
+
+TEST(RttTimers, OneLossOnATenMicrosecondFabricCostsAFewRtts) {
+  const FastLoss cases[] = {
+      {"the CTS", true, [](const PacketHeader& h) { return h.type == PacketType::kCts; }},
+      {"the last DATA packet", false,
+       [](const PacketHeader& h) { return h.type == PacketType::kData && h.offset == 2000; }},
+      {"the ACK", true, [](const PacketHeader& h) { return h.type == PacketType::kAck; }},
+  };
+  for (const FastLoss& c : cases) {
+    SCOPED_TRACE(c.what);
+    Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, kFastOneWayNs);
+    warm_up(rig);
+    const auto src = pattern(3000, 7);  // three packets
+    std::vector<uint8_t> dst(src.size());
+    const uint64_t clean = timed_transfer(rig, src, dst, 1'000'000);
+    ASSERT_NE(clean, UINT64_MAX);
+    int dropped = 0;
+    (c.on_receiver ? rig.rx_ep : rig.tx_ep)->policy = testing::drop_first(c.match, 1, &dropped);
+    const ConnStats s0 = rig.s->stats(), r0 = rig.r->stats();
+    std::fill(dst.begin(), dst.end(), 0);
+    const uint64_t took = timed_transfer(rig, src, dst, 10'000'000);
+    ASSERT_EQ(dropped, 1);
+    ASSERT_NE(took, UINT64_MAX);
+    EXPECT_EQ(src, dst);
+    std::printf("[ %s lost ] clean %.1f RTTs, with the loss %.1f RTTs\n", c.what,
+                double(clean) / kFastRttNs, double(took) / kFastRttNs);
+    EXPECT_LE(took, 10 * kFastRttNs) << "recovered within 10 RTTs (100 us), not milliseconds";
+    const ConnStats s1 = rig.s->stats(), r1 = rig.r->stats();
+    EXPECT_EQ(s1.rto_events - s0.rto_events, 0u) << "the probe or CTS repeat, not the RTO";
+    EXPECT_LE(s1.retx_pkts - s0.retx_pkts, 1u);
+    EXPECT_LE(r1.cts_resent - r0.cts_resent, 1u);
+  }
+}
+
+// Clean transfers on a 10 us and on a 2 ms network: the timers scale with the RTT, so neither
+// sends anything again (no retransmission, probe, RTO or repeated CTS).
+TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
+  struct Net {
+    const char* what;
+    uint64_t one_way_ns, step_ns;
+  };
+  for (const Net n : {Net{"10 us RTT", kFastOneWayNs, 1'000}, Net{"2 ms RTT", 1'000'000, 10'000}}) {
+    SCOPED_TRACE(n.what);
+    Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, n.one_way_ns);
+    warm_up(rig, n.step_ns);
+    for (int k = 0; k < 20; ++k) {
+      const auto src = pattern(1000 * (1 + k * 7), k);  // 1 to 134 packets
+      std::vector<uint8_t> dst(src.size());
+      ASSERT_NE(timed_transfer(rig, src, dst, 1'000'000'000, n.step_ns), UINT64_MAX) << k;
+      ASSERT_EQ(src, dst) << k;
+    }
+    const ConnStats s = rig.s->stats(), r = rig.r->stats();
+    EXPECT_EQ(s.retx_pkts, 0u);
+    EXPECT_EQ(s.probes, 0u);
+    EXPECT_EQ(s.rto_events, 0u);
+    EXPECT_EQ(r.cts_resent, 0u);
+    EXPECT_EQ(r.drop_duplicate, 0u);
+  }
 }
 
 // The state machines accept exactly the edges send.h and recv.h list, and nothing else: every

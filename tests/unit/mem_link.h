@@ -7,19 +7,70 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "transport/clock.h"
 #include "transport/datapath.h"
+#include "transport/wire.h"
 
 namespace optireduce::testing {
 
 struct MemQueue {
-  std::deque<std::vector<uint8_t>> q;
+  std::deque<std::vector<uint8_t>> q;  // arrived: the next rx_burst reads these
   size_t cap = 4096;  // datagrams; beyond it tx_burst takes fewer (like a full socket buffer)
+  // One-way delay: with a clock, a datagram sent at t joins q once the clock reaches
+  // t + delay_ns (a network of that latency; an RTT of twice it). Without one, at once.
+  const Clock* clock = nullptr;
+  uint64_t delay_ns = 0;
+  std::deque<std::pair<uint64_t, std::vector<uint8_t>>> wire;  // (arrival time, datagram)
+
+  void push(std::vector<uint8_t> d) {
+    if (clock == nullptr || delay_ns == 0) {
+      q.push_back(std::move(d));
+      return;
+    }
+    wire.emplace_back(clock->now_ns() + delay_ns, std::move(d));
+  }
+  // Moves what has arrived by now from the wire into q.
+  void arrive() {
+    while (!wire.empty() && clock->now_ns() >= wire.front().first) {
+      q.push_back(std::move(wire.front().second));
+      wire.pop_front();
+    }
+  }
+  size_t size() const { return q.size() + wire.size(); }
 };
 
 // decide(datagram) -> number of copies to deliver (0 = drop, 2 = duplicate).
 using LinkPolicy = std::function<int(const std::vector<uint8_t>&)>;
+
+// Policies that drop by header, so that tests say what they lose instead of each decoding
+// datagrams in a lambda of its own. Undecodable datagrams always pass.
+template <typename Pred>
+LinkPolicy drop_where(Pred pred) {
+  return [pred](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    if (decode(d.data(), d.size(), &h) != DecodeError::kNone) return 1;
+    return pred(h) ? 0 : 1;
+  };
+}
+// Every datagram of `type`, while *on holds (null: always).
+inline LinkPolicy drop_type(PacketType type, const bool* on = nullptr) {
+  return drop_where(
+      [type, on](const PacketHeader& h) { return h.type == type && (on == nullptr || *on); });
+}
+// The first `n` datagrams that pred matches, then nothing; *dropped (if given) counts them.
+template <typename Pred>
+LinkPolicy drop_first(Pred pred, int n, int* dropped = nullptr) {
+  auto left = std::make_shared<int>(n);
+  return drop_where([pred, left, dropped](const PacketHeader& h) {
+    if (*left == 0 || !pred(h)) return false;
+    --*left;
+    if (dropped != nullptr) ++*dropped;
+    return true;
+  });
+}
 
 class MemEndpoint final : public Endpoint {
  public:
@@ -33,20 +84,22 @@ class MemEndpoint final : public Endpoint {
   const PeerAddress& local_address() const override { return local_; }
   Status set_peer(const PeerAddress&) override { return Status::ok(); }
   int tx_burst(const TxPacket* pkts, int n) override {
+    if (n > 0) ++counters_.tx_syscalls;  // one call: one sendmmsg on UDP, one post on verbs
     int taken = 0;
     for (; taken < n; ++taken) {
-      if (tx_->q.size() >= tx_->cap) break;
+      if (tx_->size() >= tx_->cap) break;
       std::vector<uint8_t> d(pkts[taken].hdr_len + pkts[taken].payload_len);
       std::memcpy(d.data(), pkts[taken].hdr, pkts[taken].hdr_len);
       if (pkts[taken].payload_len)
         std::memcpy(d.data() + pkts[taken].hdr_len, pkts[taken].payload, pkts[taken].payload_len);
       const int copies = policy ? policy(d) : 1;
-      for (int c = 0; c < copies; ++c) tx_->q.push_back(d);
+      for (int c = 0; c < copies; ++c) tx_->push(d);
       ++counters_.tx_datagrams;
     }
     return taken;
   }
   int rx_burst(RxPacket* pkts, int max) override {
+    if (rx_->clock != nullptr) rx_->arrive();
     held_.clear();
     int n = 0;
     while (n < max && !rx_->q.empty()) {
@@ -86,10 +139,16 @@ struct MemPair {
   std::shared_ptr<MemQueue> ab, ba;
 };
 
-inline MemPair make_mem_pair(uint32_t max_dgram = 1048) {
+// `clock` and `one_way_ns`: a link of that latency each way (see MemQueue).
+inline MemPair make_mem_pair(uint32_t max_dgram = 1048, const Clock* clock = nullptr,
+                             uint64_t one_way_ns = 0) {
   MemPair p;
   p.ab = std::make_shared<MemQueue>();
   p.ba = std::make_shared<MemQueue>();
+  for (auto* q : {p.ab.get(), p.ba.get()}) {
+    q->clock = clock;
+    q->delay_ns = one_way_ns;
+  }
   p.a = std::make_unique<MemEndpoint>(p.ab, p.ba, 1, max_dgram);
   p.b = std::make_unique<MemEndpoint>(p.ba, p.ab, 2, max_dgram);
   return p;

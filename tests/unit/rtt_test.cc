@@ -1,4 +1,4 @@
-// RttEstimator: smoothing, clamping, backoff.
+// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor. MinRttFilter: windowed minimum.
 #include <gtest/gtest.h>
 
 #include "transport/rtt.h"
@@ -29,6 +29,31 @@ TEST(RttEstimator, BackoffDoublesUpToMaximum) {
   EXPECT_EQ(r.rto_ns(), 80'000u);
   r.backoff();
   EXPECT_EQ(r.rto_ns(), 100'000u);
+}
+
+// On a steady path rttvar decays to nearly nothing; the timeout stays at twice the smoothed
+// RTT (above the absolute floor), whatever the RTT's scale.
+TEST(RttEstimator, SteadyPathKeepsTwiceTheSmoothedRtt) {
+  for (const uint64_t rtt : {10'000ull, 2'000'000ull}) {
+    RttEstimator r(5'000, 200'000'000, 20'000'000);
+    for (int i = 0; i < 200; ++i) r.sample(rtt);
+    EXPECT_LE(r.rttvar_ns(), rtt / 100);
+    EXPECT_EQ(r.rto_ns(), 2 * r.srtt_ns()) << rtt;
+  }
+}
+
+TEST(MinRttFilter, KeepsTheSmallestRecentSampleAndForgetsOldOnes) {
+  MinRttFilter f;
+  EXPECT_FALSE(f.has_sample());
+  f.sample(50'000);
+  f.sample(10'000);   // a sender that was waiting: the RTT itself
+  f.sample(900'000);  // one that posted late
+  EXPECT_EQ(f.min_ns(), 10'000u);
+  // The path's RTT grows: within two windows the old minimum is gone.
+  for (uint32_t i = 0; i < 2 * MinRttFilter::kWindow; ++i) f.sample(40'000 + i);
+  EXPECT_EQ(f.min_ns(), 40'000u + MinRttFilter::kWindow - 3);
+  f.sample(0);  // below the clock's resolution: counted as 1 ns, never "no sample"
+  EXPECT_EQ(f.min_ns(), 1u);
 }
 
 }  // namespace
