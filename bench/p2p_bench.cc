@@ -6,11 +6,23 @@
 // connection), timed at the receiver from a common start to the last completion.
 // Latency: round trip of one `size`-byte message and a 1-byte reply, no other traffic; p50.
 //
+// Proxy pattern (issue 16): what NCCL's proxy does with a connection, which the stream above
+// leaves out. 8 slots of `size` bytes per side; each loop iteration posts at most one isend
+// (irecv) and tests the oldest request once; the receiver, once a slot completes, checks every
+// byte of it and then overwrites it (the GPU consumed it) before reposting it. That work
+// competes with the plugin's progress thread and its copies for the host's cores, so the
+// figures differ from the stream's. The TCP side is a plain blocking-socket plugin with no
+// thread driven the same way (its test of the oldest request moves the whole message). Each
+// process measures its own CPU time (user + sys, all its threads) over the transfer; the table
+// prints both processes' sum per GB moved.
+//
 //   p2p_bench [--plugin PATH] [--version 8..12] [--min BYTES] [--max BYTES] [--bytes BYTES]
+//             [--mode all|stream|proxy] [--proxy-min BYTES] [--proxy-max BYTES]
 // OPTIREDUCE_* variables (faults, rates, datagram size) apply to the plugin as usual.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -18,6 +30,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <string>
 #include <vector>
@@ -34,6 +47,10 @@ struct Options {
   size_t min_bytes = size_t{4} << 10;
   size_t max_bytes = size_t{64} << 20;
   size_t bytes_per_size = size_t{512} << 20;
+  bool stream = true;
+  bool proxy = true;
+  size_t proxy_min = size_t{1} << 20;
+  size_t proxy_max = size_t{16} << 20;
 };
 
 constexpr int kWindow = 8;
@@ -60,6 +77,22 @@ double p50(std::vector<double> v) {
 struct Row {
   size_t size;
   double plugin_gbps, tcp_gbps, plugin_p50_us, tcp_p50_us;
+};
+
+// User + system CPU seconds of this process so far, every thread included (the plugin's
+// progress thread counts against the plugin).
+double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// One proxy-pattern measurement, as the receiver reports it: GB/s from a common start to its
+// last completion, and both processes' CPU seconds per GB moved.
+struct ProxyFigure {
+  double gbps = 0;
+  double cpu_s_per_gb = 0;
 };
 
 // ---- Plugin side.
@@ -175,6 +208,62 @@ void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t 
   if (rank == 0) row->plugin_p50_us = p50(rtts);
 }
 
+// The proxy pattern through the plugin (see the file comment). Slot i of the sender holds
+// pattern (1, i); the k-th message goes from and to slot k % kWindow, so the receiver knows what
+// every byte must be, and its overwrite makes a slot that was not written again fail the check.
+ProxyFigure plugin_proxy(int rank, const Options& o, PluginLink& l, Channel& ch, size_t size) {
+  NetApi& net = *l.net;
+  void* comm = rank == 0 ? l.send : l.recv;
+  std::vector<std::vector<uint8_t>> slots(kWindow, std::vector<uint8_t>(size));
+  for (int i = 0; i < kWindow; ++i) {
+    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
+  }
+  const int n = iterations(o, size);
+  void* reqs[kWindow] = {};
+  int posted = 0;
+  int completed = 0;
+  ch.barrier();
+  const double c0 = cpu_s();
+  const double t0 = now_s();
+  while (completed < n) {
+    // One post per iteration, as NCCL's proxy posts one step per progress call.
+    if (posted < n && posted - completed < kWindow) {
+      const int slot = posted % kWindow;
+      void* req = nullptr;
+      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot].data(), size, 0, nullptr, &req)
+                          : net.irecv(comm, slots[slot].data(), size, 0, nullptr, &req));
+      if (req != nullptr) {
+        reqs[slot] = req;
+        ++posted;
+      }
+    }
+    if (posted == completed) continue;
+    const int slot = completed % kWindow;
+    int done = 0;
+    HCHECK_OK(net.test(reqs[slot], &done, nullptr));
+    if (!done) continue;
+    if (rank == 1) {
+      HCHECK(find_mismatch(slots[slot].data(), size, 1, static_cast<uint64_t>(slot)) < 0,
+             "plugin delivered wrong bytes (message %d)", completed);
+      std::memset(slots[slot].data(), 0, size);
+    }
+    ++completed;
+  }
+  const double t1 = now_s();
+  const double cpu = cpu_s() - c0;
+  ProxyFigure f;
+  if (rank == 0) {
+    ch.send<double>(cpu);
+    f = ch.recv<ProxyFigure>();
+  } else {
+    const double gb = static_cast<double>(size) * n / 1e9;
+    f.gbps = gb / (t1 - t0);
+    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
+    ch.send(f);
+  }
+  return f;
+}
+
 // ---- TCP side: one blocking stream per direction pair, TCP_NODELAY as NCCL sets it.
 
 int tcp_connect(int rank, Channel& ch) {
@@ -249,6 +338,42 @@ void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row*
   if (rank == 0) row->tcp_p50_us = p50(rtts);
 }
 
+// The same pattern over the blocking TCP stream: a plugin with no thread whose isend/irecv only
+// record the request and whose test of the oldest one moves it whole, so each iteration of the
+// proxy loop is one blocking transfer (and, at the receiver, the check and the overwrite).
+ProxyFigure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t size) {
+  std::vector<std::vector<uint8_t>> slots(kWindow, std::vector<uint8_t>(size));
+  for (int i = 0; i < kWindow; ++i) {
+    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
+  }
+  const int n = iterations(o, size);
+  ch.barrier();
+  const double c0 = cpu_s();
+  const double t0 = now_s();
+  for (int k = 0; k < n; ++k) {
+    const int slot = k % kWindow;
+    tcp_all(fd, slots[slot].data(), size, rank == 0);
+    if (rank == 1) {
+      HCHECK(find_mismatch(slots[slot].data(), size, 1, static_cast<uint64_t>(slot)) < 0,
+             "tcp delivered wrong bytes (message %d)", k);
+      std::memset(slots[slot].data(), 0, size);
+    }
+  }
+  const double t1 = now_s();
+  const double cpu = cpu_s() - c0;
+  ProxyFigure f;
+  if (rank == 0) {
+    ch.send<double>(cpu);
+    f = ch.recv<ProxyFigure>();
+  } else {
+    const double gb = static_cast<double>(size) * n / 1e9;
+    f.gbps = gb / (t1 - t0);
+    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
+    ch.send(f);
+  }
+  return f;
+}
+
 void print_counters(const char* who, const optireduceNetCounters& c) {
   std::printf("  %-14s msgs %" PRIu64 "  bytes %" PRIu64 "  data pkts %" PRIu64 "  retx %" PRIu64
               "  rto %" PRIu64 "  probes %" PRIu64 "  drops dup/stale/bounds %" PRIu64 "/%" PRIu64
@@ -260,8 +385,37 @@ void print_counters(const char* who, const optireduceNetCounters& c) {
 void rank_main(int rank, const Options& o, Channel& ch) {
   PluginLink l = plugin_connect(o, ch);
   const int fd = tcp_connect(rank, ch);
+  if (o.proxy) {
+    if (rank == 0) {
+      std::printf(
+          "proxy pattern: %d slots per side, one post and one test of the oldest per "
+          "iteration, receiver checks and overwrites each completed slot\n",
+          kWindow);
+      std::printf("%10s  %9s  %9s  %6s  %11s  %11s\n", "bytes", "plugin", "tcp", "ratio",
+                  "plugin cpu", "tcp cpu");
+      std::printf("%10s  %9s  %9s  %6s  %11s  %11s\n", "", "GB/s", "GB/s", "", "s/GB", "s/GB");
+      std::fflush(stdout);
+    }
+    for (size_t size = o.proxy_min; size <= o.proxy_max; size *= 2) {
+      const ProxyFigure p = plugin_proxy(rank, o, l, ch, size);
+      const ProxyFigure t = tcp_proxy(rank, o, fd, ch, size);
+      if (rank == 0) {
+        std::printf("%10zu  %9.2f  %9.2f  %6.2f  %11.3f  %11.3f\n", size, p.gbps, t.gbps,
+                    p.gbps / t.gbps, p.cpu_s_per_gb, t.cpu_s_per_gb);
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (o.stream && rank == 0) {
+    std::printf("%sstream: %d in flight, no work on completed messages\n", o.proxy ? "\n" : "",
+                kWindow);
+    std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "bytes", "plugin", "tcp", "ratio",
+                "plugin p50", "tcp p50");
+    std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "", "GB/s", "GB/s", "", "RTT us", "RTT us");
+    std::fflush(stdout);
+  }
   std::vector<Row> rows;
-  for (size_t size = o.min_bytes; size <= o.max_bytes; size *= 2) {
+  for (size_t size = o.min_bytes; o.stream && size <= o.max_bytes; size *= 2) {
     Row row{size, 0, 0, 0, 0};
     plugin_size(rank, o, l, ch, size, &row);
     tcp_size(rank, o, fd, ch, size, &row);
@@ -304,20 +458,29 @@ int run(int argc, char** argv) {
       o.max_bytes = std::strtoull(v, nullptr, 0);
     } else if (k == "--bytes") {
       o.bytes_per_size = std::strtoull(v, nullptr, 0);
+    } else if (k == "--mode") {
+      const std::string m = v;
+      if (m != "all" && m != "stream" && m != "proxy") {
+        std::fprintf(stderr, "--mode takes all, stream or proxy\n");
+        return 2;
+      }
+      o.stream = m != "proxy";
+      o.proxy = m != "stream";
+    } else if (k == "--proxy-min") {
+      o.proxy_min = std::strtoull(v, nullptr, 0);
+    } else if (k == "--proxy-max") {
+      o.proxy_max = std::strtoull(v, nullptr, 0);
     } else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
-  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
-    std::fprintf(stderr, "need 0 < --min <= --max\n");
+  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.proxy_min == 0 ||
+      o.proxy_min > o.proxy_max) {
+    std::fprintf(stderr, "need 0 < --min <= --max and 0 < --proxy-min <= --proxy-max\n");
     return 2;
   }
-  std::printf("p2p through %s (ABI v%d) vs TCP, loopback, %d in flight\n", o.plugin.c_str(),
-              o.version, kWindow);
-  std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "bytes", "plugin", "tcp", "ratio", "plugin p50",
-              "tcp p50");
-  std::printf("%10s  %9s  %9s  %6s  %10s  %10s\n", "", "GB/s", "GB/s", "", "RTT us", "RTT us");
+  std::printf("p2p through %s (ABI v%d) vs TCP, loopback\n", o.plugin.c_str(), o.version);
   std::fflush(stdout);
   const std::string failure = run_pair([&](Channel& ch) { rank_main(0, o, ch); },
                                        [&](Channel& ch) { rank_main(1, o, ch); }, {}, 580);
