@@ -37,10 +37,11 @@ EXCHANGES=${EXCHANGES:-"ddp-gloo opti-exact opti-bounded opti-bounded-ht"}
 SWEEP=${SWEEP-"0 0.01 0.05 0.1"}           # empty: no loss sweep
 SWEEP_EXCHANGES=${SWEEP_EXCHANGES:-"opti-bounded opti-bounded-ht"}
 # The workload (the same for every exchange and environment).
-STEPS=${STEPS:-400}        # step budget: the final accuracy is after it
+STEPS=${STEPS:-300}        # step budget: the final accuracy is after it
 BATCH=${BATCH:-16}         # samples per rank per step
-LR=${LR:-0.05}
+LR=${LR:-0.1}
 EVAL_EVERY=${EVAL_EVERY:-20}
+EVAL_FROM=${EVAL_FROM:-140}  # before it, every 4th interval only (evaluations cost seconds)
 EVAL_LIMIT=${EVAL_LIMIT:-2000}
 TARGET=${TARGET:-0.85}     # fixed in advance
 LOSS=${LOSS:-0.01}
@@ -53,6 +54,7 @@ CAL_ITERS=${CAL_ITERS:-100}
 LEVELS=${LEVELS:-"all:1024:1500 all:2048:1500 all:4096:2000 all:8192:3000 all:8192:2000"}
 BG15=${BG15:-}
 BG30=${BG30:-}
+CAL_ONLY=${CAL_ONLY:-0}   # 1: calibrate, write calibration.csv, stop (then pass BG15/BG30)
 ALLOW_KNOBS=${ALLOW_KNOBS:-0}
 OUT=${OUT:-$ROOT/bench/results/tta}
 export OLAB_RATE=${OLAB_RATE:-1gbit}
@@ -71,7 +73,7 @@ if ((${#KNOBS[@]})) && [[ $ALLOW_KNOBS != 1 ]]; then
     "them, or set ALLOW_KNOBS=1 (not the defaults then)" >&2
   exit 1
 fi
-if [[ "$EXCHANGES $SWEEP_EXCHANGES" == *opti-* ]]; then
+if [[ $CAL_ONLY != 1 && "$EXCHANGES ${SWEEP:+$SWEEP_EXCHANGES}" == *opti-* ]]; then
   [[ -f $ROOT/python/optireduce/torch.py || -d $ROOT/python/optireduce/torch ]] || {
     echo "run-tta.sh: $ROOT/python/optireduce missing: EXCHANGES=ddp-gloo SWEEP= only" >&2
     exit 1
@@ -89,7 +91,8 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 mkdir -p "$OUT/runs" "$OUT/logs"
-rm -rf "$OUT"/runs/* "$OUT"/logs/* "$OUT"/*.png "$OUT"/*.md "$OUT"/calibration.csv "$OUT"/knobs.txt
+# calibration.csv stays: a run given BG15/BG30 from a CAL_ONLY=1 run keeps its record.
+rm -rf "$OUT"/runs/* "$OUT"/logs/[!c]* "$OUT"/*.png "$OUT"/*.md "$OUT"/knobs.txt
 START=$SECONDS
 log() { printf '[%5ds] %s\n' $((SECONDS - START)) "$*" | tee -a "$OUT/logs/run-tta.log"; }
 {
@@ -128,7 +131,7 @@ train() {
   local out=$OUT/runs/$env/$ex-s$seed.json
   # Generous: set-up, then up to 2 s a step (a straggler's sleeps on top).
   if ! ranks $((120 + STEPS * 2)) "$OUT/logs/$env.log" "$PY" "$HERE/train.py" --exchange "$ex" \
-    --steps "$STEPS" --batch "$BATCH" --lr "$LR" --eval-every "$EVAL_EVERY" \
+    --steps "$STEPS" --batch "$BATCH" --lr "$LR" --eval-every "$EVAL_EVERY" --eval-from "$EVAL_FROM" \
     --eval-limit "$EVAL_LIMIT" --target "$TARGET" --seed "$seed" --env "$env" --out "$out" "$@"; then
     log "WARNING: $env $ex seed $seed failed (logs/$env.log)"
   fi
@@ -149,7 +152,8 @@ run_env() {
 bg_secs() { echo $((600 + ${1:-1} * (180 + STEPS * 2))); }
 
 # --- calibration: Gloo's allreduce of the gradient size under each level (run-lab.sh's rule).
-if [[ (" $ENVS " == *" bg15 "* && -z $BG15) || (" $ENVS " == *" bg30 "* && -z $BG30) ]]; then
+if [[ $CAL_ONLY == 1 || (" $ENVS " == *" bg15 "* && -z $BG15) ||
+  (" $ENVS " == *" bg30 "* && -z $BG30) ]]; then
   echo "level,background,p50_ms,p99_ms,p99_p50" >"$OUT/calibration.csv"
   k=0
   seed1=${SEEDS%% *}
@@ -176,6 +180,10 @@ if [[ (" $ENVS " == *" bg15 "* && -z $BG15) || (" $ENVS " == *" bg30 "* && -z $B
   log "calibrated: bg15 = $BG15, bg30 = $BG30 (flows:burst_kb:off_ms)"
 fi
 echo "bg15=$BG15 bg30=$BG30" >>"$OUT/setup.txt"
+if [[ $CAL_ONLY == 1 ]]; then
+  log "CAL_ONLY=1: calibration only; next: BG15=$BG15 BG30=$BG30 $0"
+  exit 0
+fi
 
 # --- the matrix.
 nruns=$(($(wc -w <<<"$SEEDS") * $(wc -w <<<"$EXCHANGES")))

@@ -89,7 +89,10 @@ def parse_args(argv=None):
                    help="learning rate over the step budget (cosine: to 0 at the last step)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--eval-every", type=int, default=25)
+    p.add_argument("--eval-every", type=int, default=20)
+    p.add_argument("--eval-from", type=int, default=0,
+                   help="before this step evaluate only every 4th interval (evaluations cost "
+                        "seconds here and the target is not near at the start)")
     p.add_argument("--target", type=float, default=0.85, help="test accuracy, fixed in advance")
     p.add_argument("--stop-at-target", action="store_true",
                    help="stop once the target is reached (default: run the whole budget)")
@@ -107,6 +110,9 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=DATA)
     p.add_argument("--env", default="", help="environment label, copied into the output")
     p.add_argument("--out", required=True, help="JSON written by rank 0")
+    p.add_argument("--lib", default="",
+                   help="liboptireduce.so to load (default: the package's own search, which "
+                        "finds <repo>/build/collectives/liboptireduce.so)")
     p.add_argument("--timeout-s", type=float, default=300, help="process-group timeout")
     return p.parse_args(argv)
 
@@ -138,7 +144,10 @@ def main(argv=None):
     ddp = DDP(model)
     state = None
     if a.exchange != "ddp-gloo":
+        import optireduce
         import optireduce.torch as ort
+        if a.lib:
+            optireduce.load_library(a.lib)
         mode = "exact" if a.exchange == "opti-exact" else "bounded"
         hadamard = None if mode == "exact" else (a.exchange == "opti-bounded-ht")
         state = ort.OptiReduceState(process_group=None, mode=mode, hadamard=hadamard)
@@ -211,14 +220,16 @@ def main(argv=None):
         rec = {"step": step + 1, "t": dt, "loss": float(loss), "sleep_ms": sleep_ms}
         if state is not None:
             s = state.step_stats()
-            rec.update({k: s.get(k) for k in ("lost_fraction", "elements_lost", "deadline_hits",
-                                              "calls")})
+            rec.update({k: s.get(k) for k in ("lost_fraction", "elements_lost", "elements_expected",
+                                              "deadline_hits", "calls", "exact_calls")})
             ls = state.last_stats
             if ls is not None:
-                for k in ("elements_expected", "tb_us", "tc_us", "exact_calls"):
+                for k in ("tb_us", "tc_us"):
                     rec[k] = getattr(ls, k, None)
         steps.append(rec)
-        if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+        k = step + 1
+        if (k % a.eval_every == 0 and (k >= a.eval_from or k % (4 * a.eval_every) == 0)) \
+                or k == a.steps:
             # The training time so far is the slowest rank's (max over ranks, outside the timing).
             tt = torch.tensor([train_s], dtype=torch.float64)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
@@ -236,17 +247,22 @@ def main(argv=None):
     final_acc = evaluate()  # the whole (or --test-limit) test set, once, after the budget
 
     # Per-step times of every rank; a step's figure is its slowest rank's.
+    # and the hook's counts are every rank's together (each rank counts what it received).
     all_t = [None] * world
-    dist.all_gather_object(all_t, [s["t"] for s in steps])
+    dist.all_gather_object(all_t, [(s["t"], s.get("elements_lost") or 0,
+                                    s.get("elements_expected") or 0) for s in steps])
     for i, s in enumerate(steps):
         s["t_rank0"] = s["t"]
-        s["t"] = max(ts[i] for ts in all_t)
+        s["t"] = max(ts[i][0] for ts in all_t)
+        s["lost_all"] = sum(ts[i][1] for ts in all_t)
+        s["expected_all"] = sum(ts[i][2] for ts in all_t)
     if state is not None:
         state.close()
 
     if rank == 0:
         ts = [s["t"] for s in steps]
-        lost = [s.get("elements_lost") or 0 for s in steps]
+        lost = [s["lost_all"] for s in steps]
+        expected = sum(s["expected_all"] for s in steps)
         summary = {
             "exchange": a.exchange, "env": a.env, "seed": a.seed, "world": world,
             "params": nparams, "batch_per_rank": a.batch, "lr": a.lr, "momentum": a.momentum,
@@ -260,7 +276,8 @@ def main(argv=None):
             "step_p50_ms": 1e3 * percentile(ts, 0.5), "step_p99_ms": 1e3 * percentile(ts, 0.99),
             "step_mean_ms": 1e3 * sum(ts) / max(len(ts), 1),
             "lost_per_step": sum(lost) / max(len(lost), 1),
-            "lost_fraction": (sum(lost) / (len(steps) * nparams)) if steps else 0.0,
+            "lost_fraction": (sum(lost) / expected) if expected else 0.0,
+            "expected_per_step": expected / max(len(steps), 1),
             "deadline_hits": sum((s.get("deadline_hits") or 0) for s in steps),
             "optireduce_env": {k: v for k, v in os.environ.items() if k.startswith("OPTIREDUCE_")},
         }
