@@ -135,8 +135,10 @@ train() {
     --eval-limit "$EVAL_LIMIT" --target "$TARGET" --seed "$seed" --env "$env" --out "$out" "$@"; then
     log "WARNING: $env $ex seed $seed failed (logs/$env.log)"
   fi
-  [[ -f $out ]] && grep -h "\[$ex $env\] done" "$OUT/logs/$env.log" | tail -n 1 | sed 's/^/  /' |
-    tee -a "$OUT/logs/run-tta.log" || true
+  if [[ -f $out ]]; then
+    grep -h "\[$ex $env\] done" "$OUT/logs/$env.log" | tail -n 1 | sed 's/^/  /' |
+      tee -a "$OUT/logs/run-tta.log" || true
+  fi
 }
 
 run_env() {

@@ -39,12 +39,12 @@ for ex in "${exchanges[@]}"; do
   pids=()
   for r in 0 1; do
     # --lib: this build's library (build-san/, a CI build dir), not the package's default build/.
-    env RANK=$r WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port GLOO_SOCKET_IFNAME=lo \
+    env RANK="$r" WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" GLOO_SOCKET_IFNAME=lo \
       PYTHONPATH="$SRC/python" \
       timeout 120 "$PY" "$SRC/bench/tta/train.py" --exchange "$ex" --steps 30 --batch 16 \
       --lr 0.05 --eval-every 10 --eval-limit 400 --test-limit 1000 --train-limit 6000 \
-      --target 0.5 ${LIB:+--lib "$LIB"} --seed 1 --env smoke --timeout-s 60 --out "$W/runs/smoke/$ex-s1.json" \
-      >"$W/$ex-r$r.log" 2>&1 &
+      --target 0.5 ${LIB:+--lib "$LIB"} --seed 1 --env smoke --timeout-s 60 \
+      --out "$W/runs/smoke/$ex-s1.json" >"$W/$ex-r$r.log" 2>&1 &
     pids+=($!)
   done
   rc=0
