@@ -2,8 +2,9 @@
 """Time-to-accuracy report: reads the runs train.py wrote under DIR/runs/<env>/<exchange>-s<seed>.json
 and writes DIR/tta-curves.png (test accuracy against training time, per environment and exchange),
 DIR/tta-sweep.png (final accuracy against injected loss, with and without Hadamard), DIR/tta.md
-(a README-ready table and the goals) and prints the goals with PASS/FAIL.
-Usage: report.py DIR"""
+(a README-ready table and the goals) and prints the goals with PASS/FAIL. Further DIRs (other
+run-tta.sh invocations, e.g. a second environment list) are read too; the outputs go to the first.
+Usage: report.py DIR [DIR...]"""
 import glob
 import json
 import math
@@ -204,11 +205,11 @@ def goals(runs):
 
 
 def main():
-    if len(sys.argv) != 2:
+    if len(sys.argv) < 2:
         print(__doc__, file=sys.stderr)
         return 2
     d = sys.argv[1]
-    runs = load(d)
+    runs = [r for x in sys.argv[1:] for r in load(x)]
     if not runs:
         print(f"report.py: no runs under {d}/runs", file=sys.stderr)
         return 1
@@ -249,13 +250,15 @@ def main():
     for what, measured, ok in gl:
         lines.append(f"| {what} | {measured} | "
                      f"{'not run' if ok is None else ('PASS' if ok else 'FAIL')} |")
-    setup = os.path.join(d, "setup.txt")
-    if os.path.exists(setup):
-        with open(setup) as f:
-            lines += ["", "Setup:", "", "```", f.read().rstrip(), "```"]
-    knobs = os.path.join(d, "knobs.txt")
-    if os.path.exists(knobs):
-        lines += ["", "NOT the library's defaults: " + open(knobs).read().replace("\n", " ")]
+    for x in sys.argv[1:]:
+        setup = os.path.join(x, "setup.txt")
+        if os.path.exists(setup):
+            with open(setup) as f:
+                lines += ["", f"Setup ({x}):", "", "```", f.read().rstrip(), "```"]
+        knobs = os.path.join(x, "knobs.txt")
+        if os.path.exists(knobs):
+            with open(knobs) as f:
+                lines += ["", "NOT the library's defaults: " + f.read().replace("\n", " ")]
     with open(os.path.join(d, "tta.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines[:lines.index("| goal | measured | verdict |") - 1]))
