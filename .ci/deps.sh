@@ -12,6 +12,8 @@ OPTIREDUCE_DEBS=(
   qemu-system-x86 debootstrap cpio zstd
   clang libclang-rt-14-dev
   python3-matplotlib
+  python3-torch python3-numpy python3-setuptools python3-wheel python3-pip python3-venv
+  dataset-fashion-mnist
 )
 
 optireduce_install_deps() {

@@ -242,6 +242,24 @@ OPTI_EXPORT optiResult_t optiHostCommInitFile(optiComm_t* comm, const char* dir,
   }
 }
 
+OPTI_EXPORT optiResult_t optiHostCommInitStore(optiComm_t* comm, const optiStore_t* store, int rank,
+                                               int nranks, const optiOptions_t* opts) {
+  if (comm == nullptr || store == nullptr)
+    return fail(optiInvalidArgument, "optiHostCommInitStore: comm and store must not be NULL");
+  *comm = nullptr;
+  if (store->set == nullptr || store->get == nullptr)
+    return fail(optiInvalidArgument,
+                "optiHostCommInitStore: store->set and store->get must be set");
+  if (nranks < 1 || rank < 0 || rank >= nranks)
+    return fail(optiInvalidArgument, "optiHostCommInitStore: need 0 <= rank < nranks, got rank " +
+                                         std::to_string(rank) + " of " + std::to_string(nranks));
+  try {
+    return host_init(comm, std::make_unique<coll::CallbackStore>(*store), rank, nranks, opts);
+  } catch (const std::exception& e) {
+    return fail(optiInternalError, std::string("optiHostCommInitStore: ") + e.what());
+  }
+}
+
 OPTI_EXPORT optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts) {
   if (comm == nullptr) return fail(optiInvalidArgument, "optiHostCommInit: comm is NULL");
   *comm = nullptr;
@@ -297,7 +315,7 @@ OPTI_EXPORT optiResult_t optiCommDestroy(optiComm_t comm) {
   optiResult_t result = optiSuccess;
   try {
     if (comm->gpu) {
-      result = coll::gpu_destroy(comm);
+      result = coll::gpu_destroy(comm, /*abort=*/false);
     } else if (comm->store && comm->nranks > 1 && comm->failed == optiSuccess) {
       // Nobody tears down connections a peer may still be finishing with; rank 0 (the TCP
       // store's server) leaves last, once everyone has passed the first barrier.
@@ -316,6 +334,20 @@ OPTI_EXPORT optiResult_t optiCommDestroy(optiComm_t comm) {
     delete comm;
   } catch (const std::exception& e) {
     return fail(optiInternalError, std::string("optiCommDestroy: ") + e.what());
+  }
+  return result;
+}
+
+OPTI_EXPORT optiResult_t optiCommAbort(optiComm_t comm) {
+  if (comm == nullptr) return fail(optiInvalidArgument, "optiCommAbort: comm is NULL");
+  optiResult_t result = optiSuccess;
+  try {
+    // No barrier and no store: the host exchange's destructor closes every connection, which
+    // tells each peer (a peer blocked on this rank fails at once instead of waiting).
+    if (comm->gpu) result = coll::gpu_destroy(comm, /*abort=*/true);
+    delete comm;
+  } catch (const std::exception& e) {
+    return fail(optiInternalError, std::string("optiCommAbort: ") + e.what());
   }
   return result;
 }

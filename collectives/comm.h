@@ -64,7 +64,8 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
 optiResult_t gpu_allreduce(optiComm* comm, const void* send, void* recv, size_t count, DType t,
                            RedOp op, struct CUstream_st* stream);
 optiResult_t gpu_collect_stats(optiComm* comm);
-optiResult_t gpu_destroy(optiComm* comm);
+// abort: ncclCommAbort instead of ncclCommDestroy (optiCommAbort: no waiting for the peers).
+optiResult_t gpu_destroy(optiComm* comm, bool abort);
 
 // Implemented by api.cc for the GPU part.
 optiResult_t api_fail(optiResult_t r, const std::string& msg);

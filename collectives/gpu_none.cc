@@ -15,7 +15,7 @@ optiResult_t gpu_allreduce(optiComm*, const void*, void*, size_t, DType, RedOp,
 optiResult_t gpu_collect_stats(optiComm*) {
   return optiSuccess;
 }
-optiResult_t gpu_destroy(optiComm*) {
+optiResult_t gpu_destroy(optiComm*, bool) {
   return optiSuccess;
 }
 

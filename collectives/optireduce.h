@@ -97,8 +97,33 @@ optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts);
 optiResult_t optiHostCommInitFile(optiComm_t* comm, const char* dir, int rank, int nranks,
                                   const optiOptions_t* opts);
 
+/* A key-value store of the caller's, for the host path's rendezvous (for example a PyTorch
+ * c10d store, through the Python package). The struct is copied; `user` must stay valid until
+ * optiCommDestroy or optiCommAbort returns. The library calls `set` and `get` only from inside
+ * optiHostCommInitStore and optiCommDestroy, on the thread that called them. */
+typedef struct {
+  void* user;
+  /* Stores `len` bytes under `key` (a NUL-terminated string). Returns 0, nonzero on failure. */
+  int (*set)(void* user, const char* key, const void* value, size_t len);
+  /* Waits at most timeout_ms for `key` to exist, then copies at most `cap` bytes of its value to
+   * `value` and its whole length to *len (the library asks again with a larger buffer when *len
+   * exceeds cap). Returns 0, 1 when the key did not appear in time, or another value on failure. */
+  int (*get)(void* user, const char* key, void* value, size_t cap, size_t* len, int timeout_ms);
+} optiStore_t;
+
+/* Host path, rendezvous through the caller's key-value store. Collective over nranks. Keys are
+ * under "optireduce/"; a store shared with other users of those names must be prefixed. */
+optiResult_t optiHostCommInitStore(optiComm_t* comm, const optiStore_t* store, int rank, int nranks,
+                                   const optiOptions_t* opts);
+
 /* Collective. Frees the communicator; the last call of every rank must have returned. */
 optiResult_t optiCommDestroy(optiComm_t comm);
+
+/* Not collective: frees the communicator at once, without waiting for the other ranks. Its
+ * connections close (host path) or its NCCL communicator is aborted (GPU path), so a peer that
+ * waits on this rank in a call fails with optiRemoteError instead of waiting for it. For error
+ * paths (one rank gives up, the others must not hang). No call on comm may be in progress. */
+optiResult_t optiCommAbort(optiComm_t comm);
 
 optiResult_t optiCommRank(optiComm_t comm, int* rank);
 optiResult_t optiCommSize(optiComm_t comm, int* nranks);

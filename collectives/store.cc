@@ -300,4 +300,42 @@ Status store_barrier(Store* s, const std::string& prefix, int rank, int nranks, 
   return Status::ok();
 }
 
+Status CallbackStore::set(const std::string& key, const std::string& value) {
+  const int rc = cb_.set(cb_.user, key.c_str(), value.data(), value.size());
+  if (rc == 0) return Status();
+  error_ =
+      "the caller's store failed to set '" + key + "' (set returned " + std::to_string(rc) + ")";
+  return Status(Errc::kSystem);
+}
+
+Status CallbackStore::get(const std::string& key, std::string* value, int timeout_ms) {
+  // Handles and seeds fit the first buffer; a longer value is asked for again at its length
+  // (the key exists by then, so the second call does not wait).
+  value->resize(256);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    size_t len = 0;
+    const int rc = cb_.get(cb_.user, key.c_str(), value->data(), value->size(), &len, timeout_ms);
+    if (rc == 1) {
+      error_ = "timed out after " + std::to_string(timeout_ms) + " ms waiting for '" + key +
+               "' in the caller's store (did every rank join?)";
+      return Status(Errc::kRemote);
+    }
+    if (rc != 0) {
+      error_ = "the caller's store failed to get '" + key + "' (get returned " +
+               std::to_string(rc) + ")";
+      return Status(Errc::kSystem);
+    }
+    if (len > kMaxValueBytes) {
+      error_ = "the caller's store holds " + std::to_string(len) + " bytes under '" + key +
+               "', more than a rendezvous value can be";
+      return Status(Errc::kRemote);
+    }
+    const size_t had = value->size();
+    value->resize(len);
+    if (len <= had) return Status();
+  }
+  error_ = "the value of '" + key + "' in the caller's store kept growing";
+  return Status(Errc::kRemote);
+}
+
 }  // namespace optireduce::coll

@@ -1,6 +1,7 @@
 // Rendezvous stores of the host path: a key-value store every rank of a communicator reaches
-// at init, to agree on a seed and swap connection handles. FileStore (a shared folder; tests)
-// and TcpStore (rank 0 serves on MASTER_ADDR:MASTER_PORT, torchrun-style).
+// at init, to agree on a seed and swap connection handles. FileStore (a shared folder; tests),
+// TcpStore (rank 0 serves on MASTER_ADDR:MASTER_PORT, torchrun-style) and CallbackStore (the
+// caller's own store through optiStore_t: the Python package hands PyTorch's c10d store).
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/optireduce.h"
 #include "transport/status.h"
 
 namespace optireduce::coll {
@@ -61,6 +63,17 @@ class TcpStore final : public Store {
   std::unique_ptr<Server> server_;
   int fd_ = -1;
   std::mutex mu_;  // one request at a time on the client socket
+};
+
+// The caller's store through the C API's two callbacks.
+class CallbackStore final : public Store {
+ public:
+  explicit CallbackStore(const optiStore_t& cb) : cb_(cb) {}
+  Status set(const std::string& key, const std::string& value) override;
+  Status get(const std::string& key, std::string* value, int timeout_ms) override;
+
+ private:
+  optiStore_t cb_;
 };
 
 // Every rank sets `prefix/<rank>` and waits for all of them.

@@ -479,11 +479,17 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
   return optiSuccess;
 }
 
-optiResult_t gpu_destroy(optiComm* comm) {
+optiResult_t gpu_destroy(optiComm* comm, bool abort) {
   GpuState* st = comm->gpu_state;
   if (st == nullptr) return optiSuccess;
   comm->tar.reset();
-  if (st->bounded) ncclCommDestroy(st->bounded);
+  if (st->bounded) {
+    if (abort) {
+      ncclCommAbort(st->bounded);
+    } else {
+      ncclCommDestroy(st->bounded);
+    }
+  }
   delete st;
   comm->gpu_state = nullptr;
   return optiSuccess;

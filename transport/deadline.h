@@ -9,6 +9,15 @@ namespace optireduce {
 
 enum class RecvEnd : uint8_t { kAll, kDeadline, kEarly, kExpired };
 
+// How many budgets a bounded transfer may start late, on both sides: a receiver waits this long
+// for a sender it has not heard from at all before cutting it, and a sender waits this long for
+// a receiver's CTS before expiring its message. The budget measures the network (a transfer
+// once under way); ranks also reach a step at different times (compute skew: a training step's
+// buckets become ready at different moments on different ranks, tens of milliseconds apart on
+// a loaded host), and cutting a peer that is merely behind loses its whole contribution for
+// nothing. A real straggler still costs at most (1 + this) budgets.
+inline constexpr uint64_t kLateStartBudgets = 8;
+
 // What one finished receive tells the policy.
 struct StepReport {
   uint64_t bytes = 0;       // message size (capacity when nothing arrived)

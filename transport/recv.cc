@@ -332,10 +332,11 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
   if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
   // A sender that starts late still gets the whole budget for its transfer: the deadline moves
-  // to its first packet plus the budget. A sender that never starts is still cut at head +
-  // budget (a straggler costs us one budget), but one that is merely behind is waited for, so
-  // that this rank falls behind with it instead of cutting it: cut ranks drift apart, and every
-  // later step then loses whole messages (docs/lab.md, 1% loss). At most twice the budget.
+  // to its first packet plus the budget. A sender that never starts is cut at head + (1 +
+  // kLateStartBudgets) budgets (on_timers_locked; a straggler costs that much), but one that is
+  // merely behind is waited for, so that this rank falls behind with it instead of cutting it:
+  // cut ranks drift apart, and every later step then loses whole messages (docs/lab.md, 1%
+  // loss).
   // A sender on time (its first packet within a tenth of the budget: a CTS's round trip and
   // some scheduling) keeps the deadline as armed, which its own give-up (its start plus the
   // same budget) matches.
@@ -496,12 +497,19 @@ void RecvConn::advance_floor_locked(uint64_t now) {
   if (floor_ != next_seq_) arm_deadline_locked(slot(floor_), now);
 }
 
+// A bounded receive whose sender has sent nothing yet, within kLateStartBudgets budgets of the
+// armed deadline: the sender may be behind (compute skew), not gone.
+bool RecvConn::waiting_for_late_start_locked(const Msg& m, uint64_t now) const {
+  if (!m.bounded || m.bytes_got != 0 || m.head_ns == 0 || m.deadline_ns <= m.head_ns) return false;
+  return now < m.deadline_ns + kLateStartBudgets * (m.deadline_ns - m.head_ns);
+}
+
 void RecvConn::on_timers_locked(uint64_t now) {
   bool completed = false;
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (m.state != State::kPosted) continue;
-    if (m.deadline_ns != 0 && now >= m.deadline_ns) {
+    if (m.deadline_ns != 0 && now >= m.deadline_ns && !waiting_for_late_start_locked(m, now)) {
       complete_locked(m, End::kDeadline, now);
       completed = true;
       continue;

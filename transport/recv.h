@@ -101,6 +101,7 @@ class RecvConn final : public Conn, public RecvComm {
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);
+  bool waiting_for_late_start_locked(const Msg& m, uint64_t now) const;
   bool expiry_allowed_locked(const Msg& m) const;
   // The sender expired a receive pinned exact: its bytes never come, so the connection fails.
   void fail_expired_pinned_locked();

@@ -8,6 +8,7 @@
 // bounded message first (send_recovery.cc); these timers are for a receiver that went quiet.
 #include <algorithm>
 
+#include "transport/deadline.h"
 #include "transport/send.h"
 
 namespace optireduce {
@@ -24,7 +25,10 @@ void SendConn::expire_bounded_locked(uint64_t now) {
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (!may_expire_locked(m)) continue;
-    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= give_up) {
+    // A message not yet started waits longer than one under way: its receiver may only be
+    // behind (deadline.h, kLateStartBudgets), and expiring it would lose the whole message.
+    const uint64_t wait_cts = expiry_budget_ns_ != 0 ? give_up * (1 + kLateStartBudgets) : give_up;
+    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= wait_cts) {
       if (!heard_cts_) presumed_dead_ = true;
       expired_mask_ |= uint64_t{1} << (s % 64);
       if (!expire_unstarted_locked(m)) return;

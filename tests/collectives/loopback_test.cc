@@ -655,6 +655,127 @@ TEST(Loopback, TorchrunStyleTcpRendezvous) {
   EXPECT_EQ(failed, 0);
 }
 
+// The caller's store through optiStore_t (what the Python package hands PyTorch's store to):
+// one file per key, as a user's store might keep them, with a count of the callbacks made.
+struct DirStore {
+  std::string dir;
+  int sets = 0, gets = 0;
+  static int set(void* user, const char* key, const void* value, size_t len) {
+    auto* s = static_cast<DirStore*>(user);
+    ++s->sets;
+    std::string name(key);
+    std::replace(name.begin(), name.end(), '/', '_');
+    const std::string tmp = s->dir + "/." + name, path = s->dir + "/" + name;
+    FILE* f = std::fopen(tmp.c_str(), "wb");
+    if (f == nullptr) return 2;
+    const bool ok = std::fwrite(value, 1, len, f) == len;
+    return std::fclose(f) == 0 && ok && std::rename(tmp.c_str(), path.c_str()) == 0 ? 0 : 2;
+  }
+  static int get(void* user, const char* key, void* value, size_t cap, size_t* len,
+                 int timeout_ms) {
+    auto* s = static_cast<DirStore*>(user);
+    ++s->gets;
+    std::string name(key);
+    std::replace(name.begin(), name.end(), '/', '_');
+    const std::string path = s->dir + "/" + name;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      if (FILE* f = std::fopen(path.c_str(), "rb")) {
+        std::string v;
+        char buf[4096];
+        size_t k;
+        while ((k = std::fread(buf, 1, sizeof(buf), f)) > 0) v.append(buf, k);
+        std::fclose(f);
+        *len = v.size();
+        std::memcpy(value, v.data(), std::min(cap, v.size()));
+        return 0;
+      }
+      if (std::chrono::steady_clock::now() > end) return 1;
+      ::usleep(2000);
+    }
+  }
+};
+
+TEST(Loopback, CallersStoreRendezvous) {
+  const int n = 3;
+  const std::string dir = temp_dir();
+  const int failed = run_ranks(n, {}, [&](int rank) {
+    DirStore ds{dir};
+    const optiStore_t store{&ds, &DirStore::set, &DirStore::get};
+    optiComm_t comm = nullptr;
+    CHILD_CHECK(optiHostCommInitStore(&comm, &store, rank, n, nullptr) == optiSuccess, "init");
+    CHILD_CHECK(ds.sets > 0 && ds.gets > 0, "the store was not used: %d sets, %d gets", ds.sets,
+                ds.gets);
+    std::vector<double> v(7000, double(rank + 1));
+    CHILD_CHECK(optiAllReduce(v.data(), v.data(), v.size(), optiFloat64, optiAvg, comm, nullptr) ==
+                    optiSuccess,
+                "allreduce");
+    for (double x : v) CHILD_CHECK(x == 2.0, "got %g", x);
+    CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+    return 0;
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+TEST(Loopback, CallersStoreFailuresAreReported) {
+  const int failed = run_ranks(1, {}, [&](int rank) {
+    // Two ranks expected, one joins: rank 1 waits for rank 0's seed, which never comes.
+    const std::string dir = temp_dir();
+    DirStore ds{dir};
+    optiStore_t store{&ds, &DirStore::set, &DirStore::get};
+    optiComm_t comm = nullptr;
+    store.get = [](void*, const char*, void*, size_t, size_t*, int) { return 1; };
+    CHILD_CHECK(optiHostCommInitStore(&comm, &store, 1, 2, nullptr) == optiRemoteError,
+                "a store that times out");
+    CHILD_CHECK(std::strstr(optiGetLastError(), "timed out") != nullptr, "message: %s",
+                optiGetLastError());
+    store.get = [](void*, const char*, void*, size_t, size_t*, int) { return 7; };
+    CHILD_CHECK(optiHostCommInitStore(&comm, &store, 1, 2, nullptr) == optiSystemError,
+                "a store that fails");
+    CHILD_CHECK(std::strstr(optiGetLastError(), "get returned 7") != nullptr, "message: %s",
+                optiGetLastError());
+    store.get = nullptr;
+    CHILD_CHECK(optiHostCommInitStore(&comm, &store, 0, 2, nullptr) == optiInvalidArgument,
+                "no get callback");
+    return rank;
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+// A rank that gives up aborts: its peers, blocked in a call that needs it, fail with
+// optiRemoteError at once instead of waiting for it (the hook's error path in Python).
+TEST(Loopback, AbortedRankFailsItsPeersCallsPromptly) {
+  const int n = 3;
+  const std::string dir = temp_dir();
+  const int failed = run_ranks(n, {}, [&](int rank) {
+    optiComm_t comm = nullptr;
+    CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, nullptr) == optiSuccess, "init");
+    if (rank == 2) {
+      CHILD_CHECK(optiCommAbort(comm) == optiSuccess, "abort");
+      // Stays alive until both peers have failed: only the abort can have told them.
+      for (int i = 0; i < 300; ++i) {
+        if (::access((dir + "/failed0").c_str(), F_OK) == 0 &&
+            ::access((dir + "/failed1").c_str(), F_OK) == 0)
+          return 0;
+        ::usleep(100'000);
+      }
+      return 1;
+    }
+    std::vector<float> v(1 << 20, 1.0f);
+    const auto t0 = std::chrono::steady_clock::now();
+    const optiResult_t r =
+        optiAllReduce(v.data(), v.data(), v.size(), optiFloat32, optiSum, comm, nullptr);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHILD_CHECK(r == optiRemoteError, "allreduce with an aborted peer returned %d", int(r));
+    CHILD_CHECK(s < 10, "the failure took %.1f s", s);
+    CHILD_CHECK(optiCommAbort(comm) == optiSuccess, "abort after the failure");
+    const std::string mark = dir + "/failed" + std::to_string(rank);
+    std::fclose(std::fopen(mark.c_str(), "w"));
+    return 0;
+  });
+  EXPECT_EQ(failed, 0);
+}
+
 TEST(Api, BadArgumentsGiveClearErrors) {
   // Checked in a child: the parent never starts a transport engine (it forks).
   const std::string dir = temp_dir();

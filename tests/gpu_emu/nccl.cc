@@ -361,6 +361,19 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
+// As NCCL's: no barrier, nothing waited for; peers still talking to this rank see it gone.
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm == nullptr) return ncclInvalidArgument;
+  for (int j = 0; j < comm->n; ++j) {
+    if (j == comm->rank) continue;
+    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].send, comm->tx[size_t(j)].mh));
+    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].recv, comm->rx[size_t(j)].mh));
+  }
+  testing_ns::close_node(comm->node);
+  delete comm;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclGroupStart() {
   ++emu::t_group.depth;
   return ncclSuccess;

@@ -11,12 +11,17 @@
 
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
+#include "transport/deadline.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
 
 namespace optireduce {
 namespace {
+
+// A never-started bounded transfer of the rigs' 50 ms budget ends after this long: the budget
+// plus kLateStartBudgets budgets of waiting for a peer that is only behind (deadline.h).
+constexpr uint64_t kLateStartMs = 50 * (1 + kLateStartBudgets);
 
 using testing::make_mem_pair;
 using testing::MemEndpoint;
@@ -358,7 +363,8 @@ TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {
   bool done = false;
   size_t sz;
   ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
-  rig.clock.advance_ms(60);
+  // Past the 50 ms budget and the wait for a sender that may only be late (deadline.h).
+  rig.clock.advance_ms(kLateStartMs + 10);
   ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
   ASSERT_TRUE(done);
   for (uint8_t b : dst) ASSERT_EQ(b, 0);  // fully missing, zero-filled
@@ -387,7 +393,8 @@ TEST(Bounded, SendExpiresWithoutCtsAndReceiverCompletesAtOnce) {
   bool done = false;
   ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
   EXPECT_FALSE(done);
-  rig.clock.advance_ms(49);  // the receiver's 50 ms budget, less a little
+  // The receiver's 50 ms budget and the wait for a receiver that is only late, less a little.
+  rig.clock.advance_ms(kLateStartMs - 1);
   ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
   EXPECT_FALSE(done);
   rig.clock.advance_ms(2);
@@ -531,12 +538,12 @@ TEST(PerMessage, ASendThatAsksTheReceiverEndsOnceTheReceiversDeadlineEndedIt) {
     ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
     bool done = false;
     size_t sz = 0;
-    for (int ms = 0; ms < 60 && !done; ++ms) {
+    for (uint64_t ms = 0; ms < kLateStartMs + 10 && !done; ++ms) {
       ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
       if (sr != nullptr) rig.s->poll();
       rig.clock.advance_ms(1);
     }
-    ASSERT_TRUE(done) << "the receive ended at its 50 ms deadline";
+    ASSERT_TRUE(done) << "the receive ended once a late start was no longer possible";
     EXPECT_TRUE(all_marker(dst));
     // The next receive's CTS tells the sender that message 0 is over at the receiver.
     drop_cts = false;
@@ -582,11 +589,11 @@ TEST(PerMessage, AnExpiredMessageThatTheReceiverPinnedExactIsAnErrorNotAHang) {
     ASSERT_TRUE(rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &sr).is_ok());
     bool done = false;
     size_t sz = 0;
-    for (int ms = 0; ms < 60 && !done; ++ms) {
+    for (uint64_t ms = 0; ms < kLateStartMs + 10 && !done; ++ms) {
       ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
       rig.clock.advance_ms(1);
     }
-    ASSERT_TRUE(done) << "the sender's message expired at the receiver's budget";
+    ASSERT_TRUE(done) << "the sender's message expired once the receiver could not be just late";
     if (posted_late) {
       rig.r->poll();  // the expiry notice arrives before the receive is posted
       ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &rr).is_ok());
@@ -690,8 +697,10 @@ TEST(PeerDeath, BoundedStepsToADeadPeerEndInAnErrorNotAStreamOfEmptySteps) {
     }
   }
   EXPECT_EQ(st.code(), Errc::kRemote);
-  // Each step ended by its 50 ms deadline, as bounded steps do, until the peer was dead.
-  EXPECT_GE(steps, kPeerTimeoutMs / 51 - 1);
+  // Each step ended once its silent sender could no longer be merely late (kLateStartMs), as
+  // bounded steps do, until the peer was dead.
+  EXPECT_GE(steps, int64_t(kPeerTimeoutMs / (kLateStartMs + 1)) - 1);
+  EXPECT_GE(steps, 1);
   EXPECT_LE(elapsed_ms, kPeerTimeoutMs + 60);
   EXPECT_EQ(rig.r->stats().deadline_hits, static_cast<uint64_t>(steps));
 }

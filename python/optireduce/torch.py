@@ -1,0 +1,337 @@
+"""A PyTorch DDP communication hook over liboptireduce, for an unmodified PyTorch:
+
+    state = optireduce.torch.OptiReduceState(process_group=None)
+    model.register_comm_hook(state, optireduce.torch.allreduce_hook)
+
+CPU buckets go through the host path (the library's own transport); CUDA buckets through the GPU
+path, on an NCCL communicator the state builds itself (its unique id swapped through the store).
+Only public PyTorch API is used: torch.futures.Future, c10d stores, GradBucket.buffer().
+
+The hook is asynchronous on the host path: it queues the bucket and returns a Future that the
+state's worker thread completes when the library returns (the call releases the GIL), so the
+autograd thread goes on computing the next buckets' gradients meanwhile. Buckets are reduced in
+the order DDP hands them over, the same on every rank. The result is averaged over ranks, as
+DDP's default hook does. On the GPU path the call only enqueues work on the current stream, and
+the Future completes at once: later work on that stream is ordered after it, as with NCCL.
+
+A failure on one rank becomes an exception on every rank instead of a hang: the failing rank's
+state aborts its communicator (optiCommAbort), which closes its connections, so every peer's
+pending call fails with a remote error, and each rank's Future carries the exception, which DDP
+raises from backward().
+"""
+
+import atexit
+import ctypes
+import datetime
+import os
+import queue
+import threading
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from . import _library as L
+from .comm import Communicator, Stats
+from .errors import OptiReduceError
+from .options import describe, make_options
+
+__all__ = ["OptiReduceState", "allreduce_hook"]
+
+_DTYPES = {
+    torch.float32: L.FLOAT32,
+    torch.float16: L.FLOAT16,
+    torch.bfloat16: L.BFLOAT16,
+    torch.float64: L.FLOAT64,
+}
+
+# States made by this process, in order: ranks make them in the same order, so the count names a
+# state's keys in a store the ranks share.
+_serial_lock = threading.Lock()
+_serial = 0
+_live_states = weakref.WeakSet()
+
+
+def _next_serial():
+    global _serial
+    with _serial_lock:
+        _serial += 1
+        return _serial
+
+
+def _default_store(timeout):
+    """A client of the store torch.distributed's env:// rendezvous serves on MASTER_ADDR:MASTER_PORT
+    (torchrun sets both). PyTorch has no public API to read a process group's own store, so any
+    other set-up passes store= explicitly."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise ValueError(
+            "optireduce: option store=None needs MASTER_ADDR and MASTER_PORT (as torchrun and "
+            "init_method='env://' set them); otherwise pass store= (any torch.distributed Store "
+            "every rank reaches, e.g. the one given to init_process_group)")
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ValueError(f"optireduce: MASTER_PORT={port!r} is not a port number") from None
+    return dist.TCPStore(addr, port_n, None, False, timeout)
+
+
+class _NcclLib:
+    """The few NCCL calls the GPU path needs, through ctypes (no compiled extension)."""
+
+    class UniqueId(ctypes.Structure):
+        _fields_ = [("internal", ctypes.c_char * 128)]
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libnccl.so.2")
+        self.lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(self.UniqueId)]
+        self.lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int,
+                                              self.UniqueId, ctypes.c_int]
+        self.lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+        self.lib.ncclCommAbort.argtypes = [ctypes.c_void_p]
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+
+    def check(self, rc, what):
+        if rc != 0:
+            raise OptiReduceError(L.NCCL_ERROR,
+                                  f"{what}: {self.lib.ncclGetErrorString(rc).decode()}")
+
+
+class OptiReduceState:
+    """The hook's state: options, the communicators (made on first use, collectively) and the
+    statistics of the last call.
+
+    process_group: whose ranks take part (None: the default group). store: a torch.distributed
+    Store every rank reaches (None: a client of MASTER_ADDR:MASTER_PORT, the env:// store).
+    The other keyword arguments are the library's options (optireduce.h), each defaulting to its
+    OPTIREDUCE_* variable: mode ('exact' | 'bounded'), incast (int >= 1 | 'max' | 'auto'),
+    hadamard (bool), hadamard_block (power of two), erasure ('rescale' | 'zero'), safeguard
+    (fraction in [0, 1]), safeguard_redo (bool), exact_below (bytes). A bad value raises
+    ValueError naming the option.
+    """
+
+    def __init__(self, process_group=None, store=None, *, mode=None, incast=None, hadamard=None,
+                 hadamard_block=None, erasure=None, safeguard=None, safeguard_redo=None,
+                 exact_below=None, timeout=datetime.timedelta(minutes=5), max_queued=256):
+        if not dist.is_initialized():
+            raise RuntimeError("optireduce: call torch.distributed.init_process_group first")
+        if not isinstance(max_queued, int) or max_queued < 1:
+            raise ValueError(f"optireduce: option max_queued={max_queued!r}: must be an integer >= 1")
+        self._options = make_options(mode=mode, incast=incast, hadamard=hadamard,
+                                     hadamard_block=hadamard_block, erasure=erasure,
+                                     safeguard=safeguard, safeguard_redo=safeguard_redo,
+                                     exact_below=exact_below)
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.size = dist.get_world_size(process_group)
+        self.options = describe(self._options)
+        self._timeout = timeout
+        self._base_store = store
+        self._prefix = f"optireduce.torch/{_next_serial()}"
+        self._store = None
+        self._host = None
+        self._gpu = None
+        self._nccl = None
+        self._nccl_comm = None
+        self._failure = None  # the first exception; every later call fails with it
+        self._lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+        self.last_stats = None  # Stats of the last completed call
+        self._step = self._empty_step()
+        self._queue = queue.Queue(maxsize=max_queued)  # bounded: DDP has few buckets per step
+        self._busy = False
+        self._fail_at_call = None  # tests only: raise in the worker before this call (1-based)
+        self._calls = 0
+        self._worker = None
+        _live_states.add(self)
+
+    # ---- statistics
+    @staticmethod
+    def _empty_step():
+        return {"calls": 0, "exact_calls": 0, "elements_expected": 0, "elements_lost": 0,
+                "deadline_hits": 0, "safeguard_flags": 0, "time_us": 0.0}
+
+    def _record(self, last):
+        with self._stats_lock:
+            self.last_stats = last
+            s = self._step
+            s["calls"] += 1
+            s["exact_calls"] += last.exact_calls
+            s["elements_expected"] += last.elements_expected
+            s["elements_lost"] += last.elements_lost
+            s["deadline_hits"] += last.deadline_hits
+            s["safeguard_flags"] += last.safeguard_flags
+            s["time_us"] += last.time_us
+
+    def step_stats(self):
+        """Totals of the calls completed since the previous step_stats() (e.g. one training
+        step's buckets), with lost_fraction = elements_lost / elements_expected."""
+        with self._stats_lock:
+            s, self._step = self._step, self._empty_step()
+        s["lost_fraction"] = s["elements_lost"] / s["elements_expected"] if s["elements_expected"] else 0.0
+        return s
+
+    def total_stats(self):
+        """Cumulative Stats of the host communicator (None before its first call)."""
+        return self._host.stats()[1] if self._host is not None else None
+
+    # ---- communicators
+    def _rendezvous_store(self):
+        if self._store is None:
+            base = self._base_store if self._base_store is not None else _default_store(self._timeout)
+            self._store = dist.PrefixStore(self._prefix, base)
+        return self._store
+
+    def _host_comm(self):
+        if self._host is None:
+            self._host = Communicator.host(dist.PrefixStore("host", self._rendezvous_store()),
+                                           self.rank, self.size, self._options)
+        return self._host
+
+    def _gpu_comm(self, device):
+        if self._gpu is None:
+            store = dist.PrefixStore("gpu", self._rendezvous_store())
+            self._nccl = _NcclLib()
+            uid = _NcclLib.UniqueId()
+            if self.rank == 0:
+                self._nccl.check(self._nccl.lib.ncclGetUniqueId(ctypes.byref(uid)),
+                                 "ncclGetUniqueId")
+                store.set("nccl-id", bytes(uid.internal))
+            else:
+                store.wait(["nccl-id"], self._timeout)
+                ctypes.memmove(uid.internal, bytes(store.get("nccl-id")), 128)
+            comm = ctypes.c_void_p()
+            with torch.cuda.device(device):
+                self._nccl.check(self._nccl.lib.ncclCommInitRank(ctypes.byref(comm), self.size,
+                                                                 uid, self.rank),
+                                 "ncclCommInitRank")
+                self._nccl_comm = comm
+                self._gpu = Communicator.gpu(comm.value, self.rank, self.size, self._options)
+        return self._gpu
+
+    # ---- calls
+    def _fail(self, exc):
+        """The first failure sticks, and this rank leaves at once so its peers fail too."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = exc
+        self.abort()
+
+    def allreduce_async(self, tensor):
+        """Averages `tensor` (contiguous fp32/fp16/bf16/fp64) over the ranks in place; returns a
+        torch.futures.Future of the tensor."""
+        fut = torch.futures.Future()
+        if self._failure is not None:
+            fut.set_exception(self._failure)
+            return fut
+        bad = None
+        if tensor.dtype not in _DTYPES or not tensor.is_contiguous():
+            kind = "" if tensor.is_contiguous() else "non-contiguous "
+            bad = TypeError(f"optireduce: cannot reduce a {kind}{tensor.dtype} tensor "
+                            "(fp32, fp16, bf16 or fp64, contiguous)")
+        if tensor.is_cuda:
+            if bad is not None:
+                self._fail(bad)
+                fut.set_exception(bad)
+                return fut
+            try:
+                self._calls += 1
+                comm = self._gpu_comm(tensor.device)
+                stream = torch.cuda.current_stream(tensor.device).cuda_stream
+                comm.allreduce(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], L.AVG,
+                               stream)
+                self._record(comm.stats()[0])
+                fut.set_result(tensor)
+            except Exception as e:  # noqa: BLE001 - surfaced through the Future
+                self._fail(e)
+                fut.set_exception(e)
+            return fut
+        # A bad bucket fails in the worker, in order: the abort must not race a running call.
+        self._start_worker()
+        self._queue.put((bad if bad is not None else tensor, fut))
+        return fut
+
+    def _start_worker(self):
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._run, name="optireduce-hook", daemon=True)
+            self._worker.start()
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            tensor, fut = item
+            if self._failure is not None:
+                fut.set_exception(self._failure)
+                continue
+            self._busy = True
+            try:
+                if isinstance(tensor, Exception):
+                    raise tensor
+                self._calls += 1
+                if self._fail_at_call is not None and self._calls >= self._fail_at_call:
+                    raise OptiReduceError(L.INTERNAL_ERROR, "failure injected by a test")
+                comm = self._host_comm()
+                comm.allreduce(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], L.AVG)
+                self._record(comm.stats()[0])
+            except Exception as e:  # noqa: BLE001 - surfaced through the Future
+                self._busy = False
+                self._fail(e)
+                fut.set_exception(e)
+                continue
+            self._busy = False
+            fut.set_result(tensor)
+
+    def _stop_worker(self):
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join()
+            self._worker = None
+
+    # ---- teardown
+    def close(self):
+        """Collective: every rank calls it after its last step. Waits for queued calls."""
+        self._stop_worker()
+        if self._failure is not None:
+            self.abort()
+            return
+        if self._host is not None:
+            self._host.destroy()
+            self._host = None
+        if self._gpu is not None:
+            self._gpu.destroy()
+            self._gpu = None
+            self._nccl.check(self._nccl.lib.ncclCommDestroy(self._nccl_comm), "ncclCommDestroy")
+            self._nccl_comm = None
+
+    def abort(self):
+        """Not collective: frees the communicators at once; peers waiting on this rank fail
+        (remote error) instead of waiting. Safe to call more than once, but not while a hook's
+        call is running (the state calls it itself, from its worker, when a call fails)."""
+        for c in (self._host, self._gpu):
+            if c is not None:
+                try:
+                    c.abort()
+                except OptiReduceError:
+                    pass
+        if self._nccl_comm is not None:
+            self._nccl.lib.ncclCommAbort(self._nccl_comm)
+            self._nccl_comm = None
+
+    def __repr__(self):
+        return f"OptiReduceState(rank={self.rank}, size={self.size}, options={self.options})"
+
+
+def allreduce_hook(state, bucket):
+    """DDP communication hook: averages the bucket over the ranks with Transpose AllReduce."""
+    return state.allreduce_async(bucket.buffer())
+
+
+@atexit.register
+def _release_at_exit():
+    # A state never closed: free its sockets and threads without waiting for peers, unless a
+    # call is still running on its worker (then the process exit ends it).
+    for s in list(_live_states):
+        if not s._busy and (s._host is not None or s._gpu is not None):
+            s.abort()

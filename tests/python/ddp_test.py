@@ -1,0 +1,163 @@
+"""optireduce.torch's DDP hook in 4-process trainings on loopback (Gloo for everything else):
+exact mode gives DDP's own result, bounded mode under injected loss trains and counts its
+losses, every bucket dtype is averaged, and a failure on one rank raises on every rank.
+
+    ddp_test.py LIB                 the tests (LIB: liboptireduce.so)
+    ddp_test.py worker SCENARIO LIB OUTDIR    one rank (launched by the tests)
+"""
+
+import math
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks  # noqa: E402
+
+N = 4
+
+
+# ---------------------------------------------------------------- rank side
+def _train(scenario, lib, outdir):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import optireduce
+    import optireduce.torch as ort
+
+    optireduce.load_library(lib)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = {"rank": rank}
+
+    if scenario == "dtypes":
+        state = ort.OptiReduceState(mode="exact")
+        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            # Multiples of 4 (the rank count) at magnitudes every dtype holds exactly: the
+            # average is exact whatever the order of the additions.
+            base = torch.arange(5000, dtype=torch.float64).remainder(64) * 4
+            t = (base * (rank + 1)).to(dt)
+            got = state.allreduce_async(t).wait()
+            want = (base * sum(r + 1 for r in range(world)) / world).to(dt)
+            result[str(dt)] = bool(torch.equal(got, want))
+        state.close()
+        ranks.report(outdir, rank, result)
+        return
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10))
+    # Several buckets (DDP's first holds 1 MiB, the others bucket_cap_mb), so that more than one
+    # call is queued per step.
+    ddp = DDP(model, bucket_cap_mb=0.1)
+    state = None
+    if scenario != "default":
+        mode = "bounded" if scenario == "bounded_loss" else "exact"
+        state = ort.OptiReduceState(mode=mode)
+        if scenario == "hook_error" and rank == 1:
+            state._fail_at_call = 5  # the library call of this rank's 5th bucket raises
+        ddp.register_comm_hook(state, ort.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
+    teacher = torch.Generator().manual_seed(7)
+    w_true = torch.randn(64, 10, generator=teacher)
+    steps = 30 if scenario == "bounded_loss" else 12
+    losses, lost, expected = [], 0, 0
+    t0 = time.monotonic()
+    try:
+        for _ in range(steps):
+            x = torch.randn(128, 64, generator=g)
+            y = (x @ w_true).argmax(dim=1)
+            loss = torch.nn.functional.cross_entropy(ddp(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if state is not None:
+                s = state.step_stats()
+                lost += s["elements_lost"]
+                expected += s["elements_expected"]
+    except Exception as e:  # noqa: BLE001 - the scenario reports what surfaced
+        result["error"] = f"{type(e).__name__}: {e}"
+        result["error_after_s"] = time.monotonic() - t0
+        ranks.report(outdir, rank, result)
+        os._exit(0)  # peers are gone; no collective teardown
+    result["losses"] = losses
+    result["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
+    result["lost"], result["expected"] = lost, expected
+    if state is not None:
+        result["last_stats"] = state.last_stats.as_dict()
+        result["total"] = state.total_stats().as_dict()
+        state.close()
+    ranks.report(outdir, rank, result)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- tests
+LIB = None
+
+
+class DdpHook(unittest.TestCase):
+    def run_ranks(self, scenario, env=None):
+        results, codes, outputs = ranks.launch(__file__, scenario, N, LIB, env=env)
+        if any(r is None for r in results) or any(c != 0 for c in codes):
+            ranks.dump(outputs)
+        self.assertTrue(all(r is not None for r in results), f"{scenario}: a rank reported nothing")
+        self.assertEqual(codes, [0] * N, f"{scenario}: exit codes")
+        return results
+
+    def test_exact_mode_matches_ddps_own_allreduce(self):
+        ref = self.run_ranks("default")
+        got = self.run_ranks("exact")
+        for r in range(N):
+            # Replicas stay identical bit for bit: every rank receives the same reduced bytes.
+            self.assertEqual(got[r]["weights"], got[0]["weights"], f"rank {r} diverged")
+            for a, b in zip(got[r]["weights"], ref[r]["weights"]):
+                worst = max(abs(x - y) for x, y in zip(a, b))
+                self.assertLess(worst, 1e-5, "exact mode differs from DDP's allreduce by more "
+                                "than reordering")
+            self.assertEqual(got[r]["lost"], 0)
+            self.assertGreater(got[r]["total"]["calls"], 2 * 12)  # several buckets per step
+        self.assertLess(got[0]["losses"][-1], got[0]["losses"][0])
+
+    def test_bounded_mode_under_loss_trains_and_counts_its_losses(self):
+        res = self.run_ranks("bounded_loss", env={"OPTIREDUCE_FAULT_DROP": "0.05",
+                                                  "OPTIREDUCE_CALIBRATION_STEPS": "30"})
+        for r in res:
+            self.assertTrue(all(math.isfinite(v) for v in r["losses"]))
+            self.assertTrue(all(math.isfinite(v) for w in r["weights"] for v in w))
+            self.assertLess(sum(r["losses"][-5:]) / 5, r["losses"][0])
+            self.assertGreater(r["expected"], 0)
+        lost = sum(r["lost"] for r in res)
+        expected = sum(r["expected"] for r in res)
+        # 5% of packets dropped, nothing repaired in bounded mode after calibration.
+        self.assertGreater(lost, 0, "no loss counted under 5% injected drops")
+        self.assertLess(lost / expected, 0.25)
+
+    def test_every_bucket_dtype_is_averaged(self):
+        for r in self.run_ranks("dtypes"):
+            for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
+                self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
+
+    def test_a_failure_on_one_rank_raises_on_every_rank(self):
+        res = self.run_ranks("hook_error")
+        for r in res:
+            self.assertIn("error", r, f"rank {r['rank']} trained on after rank 1 failed")
+            self.assertIn("optireduce", r["error"])
+            self.assertLess(r["error_after_s"], 60)
+        self.assertIn("injected", res[1]["error"])
+        for r in (0, 2, 3):
+            self.assertIn("remote error", res[r]["error"])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        _train(*sys.argv[2:5])
+        sys.exit(0)
+    ranks.import_torch_or_skip()
+    LIB = os.path.abspath(sys.argv.pop(1))
+    unittest.main()

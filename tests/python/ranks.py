@@ -1,0 +1,76 @@
+"""Shared by the Python tests: runs one test script as N rank processes on loopback and
+collects what each rank reports, so no test copies its own launcher."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+SKIP = 77  # meson's "skipped"
+PYTHON = "/usr/bin/python3"  # Debian's, where python3-torch lives
+
+
+def import_torch_or_skip():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("skipped: no PyTorch for this interpreter (Debian: apt-get install python3-torch)")
+        sys.exit(SKIP)
+
+
+def repo_root():
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(script, scenario, nranks, lib, env=None, timeout=240):
+    """Runs `script worker SCENARIO LIB OUTDIR` as ranks 0..nranks-1 (torch.distributed env://
+    on loopback). Returns (per-rank JSON results or None, per-rank exit codes, outputs)."""
+    outdir = tempfile.mkdtemp(prefix=f"optireduce-py-{scenario}-")
+    port = free_port()
+    procs = []
+    for r in range(nranks):
+        e = dict(os.environ)
+        e.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                  "WORLD_SIZE": str(nranks), "OMP_NUM_THREADS": "1",
+                  "PYTHONPATH": os.path.join(repo_root(), "python")})
+        e.update(env or {})
+        procs.append(subprocess.Popen([PYTHON, script, "worker", scenario, lib, outdir], env=e,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outputs, codes = [], []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            out, _ = p.communicate()
+            out += f"\n[rank killed after {timeout} s: a hang]"
+        outputs.append(out)
+        codes.append(p.returncode)
+    results = []
+    for r in range(nranks):
+        path = os.path.join(outdir, f"rank{r}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                results.append(json.load(f))
+        else:
+            results.append(None)
+    return results, codes, outputs
+
+
+def report(outdir, rank, result):
+    with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def dump(outputs):
+    for r, out in enumerate(outputs):
+        print(f"----- rank {r} -----\n{out}")
