@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Time-to-accuracy report: reads the runs train.py wrote under DIR/runs/<env>/<exchange>-s<seed>.json
-and writes DIR/tta-curves.png (test accuracy against training time, per environment and exchange),
+and writes DIR/runs.csv (one row per run), DIR/tta-curves.png (test accuracy against training time, per environment and exchange),
 DIR/tta-sweep.png (final accuracy against injected loss, with and without Hadamard), DIR/tta.md
 (a README-ready table and the goals) and prints the goals with PASS/FAIL. Further DIRs (other
 run-tta.sh invocations, e.g. a second environment list) are read too; the outputs go to the first.
@@ -214,6 +214,17 @@ def main():
         print(f"report.py: no runs under {d}/runs", file=sys.stderr)
         return 1
     envs = envs_of(runs)
+    cols = ["env", "exchange", "seed", "steps_run", "tta_s", "steps_to_target", "final_acc",
+            "final_acc_subset", "step_p50_ms", "step_p99_ms", "step_mean_ms", "lost_per_step",
+            "lost_fraction", "deadline_hits", "train_s", "wall_s"]
+    with open(os.path.join(d, "runs.csv"), "w") as f:
+        f.write(",".join(cols) + "\n")
+        for r in sorted(runs, key=lambda r: (r["env_dir"], r["summary"]["exchange"],
+                                             r["summary"]["seed"])):
+            x = dict(r["summary"], env=r["env_dir"])
+            f.write(",".join("" if x.get(c) is None else
+                             (f"{x[c]:.6g}" if isinstance(x[c], float) else str(x[c]))
+                             for c in cols) + "\n")
     plot_curves(runs, envs, os.path.join(d, "tta-curves.png"))
     plot_sweep(runs, os.path.join(d, "tta-sweep.png"))
     s0 = runs[0]["summary"]
