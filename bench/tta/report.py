@@ -134,6 +134,11 @@ def plot_sweep(runs, path):
         xs = list(pts)
         ys = [100 * mean([s["final_acc"] for s in pts[p]]) for p in xs]
         ax.plot([100 * x for x in xs], ys, "o-", color=STYLE[ex], label=lab)
+        # What reached the gradients: the transport repairs what the deadline leaves time for.
+        for x, y in zip(xs, ys):
+            lf = mean([s["lost_fraction"] for s in pts[x]])
+            ax.annotate(f"{100 * lf:.2f}% lost", (100 * x, y), fontsize=7, color=STYLE[ex],
+                        textcoords="offset points", xytext=(4, -10 if ex == "opti-bounded" else 6))
     ex_idle = cell(runs, "idle", "opti-exact")
     if ex_idle:
         ax.axhline(100 * mean([r["summary"]["final_acc"] for r in ex_idle]), color=STYLE["opti-exact"],
@@ -141,7 +146,8 @@ def plot_sweep(runs, path):
     if not any_pt:
         plt.close(fig)
         return
-    ax.set_xlabel("injected loss (% of datagrams, OPTIREDUCE_FAULT_DROP)")
+    ax.set_xlabel("injected loss (% of datagrams, OPTIREDUCE_FAULT_DROP);\n"
+                  "labels: gradient elements lost after repair")
     ax.set_ylabel("final test accuracy (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
