@@ -290,6 +290,17 @@ int max_group_recvs(int traffic_class) {
   return it == g_max_group_recvs.end() ? 0 : it->second;
 }
 
+// Deregisters the communicator's buffers and closes its connections (destroy and abort alike).
+void release(ncclComm* comm) {
+  for (int j = 0; j < comm->n; ++j) {
+    if (j == comm->rank) continue;
+    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].send, comm->tx[size_t(j)].mh));
+    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].recv, comm->rx[size_t(j)].mh));
+  }
+  testing_ns::close_node(comm->node);
+  delete comm;
+}
+
 }  // namespace optireduce::gpu_emu
 
 using emu::Xfer;
@@ -351,26 +362,14 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   emu::device_sync();
   // Nobody closes a connection a peer may still be finishing with.
   emu::g_mesh->barrier();
-  for (int j = 0; j < comm->n; ++j) {
-    if (j == comm->rank) continue;
-    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].send, comm->tx[size_t(j)].mh));
-    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].recv, comm->rx[size_t(j)].mh));
-  }
-  testing_ns::close_node(comm->node);
-  delete comm;
+  emu::release(comm);
   return ncclSuccess;
 }
 
 // As NCCL's: no barrier, nothing waited for; peers still talking to this rank see it gone.
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
   if (comm == nullptr) return ncclInvalidArgument;
-  for (int j = 0; j < comm->n; ++j) {
-    if (j == comm->rank) continue;
-    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].send, comm->tx[size_t(j)].mh));
-    HCHECK_OK(comm->node.net->dereg_mr(comm->node.peer[size_t(j)].recv, comm->rx[size_t(j)].mh));
-  }
-  testing_ns::close_node(comm->node);
-  delete comm;
+  emu::release(comm);
   return ncclSuccess;
 }
 
