@@ -54,13 +54,41 @@ uint64_t BoundedGroup::agreed_tc_locked(int c) const {
   return std::min(vals[n / 2], tb);
 }
 
+uint64_t BoundedGroup::budget_locked(int c) const {
+  const uint64_t tb = tb_locked(c);
+  const auto adaptive = static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(c)));
+  return std::max(kMinBudgetNs, std::min(tb, adaptive));
+}
+
 uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const int c = size_class(bytes);
   ++classes_[c].uses;
-  const uint64_t tb = tb_locked(c);
-  const auto adaptive = static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(c)));
-  return std::max(kMinBudgetNs, std::min(tb, adaptive));
+  return budget_locked(c);
+}
+
+// The transfer's budget plus the skew the group measured (every step's start delay, the
+// calibration's exact steps included). With OPTIREDUCE_TIMEOUT_MS, that bound: the user set
+// the most a step may cost, whatever the reason.
+uint64_t BoundedGroup::start_allowance_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int c = size_class(bytes);
+  if (fixed_tb_ns_ > 0) return std::max(tb_locked(c), budget_locked(c));
+  return budget_locked(c) + skew_ns_;
+}
+
+void BoundedGroup::on_start_delay_locked(uint64_t delay_ns) {
+  skew_[nskew_ % kSkewSamples] = delay_ns;
+  ++nskew_;
+  // A P95 of up to 256 values: cheap, but not per step once the ring is full.
+  if (nskew_ > kSkewSamples && nskew_ % 16 != 0) return;
+  const auto n = static_cast<size_t>(std::min<uint64_t>(nskew_, kSkewSamples));
+  std::array<uint64_t, kSkewSamples> v;
+  std::copy(skew_.begin(), skew_.begin() + static_cast<std::ptrdiff_t>(n), v.begin());
+  const size_t idx = std::min(n - 1, static_cast<size_t>(std::ceil(0.95 * static_cast<double>(n))) - 1);
+  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(idx),
+                   v.begin() + static_cast<std::ptrdiff_t>(n));
+  skew_ns_ = std::min(kMaxSkewNs, static_cast<uint64_t>(kSkewHeadroom * static_cast<double>(v[idx])));
 }
 
 uint64_t BoundedGroup::early_ns(uint64_t bytes) {
@@ -102,14 +130,15 @@ void BoundedGroup::on_complete(const StepReport& st) {
       finish_calibration_locked();
   }
   if (st.pipelined) return;
-  // The projected time to receive 100%: elapsed / fraction received. With nothing received
-  // the projection is unbounded, so it counts as the hard bound.
+  // A sender that never started says nothing about the network: it was late (a straggler),
+  // or its every packet was lost, and the start allowance, not the budget, covers it.
+  if (st.received == 0 && st.bytes != 0 && st.network_ns == 0) return;
+  on_start_delay_locked(st.elapsed_ns - std::min(st.elapsed_ns, st.network_ns));
+  // The projected time to receive 100%, network time only: elapsed / fraction received.
   const uint64_t tb = tb_locked(c);
-  double projected = static_cast<double>(tb);
-  if (st.bytes == 0 || st.received >= st.bytes) {
-    projected = static_cast<double>(st.elapsed_ns);
-  } else if (st.received > 0) {
-    projected = static_cast<double>(st.elapsed_ns) * static_cast<double>(st.bytes) /
+  double projected = static_cast<double>(st.network_ns);
+  if (st.bytes != 0 && st.received < st.bytes) {
+    projected = static_cast<double>(st.network_ns) * static_cast<double>(st.bytes) /
                 static_cast<double>(st.received);
   }
   projected = std::min(projected, static_cast<double>(tb));

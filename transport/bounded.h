@@ -36,6 +36,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
 
   bool calibrating() override;
   uint64_t budget_ns(uint64_t bytes) override;
+  uint64_t start_allowance_ns(uint64_t bytes) override;
   uint64_t early_ns(uint64_t bytes) override;
   void on_complete(const StepReport& step) override;
   void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
@@ -70,6 +71,16 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   static constexpr int kMaxSamples = 256;
   // Peer estimates remembered per class for the median.
   static constexpr int kPeerRing = 15;
+  // Start delays (how late a sender's first packet came after its receive became the oldest:
+  // the ranks' skew) remembered for the start allowance, of every size: skew is the ranks',
+  // not the network's, and does not scale with message size.
+  static constexpr int kSkewSamples = 256;
+  // The allowance waits this many times the P95 of those delays: routine skew is waited for,
+  // and since a sender later than the allowance is cut (and teaches nothing), one straggler
+  // cannot raise it; a skew that grows for good raises it by up to this factor per window.
+  static constexpr double kSkewHeadroom = 2.0;
+  // ... and never more than this for the skew: what a straggler costs the others at most.
+  static constexpr uint64_t kMaxSkewNs = 1'000'000'000;
 
   struct Class {
     uint32_t nsamples = 0;
@@ -84,8 +95,10 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   };
 
   uint64_t tb_locked(int c) const;
+  uint64_t budget_locked(int c) const;
   uint64_t agreed_tc_locked(int c) const;
   void finish_calibration_locked();
+  void on_start_delay_locked(uint64_t delay_ns);
   void log_every_locked();
 
   mutable std::mutex mu_;
@@ -97,6 +110,9 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t label_ = 0;
   bool calibrating_;
   std::array<Class, kClasses> classes_{};
+  std::array<uint64_t, kSkewSamples> skew_{};  // start delays, a ring
+  uint64_t nskew_ = 0;
+  uint64_t skew_ns_ = 0;  // kSkewHeadroom x P95 of skew_, refreshed as samples come
   GroupStats stats_;
 };
 

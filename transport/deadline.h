@@ -14,6 +14,9 @@ struct StepReport {
   uint64_t bytes = 0;       // message size (capacity when nothing arrived)
   uint64_t received = 0;    // bytes that arrived
   uint64_t elapsed_ns = 0;  // from becoming the oldest incomplete receive to the end
+  // From the later of that and the sender's first packet to the end: the network's share of
+  // the step, without the time the sender took to reach it (0: the sender never started).
+  uint64_t network_ns = 0;
   RecvEnd how = RecvEnd::kAll;
   bool bounded = false;
   // Data was already arriving when the receive became the oldest: the elapsed time then
@@ -26,9 +29,16 @@ class DeadlinePolicy {
   virtual ~DeadlinePolicy() = default;
   // True while the group measures tB: receives then run exact.
   virtual bool calibrating() = 0;
-  // Time a bounded receive of `bytes` may take, counted from when it became the connection's
-  // oldest incomplete receive.
+  // Time a bounded transfer of `bytes` may take on the network, counted from when both sides
+  // are under way: the receive is the connection's oldest incomplete one and the sender's
+  // first packet arrived (or, for data that arrived first, from the former).
   virtual uint64_t budget_ns(uint64_t bytes) = 0;
+  // How long a bounded receive waits, from becoming the oldest, for a sender that has not
+  // started, and a sender for its receiver's CTS. Ranks reach a step at different times (a
+  // data-parallel job's compute skew), and that lateness is not the network's: charged to the
+  // budget, routine skew would cut whole messages. A peer that never starts in time (a
+  // straggler, a stalled rank) costs the other side this much per step. At least budget_ns.
+  virtual uint64_t start_allowance_ns(uint64_t bytes) = 0;
   // Early timeout: how long to wait after the tail packets arrived.
   virtual uint64_t early_ns(uint64_t bytes) = 0;
   // A receive finished.

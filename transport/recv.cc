@@ -118,7 +118,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.bytes_got = 0;
   m.posted_ns = now;
   m.first_cts_ns = 0;
-  m.head_ns = m.deadline_ns = m.early_ns = 0;
+  m.head_ns = m.first_data_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
@@ -169,13 +169,21 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
     if (expiry_allowed_locked(m)) m.deadline_ns = now + kFallbackNs;
     return;
   }
-  m.deadline_ns = now + budget_locked(m.started ? m.size : m.capacity);
+  // Data already under way: the transfer's budget from now. Otherwise the sender may still be
+  // on its way to this step: it gets the start allowance, and the budget once it starts
+  // (on_data_locked).
+  m.deadline_ns = now + (m.started ? budget_locked(m.size) : start_allowance_locked(m.capacity));
 }
 
 uint64_t RecvConn::budget_locked(uint64_t bytes) const {
   if (policy_ != nullptr) return policy_->budget_ns(bytes);
   if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
   return kDefaultBudgetNs;
+}
+
+uint64_t RecvConn::start_allowance_locked(uint64_t bytes) const {
+  if (policy_ != nullptr) return policy_->start_allowance_ns(bytes);
+  return budget_locked(bytes);
 }
 
 uint64_t RecvConn::cts_resend_ns_locked() const {
@@ -206,12 +214,11 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.msg_floor = floor_;
   if (m.bounded) h.flags = kFlagBounded;
   if (m.exact && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
-  // The sender learns from this how long it may wait for a CTS before expiring a message.
+  // The sender learns from this how long it may wait for a CTS before expiring a message: as
+  // long as this side waits for a sender that has not started.
   if (m.bounded) {
-    const uint64_t budget = m.deadline_ns ? m.deadline_ns - m.head_ns
-                            : policy_     ? budget_locked(m.capacity)
-                                          : kDefaultBudgetNs;
-    timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(budget / 1000, UINT32_MAX));
+    const uint64_t wait = start_allowance_locked(m.capacity);
+    timeout_hint_us_ = static_cast<uint32_t>(std::min<uint64_t>(wait / 1000, UINT32_MAX));
   }
   h.credit = credit_locked(m, true);
   send_ctrl_locked(h);
@@ -360,18 +367,15 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
   if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
-  // A sender that starts late still gets the whole budget for its transfer: the deadline moves
-  // to its first packet plus the budget. A sender that never starts is still cut at head +
-  // budget (a straggler costs us one budget), but one that is merely behind is waited for, so
-  // that this rank falls behind with it instead of cutting it: cut ranks drift apart, and every
-  // later step then loses whole messages (docs/lab.md, 1% loss). At most twice the budget.
-  // A sender on time (its first packet within a tenth of the budget: a CTS's round trip and
-  // some scheduling) keeps the deadline as armed, which its own give-up (its start plus the
-  // same budget) matches.
-  if (m.bounded && m.bytes_got == 0 && m.deadline_ns != 0 && m.head_ns != 0 &&
-      m.deadline_ns > m.head_ns) {
-    const uint64_t budget = m.deadline_ns - m.head_ns;
-    if (now - m.head_ns > budget / 10) m.deadline_ns = std::max(m.deadline_ns, now + budget);
+  // The sender's first packet: the network's part of the step starts here, early or late, and
+  // the deadline becomes the transfer's budget from now (until here it was the start
+  // allowance). A sender merely behind is waited for, so that this rank falls behind with it
+  // instead of cutting it: cut ranks drift apart, and every later step then loses whole
+  // messages (docs/lab.md, 1% loss). Before the receive is the oldest, arm_deadline_locked
+  // gives it the budget when it gets there.
+  if (m.bytes_got == 0 && m.first_data_ns == 0) {
+    m.first_data_ns = now;
+    if (m.bounded && m.deadline_ns != 0) m.deadline_ns = now + budget_locked(m.size);
   }
   // The first DATA a CTS unlocked: a sample of the RTT, never below it (the sender may have
   // posted or polled late; the first CTS is the one it may have answered). Retransmissions
@@ -512,6 +516,7 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     st.bytes = size;
     st.received = m.bytes_got;
     st.elapsed_ns = now - start;
+    if (m.first_data_ns != 0) st.network_ns = now - std::max(start, m.first_data_ns);
     st.how = static_cast<RecvEnd>(how);
     st.bounded = m.bounded;
     st.pipelined = m.pipelined;

@@ -80,6 +80,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t first_cts_ns = 0;  // first CTS sent (the downlink's RTT sample starts here)
     uint64_t cts_backoff_ns = 0;
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
+    uint64_t first_data_ns = 0; // the sender's first packet arrived (0: not yet)
     bool pipelined = false;     // data had already arrived by then (see StepReport)
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
@@ -108,6 +109,8 @@ class RecvConn final : public Conn, public RecvComm {
   uint16_t credit_locked(const Msg& m, bool first) const;
   // A bounded receive's budget: the policy's, else OPTIREDUCE_TIMEOUT_MS, else 1 s.
   uint64_t budget_locked(uint64_t bytes) const;
+  // How long a bounded receive waits for a sender that has not started (DeadlinePolicy).
+  uint64_t start_allowance_locked(uint64_t bytes) const;
   // When a CTS is first repeated: from the RTT this receiver measured (rtt_), or a
   // conservative figure before it measured any (recv.cc).
   uint64_t cts_resend_ns_locked() const;

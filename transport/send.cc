@@ -4,6 +4,8 @@
 // timer, loss probe), send_expiry.cc (bounded messages that run out of time).
 #include "transport/send.h"
 
+#include "transport/deadline.h"
+
 #include <algorithm>
 #include <cstring>
 
@@ -116,6 +118,9 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, Request**
   m.npkts = static_cast<uint32_t>(npkts64);
   m.next_new = m.cum = m.high = 0;
   m.posted_ns = now;
+  m.wait_ns = params_.delivery == Delivery::kBounded && m.expire_early && group_ != nullptr
+                  ? group_->start_allowance_ns(size)
+                  : 0;
   m.started_ns = m.progress_ns = 0;
   expired_mask_ &= ~(uint64_t{1} << (next_seq_ % 64));  // the bit now belongs to this message
   ++next_seq_;
@@ -293,7 +298,7 @@ uint64_t SendConn::next_timer_locked() const {
     const Msg& m = msgs_[s % kMaxRequests];
     if (!may_expire_locked(m)) continue;
     if (m.state == State::kWaitCts && m.expire_early)
-      consider(m.posted_ns + give_up);
+      consider(m.posted_ns + cts_wait_ns_locked(m));
     else if (m.state == State::kSending && m.bounded)
       consider(m.started_ns + give_up);
   }

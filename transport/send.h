@@ -91,6 +91,7 @@ class SendConn final : public Conn, public SendComm {
     PacketBitmap resent;            // sent more than once: no RTT sample (Karn)
     std::vector<uint64_t> sent_ns;  // last transmission time per packet; kQueued: lost, queued
     uint64_t posted_ns = 0;
+    uint64_t wait_ns = 0;      // bounded: how long the group would wait for a late CTS (0: none)
     uint64_t started_ns = 0;   // CTS arrived
     uint64_t progress_ns = 0;  // last acknowledgement progress
   };
@@ -148,6 +149,9 @@ class SendConn final : public Conn, public SendComm {
   void expire_bounded_locked(uint64_t now);
   void send_expired_notice_locked(uint32_t seq);
   uint64_t give_up_ns_locked() const;
+  // How long `m` may wait for its CTS: the receiver's announced wait, or the group's own start
+  // allowance for its size if longer (the last CTS may have been for a smaller message).
+  uint64_t cts_wait_ns_locked(const Msg& m) const;
   void give_up_locked(Msg& m);
   // Ends a message that never started (no CTS, or its receiver no longer wants it): done,
   // counted as expired. False if the state machine refused (the connection then failed).
@@ -178,7 +182,7 @@ class SendConn final : public Conn, public SendComm {
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
   // tells us its budget; a posted send that waits longer than that for its CTS expires (before
   // any budget is known, after the fallback of give_up_ns_locked()).
-  uint64_t expiry_budget_ns_ = 0;  // the receiver's announced budget; 0 = none yet
+  uint64_t expiry_budget_ns_ = 0;  // the receiver's announced start allowance; 0 = none yet
   bool heard_cts_ = false;         // the receiver ever sent a CTS
   bool presumed_dead_ = false;     // a message expired before the receiver ever spoke
   uint32_t receiver_floor_ = 0;    // every message below it is complete at the receiver

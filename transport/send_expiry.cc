@@ -24,7 +24,7 @@ void SendConn::expire_bounded_locked(uint64_t now) {
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (!may_expire_locked(m)) continue;
-    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= give_up) {
+    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= cts_wait_ns_locked(m)) {
       if (!heard_cts_) presumed_dead_ = true;
       expired_mask_ |= uint64_t{1} << (s % 64);
       if (!expire_unstarted_locked(m)) return;
@@ -46,14 +46,20 @@ void SendConn::send_expired_notice_locked(uint32_t seq) {
   send_ctrl_locked(h);
 }
 
-// How long a message of a bounded connection may wait. With a budget from the receiver's CTS,
-// that budget. Before the receiver ever spoke, the long fallback: a receiver that never spoke
+// How long a message of a bounded connection may wait. With a wait announced in the
+// receiver's CTS (its start allowance: as long as it waits for a sender that has not started),
+// that wait; the receiver's FINAL normally ends a started message much sooner. Before the receiver ever spoke, the long fallback: a receiver that never spoke
 // might still be starting up, so only one silent for that long is presumed dead; after that first
 // expiry the later messages expire at 2 x OPTIREDUCE_TIMEOUT_MS (else 1 s) instead of 10 s each.
 uint64_t SendConn::give_up_ns_locked() const {
   if (expiry_budget_ns_ != 0) return expiry_budget_ns_;
   if (!presumed_dead_) return kFallbackGiveUpNs;
   return cfg_.timeout_ms > 0 ? static_cast<uint64_t>(2e6 * cfg_.timeout_ms) : 1'000'000'000;
+}
+
+uint64_t SendConn::cts_wait_ns_locked(const Msg& m) const {
+  const uint64_t give_up = give_up_ns_locked();
+  return expiry_budget_ns_ != 0 ? std::max(give_up, m.wait_ns) : give_up;
 }
 
 bool SendConn::expire_unstarted_locked(Msg& m) {

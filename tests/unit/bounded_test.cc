@@ -19,6 +19,8 @@ StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd 
   s.bytes = bytes;
   s.received = received;
   s.elapsed_ns = elapsed_ns;
+  // The sender started as the receive became the oldest (skew: see the test that sets both).
+  s.network_ns = received > 0 ? elapsed_ns : 0;
   s.how = how;
   s.bounded = bounded;
   return s;
@@ -92,8 +94,9 @@ TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
   for (int i = 0; i < 30; ++i)
     g.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 20.0 * kMs, 0.5 * kMs);
-  // ... but never beyond the hard bound.
-  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true));
+  // ... but never beyond the hard bound (1% in 30 ms projects 3 s).
+  for (int i = 0; i < 30; ++i)
+    g.on_complete(step(kMiB, kMiB / 100, 30 * kMs, RecvEnd::kDeadline, true));
   EXPECT_NEAR(static_cast<double>(g.tc_ns(kMiB)), 40.0 * kMs, 0.1 * kMs);
   EXPECT_LE(g.tc_ns(kMiB), 40 * kMs);
   EXPECT_EQ(g.budget_ns(kMiB), 40 * kMs);
@@ -164,6 +167,44 @@ TEST(BoundedGroup, ExpiredStepsDoNotMoveTheEstimate) {
   for (int i = 0; i < 10; ++i) g.on_complete(step(kMiB, 0, 0, RecvEnd::kExpired, true));
   EXPECT_EQ(g.tc_ns(kMiB), before);
   EXPECT_EQ(g.stats().expired, 10u);
+}
+
+// A sender's lateness (the ranks' compute skew) is not the network's: tC follows the network
+// time alone, and a sender that never started (a straggler) leaves it alone. The lateness sets
+// the start allowance instead: the budget plus twice the P95 of the start delays seen.
+TEST(BoundedGroup, SkewIsNotChargedToTheNetworkEstimate) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 40 * kMs, RecvEnd::kAll, false));
+  ASSERT_EQ(g.tb_ns(kMiB), 40 * kMs);
+  for (int i = 0; i < 30; ++i) {
+    StepReport late = step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, true);
+    late.network_ns = 4 * kMs;  // 26 ms waiting for the sender, 4 ms on the network
+    g.on_complete(late);
+  }
+  const uint64_t tc = g.tc_ns(kMiB);
+  EXPECT_LT(tc, 5 * kMs);
+  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 40 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_EQ(g.tc_ns(kMiB), tc);
+  EXPECT_EQ(g.stats().deadline_hits, 30u);
+  EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);
+  // 20 calibration steps on time and 30 steps 26 ms late: the P95 is 26 ms. Skew is the ranks',
+  // so a small message waits as long for its sender.
+  EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
+  EXPECT_EQ(g.start_allowance_ns(4096), g.budget_ns(4096) + 52 * kMs);
+}
+
+// With OPTIREDUCE_TIMEOUT_MS the user set what a step may cost whatever the reason: a late
+// sender is waited for that long, not longer.
+TEST(BoundedGroup, AFixedTimeoutIsTheStartAllowance) {
+  Config c;
+  c.timeout_ms = 50;
+  BoundedGroup g(c);
+  for (int i = 0; i < 30; ++i) {
+    StepReport late = step(kMiB, kMiB, 45 * kMs, RecvEnd::kAll, true);
+    late.network_ns = kMs;
+    g.on_complete(late);
+  }
+  EXPECT_EQ(g.start_allowance_ns(kMiB), 50 * kMs);
 }
 
 // The policy on real connections over the in-memory link.

@@ -637,8 +637,10 @@ TEST(CcSim, BoundedStepRepairsLossesWhileTimeIsLeft) {
 }
 
 // With a deadline just shorter than the transfer (90% of it), the step ends at its deadline
-// with the rest counted lost; the receiver's FINAL|BOUNDED ends the send one trip later (a cut
-// send); and the path is left with nothing in flight, so the next step starts with its room.
+// with the rest counted lost; the send ends within a trip of it (a cut send: the receiver's
+// FINAL|BOUNDED, or its own give-up at its start plus the same budget); and the path is left
+// with nothing in flight, so the next step starts with its room. The budget runs from the first
+// packet: a CTS's and a DATA's crossing (plus a packet's serialisation and polls) after the post.
 TEST(CcSim, BoundedStepEndsAtItsDeadlineAndReleasesThePath) {
   const uint64_t deadline = LossyBounded::wire_ns() * 9 / 10;
   LossyBounded t(ms(deadline), true);
@@ -654,12 +656,14 @@ TEST(CcSim, BoundedStepEndsAtItsDeadlineAndReleasesThePath) {
       static_cast<unsigned long long>(ss.cut_sends));
   EXPECT_EQ(rs.deadline_hits, 1u);
   EXPECT_GE(t.f->recv_done_ns, deadline);
-  EXPECT_LE(t.f->recv_done_ns, deadline + kStep);
+  EXPECT_LE(t.f->recv_done_ns, deadline + 2 * kProp + 20 * kStep);
   EXPECT_GT(rs.bytes_lost, 0u);
   EXPECT_LT(rs.bytes_lost, 4 * kMiB / 5);
   EXPECT_EQ(ss.cut_sends, 1u);
-  // The FINAL crosses one way (50 us of propagation) and is read at the next poll.
-  EXPECT_GE(t.f->send_done_ns, t.f->recv_done_ns);
+  // The FINAL crosses one way (50 us of propagation) and is read at the next poll; the
+  // sender's give-up counts from the CTS's arrival, a packet's crossing (propagation,
+  // serialisation, polls) before the first packet's.
+  EXPECT_GE(t.f->send_done_ns + 2 * kProp + 8 * kStep, t.f->recv_done_ns);
   EXPECT_LE(t.f->send_done_ns, t.f->recv_done_ns + kProp + 4 * kStep);
   EXPECT_EQ(t.f->s->inflight_bytes(), 0u);
   EXPECT_EQ(t.f->s->path()->snapshot().inflight, 0u);
@@ -704,6 +708,83 @@ TEST(CcSim, ALateSenderIsWaitedForAndANeverStartingOneIsCut) {
   EXPECT_EQ(nr.deadline_hits, 1u);
   EXPECT_EQ(nr.bytes_lost, kMiB);
   EXPECT_LE(never.recv_done_ns, 50 * kMs + kStep);
+}
+
+// A policy whose network budget (10 ms) is shorter than the ranks' skew (45 ms here) and whose
+// start allowance (60 ms) is longer.
+struct SkewPolicy final : DeadlinePolicy {
+  bool calibrating() override { return false; }
+  uint64_t budget_ns(uint64_t) override { return 10 * kMs; }
+  uint64_t start_allowance_ns(uint64_t) override { return 60 * kMs; }
+  uint64_t early_ns(uint64_t) override { return kMs; }
+  void on_complete(const StepReport&) override {}
+  void on_peer_estimate(uint32_t, uint64_t) override {}
+  uint32_t estimate_us(uint64_t) override { return 0; }
+  uint64_t tb_ns(uint64_t) override { return 60 * kMs; }
+  uint64_t tc_ns(uint64_t) override { return 10 * kMs; }
+};
+
+// Compute skew is not the network's: a sender 45 ms late into a 10 ms budget, and a receiver
+// 45 ms late for a sender that already waits, both deliver every byte (the budget runs from the
+// first packet; the sender waits for its CTS as long as the receiver's start allowance, which
+// the receiver's earlier CTS announced). Charged to the budget, each would have lost the whole
+// message. A sender that never starts is cut at the start allowance.
+TEST(CcSim, SkewBetweenRanksCostsNoDataAndAStragglerOneAllowance) {
+  Rig rig;
+  SkewPolicy policy;
+  const int tx = rig.net.add_host(host_at(kGbps, kGbps));
+  const int rx = rig.net.add_host(host_at(kGbps, kGbps));
+  Flow& f = rig.add_flow(tx, rx, nullptr, Delivery::kBounded, &policy);
+  Flow& never = rig.add_flow(tx, rx, nullptr, Delivery::kBounded, &policy);
+  auto post_recv = [&rig](Flow& g, uint32_t seed) {
+    g.src = pattern(kMiB, seed);
+    g.dst.assign(kMiB, 0);
+    g.rd = false;
+    g.sd = true;  // no send yet
+    g.posted_ns = rig.clock.now_ns();
+    ASSERT_TRUE(g.r->irecv(g.dst.data(), g.dst.size(), &g.rr).is_ok());
+  };
+  auto post_send = [](Flow& g) {
+    g.sd = false;
+    ASSERT_TRUE(g.s->isend(g.src.data(), g.src.size(), &g.sr).is_ok());
+  };
+  auto wait = [&rig](uint64_t ns) {
+    const uint64_t t0 = rig.clock.now_ns();
+    while (rig.clock.now_ns() - t0 < ns) rig.round();
+  };
+  // 1. The sender is late.
+  post_recv(f, 41);
+  post_recv(never, 42);
+  wait(45 * kMs);
+  EXPECT_FALSE(f.rd);
+  post_send(f);
+  ASSERT_TRUE(rig.run(500 * kMs));
+  EXPECT_EQ(f.src, f.dst);
+  EXPECT_GT(f.recv_done_ns, 45 * kMs);
+  EXPECT_EQ(never.r->stats().deadline_hits, 1u);
+  EXPECT_EQ(never.r->stats().bytes_lost, kMiB);
+  EXPECT_GE(never.recv_done_ns, 60 * kMs);
+  EXPECT_LE(never.recv_done_ns, 60 * kMs + kStep);
+  // 2. The receiver is late.
+  f.src = pattern(kMiB, 43);
+  f.dst.assign(kMiB, 0);
+  f.posted_ns = rig.clock.now_ns();
+  f.rd = true;
+  post_send(f);
+  wait(45 * kMs);
+  EXPECT_FALSE(f.sd);
+  f.rd = false;
+  ASSERT_TRUE(f.r->irecv(f.dst.data(), f.dst.size(), &f.rr).is_ok());
+  ASSERT_TRUE(rig.run(500 * kMs));
+  EXPECT_EQ(f.src, f.dst);
+  const ConnStats rs = f.r->stats(), ss = f.s->stats();
+  std::printf("skew 45 ms, budget 10 ms: late sender done at %.2f ms, late receiver's sender at "
+              "%.2f ms, %llu bytes lost; never-starting sender cut at %.2f ms\n",
+              ms(f.recv_done_ns), ms(f.send_done_ns),
+              static_cast<unsigned long long>(rs.bytes_lost), ms(never.recv_done_ns));
+  EXPECT_EQ(rs.bytes_lost, 0u);
+  EXPECT_EQ(rs.deadline_hits, 0u);
+  EXPECT_EQ(ss.expired_sends, 0u);
 }
 
 // ---------------------------------------------------------------------------------------------
