@@ -42,21 +42,58 @@ uint64_t BoundedGroup::tb_locked(int c) const {
   return 1'000'000'000;  // nothing calibrated at all (calibration disabled): one second
 }
 
-uint64_t BoundedGroup::agreed_tc_locked(int c) const {
-  const Class& k = classes_[c];
+void BoundedGroup::Estimate::add(double projected) {
+  tc_ns = tc_ns == 0 ? projected : (1 - kAlpha) * tc_ns + kAlpha * projected;
+}
+
+void BoundedGroup::Estimate::add_peer(uint32_t tc_us) {
+  peer_us[npeer % kPeerRing] = tc_us;
+  ++npeer;
+}
+
+const BoundedGroup::Sized* BoundedGroup::find_sized_locked(uint64_t bytes) const {
+  for (const Sized& z : sized_) {
+    if (z.bytes == bytes) return &z;
+  }
+  return nullptr;
+}
+
+BoundedGroup::Sized& BoundedGroup::sized_locked(uint64_t bytes) {
+  Sized* victim = &sized_[0];
+  for (Sized& z : sized_) {
+    if (z.bytes == bytes) {
+      z.last_use = ++sized_clock_;
+      return z;
+    }
+    if (z.last_use < victim->last_use) victim = &z;
+  }
+  *victim = Sized{};
+  victim->bytes = bytes;
+  victim->last_use = ++sized_clock_;
+  return *victim;
+}
+
+// Own estimate and peers' of this exact size, else of its class (a size not seen yet).
+uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
+  const int c = size_class(bytes);
+  const Estimate& cls = classes_[c].est;
+  const Sized* z = find_sized_locked(bytes);
+  const Estimate& own = z != nullptr && z->est.tc_ns > 0 ? z->est : cls;
+  const Estimate& peers = z != nullptr ? z->est : cls;
   const uint64_t tb = tb_locked(c);
   uint64_t vals[kPeerRing + 1];
   int n = 0;
-  vals[n++] = k.tc_ns > 0 ? static_cast<uint64_t>(k.tc_ns) : tb;
-  for (uint32_t i = 0; i < std::min<uint32_t>(k.npeer, kPeerRing); ++i)
-    vals[n++] = uint64_t{k.peer_us[i]} * 1000;
+  vals[n++] = own.tc_ns > 0 ? static_cast<uint64_t>(own.tc_ns) : tb;
+  for (uint32_t i = 0; i < std::min<uint32_t>(peers.npeer, kPeerRing); ++i)
+    vals[n++] = uint64_t{peers.peer_us[i]} * 1000;
   std::nth_element(vals, vals + n / 2, vals + n);
   return std::min(vals[n / 2], tb);
 }
 
-uint64_t BoundedGroup::budget_locked(int c) const {
-  const uint64_t tb = tb_locked(c);
-  const auto adaptive = static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(c)));
+uint64_t BoundedGroup::budget_locked(uint64_t bytes) const {
+  const uint64_t tb = tb_locked(size_class(bytes));
+  const auto adaptive =
+      static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(bytes)));
   return std::max(kMinBudgetNs, std::min(tb, adaptive));
 }
 
@@ -64,7 +101,7 @@ uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const int c = size_class(bytes);
   ++classes_[c].uses;
-  return budget_locked(c);
+  return budget_locked(bytes);
 }
 
 // The transfer's budget plus the skew the group measured (every step's start delay, the
@@ -73,8 +110,8 @@ uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
 uint64_t BoundedGroup::start_allowance_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   const int c = size_class(bytes);
-  if (fixed_tb_ns_ > 0) return std::max(tb_locked(c), budget_locked(c));
-  return budget_locked(c) + skew_ns_;
+  if (fixed_tb_ns_ > 0) return std::max(tb_locked(c), budget_locked(bytes));
+  return budget_locked(bytes) + skew_ns_;
 }
 
 void BoundedGroup::on_start_delay_locked(uint64_t delay_ns) {
@@ -94,7 +131,7 @@ void BoundedGroup::on_start_delay_locked(uint64_t delay_ns) {
 uint64_t BoundedGroup::early_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   return static_cast<uint64_t>(early_fraction_ *
-                               static_cast<double>(agreed_tc_locked(size_class(bytes))));
+                               static_cast<double>(agreed_tc_locked(bytes)));
 }
 
 void BoundedGroup::on_complete(const StepReport& st) {
@@ -142,9 +179,10 @@ void BoundedGroup::on_complete(const StepReport& st) {
                 static_cast<double>(st.received);
   }
   projected = std::min(projected, static_cast<double>(tb));
-  k.tc_ns = k.tc_ns == 0 ? projected : (1 - kAlpha) * k.tc_ns + kAlpha * projected;
+  k.est.add(projected);
+  sized_locked(st.bytes).est.add(projected);
   stats_.tb_us = static_cast<uint32_t>(tb / 1000);
-  stats_.tc_us = static_cast<uint32_t>(agreed_tc_locked(c) / 1000);
+  stats_.tc_us = static_cast<uint32_t>(agreed_tc_locked(st.bytes) / 1000);
 }
 
 void BoundedGroup::log_every_locked() {
@@ -199,16 +237,16 @@ void BoundedGroup::finish_calibration_locked() {
 void BoundedGroup::on_peer_estimate(uint32_t tc_us, uint64_t bytes) {
   if (tc_us == 0) return;
   std::lock_guard<std::mutex> lock(mu_);
-  Class& k = classes_[size_class(bytes)];
-  k.peer_us[k.npeer % kPeerRing] = tc_us;
-  ++k.npeer;
+  classes_[size_class(bytes)].est.add_peer(tc_us);
+  sized_locked(bytes).est.add_peer(tc_us);
 }
 
 uint32_t BoundedGroup::estimate_us(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Class& k = classes_[size_class(bytes)];
-  if (k.tc_ns <= 0) return 0;
-  return static_cast<uint32_t>(std::min(k.tc_ns / 1000, 4e9));
+  const Sized* z = find_sized_locked(bytes);
+  const Estimate& e = z != nullptr && z->est.tc_ns > 0 ? z->est : classes_[size_class(bytes)].est;
+  if (e.tc_ns <= 0) return 0;
+  return static_cast<uint32_t>(std::min(e.tc_ns / 1000, 4e9));
 }
 
 uint64_t BoundedGroup::tb_ns(uint64_t bytes) {
@@ -218,7 +256,7 @@ uint64_t BoundedGroup::tb_ns(uint64_t bytes) {
 
 uint64_t BoundedGroup::tc_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  return agreed_tc_locked(size_class(bytes));
+  return agreed_tc_locked(bytes);
 }
 
 GroupStats BoundedGroup::stats() const {

@@ -82,21 +82,44 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   // ... and never more than this for the skew: what a straggler costs the others at most.
   static constexpr uint64_t kMaxSkewNs = 1'000'000'000;
 
+  // Sizes with an estimate of their own: one per message size in recent use (LRU).
+  static constexpr int kSizes = 64;
+
+  // The adaptive estimate tC and the peers' piggybacked ones.
+  struct Estimate {
+    double tc_ns = 0;  // 0 = no estimate yet
+    std::array<uint32_t, kPeerRing> peer_us{};
+    uint32_t npeer = 0;
+    void add(double projected);
+    void add_peer(uint32_t tc_us);
+  };
   struct Class {
     uint32_t nsamples = 0;
     std::array<uint64_t, kMaxSamples> samples{};  // calibration completion times (whole steps)
     uint32_t nall = 0;                            // ... and of pipelined ones
     std::array<uint64_t, kMaxSamples> all{};
-    uint64_t tb_ns = 0;       // 0 = not calibrated in this class
-    double tc_ns = 0;         // 0 = no estimate yet
-    std::array<uint32_t, kPeerRing> peer_us{};
-    uint32_t npeer = 0;
+    uint64_t tb_ns = 0;  // 0 = not calibrated in this class
+    Estimate est;        // of every size in the class: for a size not seen yet
     uint64_t uses = 0;
+  };
+  // tC per exact size as well: one size is one step of one bucket (a TAR phase of one DDP
+  // bucket), and sizes of one class can live very different lives. In a DDP job the first
+  // bucket's transfers overlap the rest of the backward pass and the last bucket's do not: on
+  // loopback their times differed 2-5x within one class, whose shared tC then cut 75% of the
+  // slow bucket's messages.
+  struct Sized {
+    uint64_t bytes = 0;  // 0 = free
+    uint64_t last_use = 0;
+    Estimate est;
   };
 
   uint64_t tb_locked(int c) const;
-  uint64_t budget_locked(int c) const;
-  uint64_t agreed_tc_locked(int c) const;
+  uint64_t budget_locked(uint64_t bytes) const;
+  uint64_t agreed_tc_locked(uint64_t bytes) const;
+  // The exact size's entry: null when it has none (make = false), else found or made (the
+  // least recently used one is reused).
+  const Sized* find_sized_locked(uint64_t bytes) const;
+  Sized& sized_locked(uint64_t bytes);
   void finish_calibration_locked();
   void on_start_delay_locked(uint64_t delay_ns);
   void log_every_locked();
@@ -110,6 +133,8 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t label_ = 0;
   bool calibrating_;
   std::array<Class, kClasses> classes_{};
+  std::array<Sized, kSizes> sized_{};
+  uint64_t sized_clock_ = 0;
   std::array<uint64_t, kSkewSamples> skew_{};  // start delays, a ring
   uint64_t nskew_ = 0;
   uint64_t skew_ns_ = 0;  // kSkewHeadroom x P95 of skew_, refreshed as samples come

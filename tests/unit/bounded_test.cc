@@ -193,6 +193,30 @@ TEST(BoundedGroup, SkewIsNotChargedToTheNetworkEstimate) {
   EXPECT_EQ(g.start_allowance_ns(4096), g.budget_ns(4096) + 52 * kMs);
 }
 
+// Two sizes of one class (two DDP buckets: the first overlaps the backward pass, the last does
+// not) keep estimates of their own; a size not seen yet starts from its class's.
+TEST(BoundedGroup, EachMessageSizeHasItsOwnEstimate) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 60 * kMs, RecvEnd::kAll, false));
+  ASSERT_EQ(g.tb_ns(kMiB), 60 * kMs);
+  const uint64_t slow = kMiB + 4096, fast = kMiB + 8192;
+  for (int i = 0; i < 40; ++i) {
+    g.on_complete(step(slow, slow, 30 * kMs, RecvEnd::kAll, true));
+    g.on_complete(step(fast, fast, 5 * kMs, RecvEnd::kAll, true));
+  }
+  EXPECT_NEAR(static_cast<double>(g.tc_ns(slow)), 30.0 * kMs, 0.5 * kMs);
+  EXPECT_NEAR(static_cast<double>(g.tc_ns(fast)), 5.0 * kMs, 0.5 * kMs);
+  EXPECT_GT(g.budget_ns(slow), 40 * kMs);  // the slow bucket is not cut at the fast one's pace
+  EXPECT_LT(g.budget_ns(fast), 10 * kMs);  // nor the fast one waited for at the slow one's
+  const uint64_t fresh = kMiB + 12288;
+  EXPECT_GT(g.tc_ns(fresh), g.tc_ns(fast));
+  EXPECT_LT(g.tc_ns(fresh), g.tc_ns(slow));
+  // Peers' estimates count for their own size.
+  for (int i = 0; i < 15; ++i) g.on_peer_estimate(50'000, slow);
+  EXPECT_EQ(g.tc_ns(slow), 50 * kMs);
+  EXPECT_NEAR(static_cast<double>(g.tc_ns(fast)), 5.0 * kMs, 0.5 * kMs);
+}
+
 // With OPTIREDUCE_TIMEOUT_MS the user set what a step may cost whatever the reason: a late
 // sender is waited for that long, not longer.
 TEST(BoundedGroup, AFixedTimeoutIsTheStartAllowance) {
