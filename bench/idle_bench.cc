@@ -21,11 +21,15 @@
 #include <string>
 #include <vector>
 
+#include "bench/proxy_pattern.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
 
 namespace optireduce::testing {
 namespace {
+
+using proxy::Figure;
+using proxy::now_s;
 
 struct Options {
   std::string plugin = PLUGIN_PATH;
@@ -35,19 +39,7 @@ struct Options {
   int repeat = 3;
 };
 
-constexpr int kSlots = 8;  // NCCL's steps per connection
 constexpr uint64_t kCommId = 0x1D7E;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
 
 // Resident memory of this process, bytes (/proc/self/statm's second field, in pages).
 double rss_bytes() {
@@ -65,11 +57,6 @@ double heap_bytes() {
   const struct mallinfo2 m = mallinfo2();
   return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
 }
-
-struct Figure {
-  double gbps = 0;
-  double cpu_s_per_gb = 0;
-};
 
 struct Link {
   std::unique_ptr<NetApi> net;
@@ -102,60 +89,15 @@ void open_pairs(Link& l, Channel& ch, int n, std::vector<void*>* sends, std::vec
 }
 
 // p2p_bench's proxy pattern on one connection; the receiver reports.
-Figure proxy(int rank, const Options& o, Link& l, void* comm, Channel& ch) {
-  NetApi& net = *l.net;
-  std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(o.size));
-  for (int i = 0; i < kSlots; ++i) {
-    if (rank == 0) fill_pattern(slots[i].data(), o.size, 1, static_cast<uint64_t>(i));
-  }
-  const int n = static_cast<int>(std::max<size_t>(o.bytes / o.size, kSlots));
-  void* reqs[kSlots] = {};
-  int posted = 0, completed = 0;
-  ch.barrier();
-  const double c0 = cpu_s();
-  const double t0 = now_s();
-  while (completed < n) {
-    if (posted < n && posted - completed < kSlots) {
-      const int slot = posted % kSlots;
-      void* req = nullptr;
-      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot].data(), o.size, 0, nullptr, &req)
-                          : net.irecv(comm, slots[slot].data(), o.size, 0, nullptr, &req));
-      if (req != nullptr) {
-        reqs[slot] = req;
-        ++posted;
-      }
-    }
-    if (posted == completed) continue;
-    const int slot = completed % kSlots;
-    int done = 0;
-    HCHECK_OK(net.test(reqs[slot], &done, nullptr));
-    if (!done) continue;
-    if (rank == 1) {
-      HCHECK(find_mismatch(slots[slot].data(), o.size, 1, static_cast<uint64_t>(slot)) < 0,
-             "wrong bytes (message %d)", completed);
-      std::memset(slots[slot].data(), 0, o.size);
-    }
-    ++completed;
-  }
-  const double t1 = now_s();
-  const double cpu = cpu_s() - c0;
-  Figure f;
-  if (rank == 0) {
-    ch.send<double>(cpu);
-    f = ch.recv<Figure>();
-  } else {
-    const double gb = static_cast<double>(o.size) * n / 1e9;
-    f.gbps = gb / (t1 - t0);
-    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
-    ch.send(f);
-  }
-  return f;
+Figure run(int rank, const Options& o, Link& l, void* comm, Channel& ch) {
+  const int n = static_cast<int>(std::max<size_t>(o.bytes / o.size, proxy::kSlots));
+  return proxy::run_plugin(*l.net, comm, rank, ch, o.size, n);
 }
 
 // The median of `repeat` runs, by throughput (the CPU figure comes from the same run).
 Figure median_run(int rank, const Options& o, Link& l, void* comm, Channel& ch) {
   std::vector<Figure> runs;
-  for (int i = 0; i < o.repeat; ++i) runs.push_back(proxy(rank, o, l, comm, ch));
+  for (int i = 0; i < o.repeat; ++i) runs.push_back(run(rank, o, l, comm, ch));
   std::sort(runs.begin(), runs.end(),
             [](const Figure& a, const Figure& b) { return a.gbps < b.gbps; });
   return runs[runs.size() / 2];

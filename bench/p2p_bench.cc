@@ -35,11 +35,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/proxy_pattern.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
 
 namespace optireduce::testing {
 namespace {
+using proxy::now_s;
 
 struct Options {
   std::string plugin = PLUGIN_PATH;
@@ -58,10 +60,6 @@ constexpr int kWindow = 8;
 // contents are then not meaningful, only the timing is).
 constexpr size_t kBufferBudget = size_t{256} << 20;
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 int iterations(const Options& o, size_t size) {
   return static_cast<int>(std::clamp<size_t>(o.bytes_per_size / size, 8, 100000));
 }
@@ -77,22 +75,6 @@ double p50(std::vector<double> v) {
 struct Row {
   size_t size;
   double plugin_gbps, tcp_gbps, plugin_p50_us, tcp_p50_us;
-};
-
-// User + system CPU seconds of this process so far, every thread included (the plugin's
-// progress thread counts against the plugin).
-double cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
-  return s(u.ru_utime) + s(u.ru_stime);
-}
-
-// One proxy-pattern measurement, as the receiver reports it: GB/s from a common start to its
-// last completion, and both processes' CPU seconds per GB moved.
-struct ProxyFigure {
-  double gbps = 0;
-  double cpu_s_per_gb = 0;
 };
 
 // ---- Plugin side.
@@ -208,60 +190,10 @@ void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t 
   if (rank == 0) row->plugin_p50_us = p50(rtts);
 }
 
-// The proxy pattern through the plugin (see the file comment). Slot i of the sender holds
-// pattern (1, i); the k-th message goes from and to slot k % kWindow, so the receiver knows what
-// every byte must be, and its overwrite makes a slot that was not written again fail the check.
-ProxyFigure plugin_proxy(int rank, const Options& o, PluginLink& l, Channel& ch, size_t size) {
-  NetApi& net = *l.net;
-  void* comm = rank == 0 ? l.send : l.recv;
-  std::vector<std::vector<uint8_t>> slots(kWindow, std::vector<uint8_t>(size));
-  for (int i = 0; i < kWindow; ++i) {
-    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
-  }
-  const int n = iterations(o, size);
-  void* reqs[kWindow] = {};
-  int posted = 0;
-  int completed = 0;
-  ch.barrier();
-  const double c0 = cpu_s();
-  const double t0 = now_s();
-  while (completed < n) {
-    // One post per iteration, as NCCL's proxy posts one step per progress call.
-    if (posted < n && posted - completed < kWindow) {
-      const int slot = posted % kWindow;
-      void* req = nullptr;
-      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot].data(), size, 0, nullptr, &req)
-                          : net.irecv(comm, slots[slot].data(), size, 0, nullptr, &req));
-      if (req != nullptr) {
-        reqs[slot] = req;
-        ++posted;
-      }
-    }
-    if (posted == completed) continue;
-    const int slot = completed % kWindow;
-    int done = 0;
-    HCHECK_OK(net.test(reqs[slot], &done, nullptr));
-    if (!done) continue;
-    if (rank == 1) {
-      HCHECK(find_mismatch(slots[slot].data(), size, 1, static_cast<uint64_t>(slot)) < 0,
-             "plugin delivered wrong bytes (message %d)", completed);
-      std::memset(slots[slot].data(), 0, size);
-    }
-    ++completed;
-  }
-  const double t1 = now_s();
-  const double cpu = cpu_s() - c0;
-  ProxyFigure f;
-  if (rank == 0) {
-    ch.send<double>(cpu);
-    f = ch.recv<ProxyFigure>();
-  } else {
-    const double gb = static_cast<double>(size) * n / 1e9;
-    f.gbps = gb / (t1 - t0);
-    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
-    ch.send(f);
-  }
-  return f;
+// The proxy pattern through the plugin (see the file comment and proxy_pattern.h).
+proxy::Figure plugin_proxy(int rank, const Options& o, PluginLink& l, Channel& ch, size_t size) {
+  return proxy::run_plugin(*l.net, rank == 0 ? l.send : l.recv, rank, ch, size,
+                           iterations(o, size));
 }
 
 // ---- TCP side: one blocking stream per direction pair, TCP_NODELAY as NCCL sets it.
@@ -341,37 +273,20 @@ void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row*
 // The same pattern over the blocking TCP stream: a plugin with no thread whose isend/irecv only
 // record the request and whose test of the oldest one moves it whole, so each iteration of the
 // proxy loop is one blocking transfer (and, at the receiver, the check and the overwrite).
-ProxyFigure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t size) {
-  std::vector<std::vector<uint8_t>> slots(kWindow, std::vector<uint8_t>(size));
-  for (int i = 0; i < kWindow; ++i) {
-    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
-  }
+proxy::Figure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t size) {
+  auto slots = proxy::make_slots(rank, size);
   const int n = iterations(o, size);
   ch.barrier();
-  const double c0 = cpu_s();
+  const double c0 = proxy::cpu_s();
   const double t0 = now_s();
   for (int k = 0; k < n; ++k) {
-    const int slot = k % kWindow;
+    const int slot = k % proxy::kSlots;
     tcp_all(fd, slots[slot].data(), size, rank == 0);
-    if (rank == 1) {
-      HCHECK(find_mismatch(slots[slot].data(), size, 1, static_cast<uint64_t>(slot)) < 0,
-             "tcp delivered wrong bytes (message %d)", k);
-      std::memset(slots[slot].data(), 0, size);
-    }
+    if (rank == 1) proxy::consume_slot(slots[slot], k, "tcp");
   }
   const double t1 = now_s();
-  const double cpu = cpu_s() - c0;
-  ProxyFigure f;
-  if (rank == 0) {
-    ch.send<double>(cpu);
-    f = ch.recv<ProxyFigure>();
-  } else {
-    const double gb = static_cast<double>(size) * n / 1e9;
-    f.gbps = gb / (t1 - t0);
-    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
-    ch.send(f);
-  }
-  return f;
+  return proxy::exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0,
+                                proxy::cpu_s() - c0);
 }
 
 void print_counters(const char* who, const optireduceNetCounters& c) {
@@ -397,8 +312,8 @@ void rank_main(int rank, const Options& o, Channel& ch) {
       std::fflush(stdout);
     }
     for (size_t size = o.proxy_min; size <= o.proxy_max; size *= 2) {
-      const ProxyFigure p = plugin_proxy(rank, o, l, ch, size);
-      const ProxyFigure t = tcp_proxy(rank, o, fd, ch, size);
+      const proxy::Figure p = plugin_proxy(rank, o, l, ch, size);
+      const proxy::Figure t = tcp_proxy(rank, o, fd, ch, size);
       if (rank == 0) {
         std::printf("%10zu  %9.2f  %9.2f  %6.2f  %11.3f  %11.3f\n", size, p.gbps, t.gbps,
                     p.gbps / t.gbps, p.cpu_s_per_gb, t.cpu_s_per_gb);

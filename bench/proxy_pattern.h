@@ -1,0 +1,110 @@
+// NCCL's proxy pattern (issue 16), shared by p2p_bench and idle_bench so that both measure the
+// same loop: what NCCL's proxy does with one connection. 8 slots; per iteration one post (isend
+// or irecv of the next slot) and one test of the oldest request; the receiver checks every
+// byte of a completed slot and then overwrites it (the GPU consumed it) before it is reposted.
+// Slot i of the sender holds pattern (1, i), so the receiver knows what every byte must be,
+// and its overwrite makes a slot that was not written again fail the check.
+#ifndef OPTIREDUCE_BENCH_PROXY_PATTERN_H_
+#define OPTIREDUCE_BENCH_PROXY_PATTERN_H_
+
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "tests/plugin/plugin_loader.h"
+#include "tests/plugin/two_procs.h"
+
+namespace optireduce::testing::proxy {
+
+inline constexpr int kSlots = 8;  // NCCL's steps per connection
+
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// User + system CPU seconds of this process so far, every thread included (the plugin's
+// progress thread counts against the plugin).
+inline double cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+  return s(u.ru_utime) + s(u.ru_stime);
+}
+
+// One measurement as the receiver reports it: GB/s from a common start to its last completion,
+// and both processes' CPU seconds per GB moved.
+struct Figure {
+  double gbps = 0;
+  double cpu_s_per_gb = 0;
+};
+
+// Rank 1 computes the figure from both processes' CPU time and hands it to rank 0.
+inline Figure exchange_figure(int rank, Channel& ch, size_t bytes_moved, double seconds,
+                              double cpu) {
+  Figure f;
+  if (rank == 0) {
+    ch.send<double>(cpu);
+    f = ch.recv<Figure>();
+  } else {
+    const double gb = static_cast<double>(bytes_moved) / 1e9;
+    f.gbps = gb / seconds;
+    f.cpu_s_per_gb = (cpu + ch.recv<double>()) / gb;
+    ch.send(f);
+  }
+  return f;
+}
+
+// Sender-side slots hold their patterns; receiver-side ones start zeroed.
+inline std::vector<std::vector<uint8_t>> make_slots(int rank, size_t size) {
+  std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(size));
+  for (int i = 0; i < kSlots; ++i) {
+    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
+  }
+  return slots;
+}
+
+// The receiver's work on a completed slot: check every byte, then overwrite it.
+inline void consume_slot(std::vector<uint8_t>& slot, int message, const char* who) {
+  HCHECK(find_mismatch(slot.data(), slot.size(), 1, static_cast<uint64_t>(message % kSlots)) < 0,
+         "%s delivered wrong bytes (message %d)", who, message);
+  std::memset(slot.data(), 0, slot.size());
+}
+
+// `n` messages of `size` bytes through the plugin's `comm` (rank 0 sends, rank 1 receives).
+inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t size, int n) {
+  auto slots = make_slots(rank, size);
+  void* reqs[kSlots] = {};
+  int posted = 0, completed = 0;
+  ch.barrier();
+  const double c0 = cpu_s();
+  const double t0 = now_s();
+  while (completed < n) {
+    // One post per iteration, as NCCL's proxy posts one step per progress call.
+    if (posted < n && posted - completed < kSlots) {
+      const int slot = posted % kSlots;
+      void* req = nullptr;
+      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot].data(), size, 0, nullptr, &req)
+                          : net.irecv(comm, slots[slot].data(), size, 0, nullptr, &req));
+      if (req != nullptr) {
+        reqs[slot] = req;
+        ++posted;
+      }
+    }
+    if (posted == completed) continue;
+    const int slot = completed % kSlots;
+    int done = 0;
+    HCHECK_OK(net.test(reqs[slot], &done, nullptr));
+    if (!done) continue;
+    if (rank == 1) consume_slot(slots[slot], completed, "plugin");
+    ++completed;
+  }
+  const double t1 = now_s();
+  return exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0, cpu_s() - c0);
+}
+
+}  // namespace optireduce::testing::proxy
+
+#endif  // OPTIREDUCE_BENCH_PROXY_PATTERN_H_
