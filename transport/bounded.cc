@@ -43,7 +43,13 @@ uint64_t BoundedGroup::tb_locked(int c) const {
 }
 
 void BoundedGroup::Estimate::add(double projected) {
-  tc_ns = tc_ns == 0 ? projected : (1 - kAlpha) * tc_ns + kAlpha * projected;
+  if (tc_ns == 0) {
+    tc_ns = projected;
+    dev_ns = projected / 2;
+    return;
+  }
+  dev_ns = (1 - kBeta) * dev_ns + kBeta * std::abs(projected - tc_ns);
+  tc_ns = (1 - kAlpha) * tc_ns + kAlpha * projected;
 }
 
 void BoundedGroup::Estimate::add_peer(uint32_t tc_us) {
@@ -90,10 +96,16 @@ uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
   return std::min(vals[n / 2], tb);
 }
 
+double BoundedGroup::dev_locked(uint64_t bytes) const {
+  const Sized* z = find_sized_locked(bytes);
+  return z != nullptr && z->est.tc_ns > 0 ? z->est.dev_ns : classes_[size_class(bytes)].est.dev_ns;
+}
+
 uint64_t BoundedGroup::budget_locked(uint64_t bytes) const {
   const uint64_t tb = tb_locked(size_class(bytes));
+  const auto tc = static_cast<double>(agreed_tc_locked(bytes));
   const auto adaptive =
-      static_cast<uint64_t>(kHeadroom * static_cast<double>(agreed_tc_locked(bytes)));
+      static_cast<uint64_t>(std::max(kHeadroom * tc, tc + kDeviations * dev_locked(bytes)));
   return std::max(kMinBudgetNs, std::min(tb, adaptive));
 }
 
@@ -155,7 +167,10 @@ void BoundedGroup::on_complete(const StepReport& st) {
       if (k.nall < kMaxSamples) k.all[k.nall] = st.elapsed_ns;
       ++k.nall;
     } else {
-      if (k.nsamples < kMaxSamples) k.samples[k.nsamples] = st.elapsed_ns;
+      if (k.nsamples < kMaxSamples) {
+        k.samples[k.nsamples] = st.elapsed_ns;
+        k.sample_bytes[k.nsamples] = st.bytes;
+      }
       ++k.nsamples;
     }
     uint64_t whole = 0, total = 0;
@@ -207,28 +222,64 @@ void BoundedGroup::set_label(uint64_t label) {
   label_ = label;
 }
 
+namespace {
+// tB from one set of calibration samples (sorted in place): the headroom times the P95 of
+// those within kOutlierFactor of their median. The calibration steps come in calls whose
+// 2(N-1) receives share one fate: a call that met a burst of congestion brings them all slow,
+// enough to become the P95 and set tB for the whole job. Samples beyond that factor of the
+// median are that congestion, not the path's own variation, and tB exists to cut them.
+uint64_t p95_of_kept(uint64_t* v, uint32_t n, uint64_t outlier_factor) {
+  std::sort(v, v + n);
+  const uint64_t median = v[(n - 1) / 2];
+  const auto kept = static_cast<uint32_t>(std::upper_bound(v, v + n, outlier_factor * median) - v);
+  const uint32_t idx =
+      std::min<uint32_t>(kept - 1, static_cast<uint32_t>(std::ceil(0.95 * kept)) - 1);
+  return v[idx];
+}
+}  // namespace
+
+// Per size within the class where sizes have enough samples of their own, the largest: sizes
+// of one class can be different steps (DDP's first bucket overlaps the backward pass and takes
+// 2-5x longer than another bucket of its class), and pooled, the slow size's samples all fell
+// beyond twice the fast one's median and were dropped as congestion, leaving a tB that cut
+// the slow bucket every step. Otherwise the class's samples pooled.
+uint64_t BoundedGroup::calibrated_tb_locked(const Class& k) const {
+  const bool whole = k.nsamples > 0;
+  const uint32_t n = std::min<uint32_t>(whole ? k.nsamples : k.nall, kMaxSamples);
+  std::array<std::pair<uint64_t, uint64_t>, kMaxSamples> by_size;  // (bytes, elapsed)
+  std::array<uint64_t, kMaxSamples> v;
+  uint64_t best = 0;
+  if (whole) {
+    for (uint32_t i = 0; i < n; ++i) by_size[i] = {k.sample_bytes[i], k.samples[i]};
+    std::sort(by_size.begin(), by_size.begin() + n);
+    for (uint32_t a = 0; a < n;) {
+      uint32_t b = a;
+      while (b < n && by_size[b].first == by_size[a].first) ++b;
+      if (b - a >= kMinSizeSamples) {
+        for (uint32_t i = a; i < b; ++i) v[i - a] = by_size[i].second;
+        best = std::max(best, p95_of_kept(v.data(), b - a, kOutlierFactor));
+      }
+      a = b;
+    }
+  }
+  if (best == 0) {
+    const auto& src = whole ? k.samples : k.all;
+    std::copy(src.begin(), src.begin() + n, v.begin());
+    best = p95_of_kept(v.data(), n, kOutlierFactor);
+  }
+  return best;
+}
+
 void BoundedGroup::finish_calibration_locked() {
   calibrating_ = false;
   stats_.calibrating = false;
   for (int c = 0; c < kClasses; ++c) {
     Class& k = classes_[c];
     // Whole steps define the bound; a class that only ever saw pipelined ones uses those.
-    const bool whole = k.nsamples > 0;
-    auto& v = whole ? k.samples : k.all;
-    const uint32_t n = std::min<uint32_t>(whole ? k.nsamples : k.nall, kMaxSamples);
+    const uint32_t n = std::min<uint32_t>(k.nsamples > 0 ? k.nsamples : k.nall, kMaxSamples);
     if (n == 0) continue;
-    std::sort(v.begin(), v.begin() + n);
-    // The calibration steps come in calls whose 2(N-1) receives share one fate: a call that
-    // met a burst of congestion brings them all slow, enough to become the P95 and set tB for
-    // the whole job. Samples beyond kOutlierFactor x the median are that congestion,
-    // not the path's own variation, and tB exists to cut them: the P95 is of the others.
-    const uint64_t median = v[(n - 1) / 2];
-    const auto kept = static_cast<uint32_t>(
-        std::upper_bound(v.begin(), v.begin() + n, kOutlierFactor * median) - v.begin());
-    const uint32_t idx =
-        std::min<uint32_t>(kept - 1, static_cast<uint32_t>(std::ceil(0.95 * kept)) - 1);
-    k.tb_ns = std::max(kMinBudgetNs,
-                       static_cast<uint64_t>(tb_headroom_ * static_cast<double>(v[idx])));
+    k.tb_ns = std::max(kMinBudgetNs, static_cast<uint64_t>(
+                                         tb_headroom_ * static_cast<double>(calibrated_tb_locked(k))));
     OR_INFO("bounded: calibrated tB = %.3f ms for %llu-byte messages from %u steps",
             static_cast<double>(k.tb_ns) / 1e6, 1ull << c, n);
   }

@@ -65,8 +65,17 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   // Smoothing of tC: a quarter of each new projection, so a burst of congestion shows within a
   // few steps and a single outlier does not dominate.
   static constexpr double kAlpha = 0.25;
+  // ... and of its mean deviation, which widens the budget where steps vary (as TCP's RTO
+  // covers SRTT + 4 RTTVAR): the budget is at least tC + kDeviations x deviation. Where the
+  // network is steady the 1.5 x tC above decides; where a step's time swings (a shared host's
+  // scheduler, bursty background traffic) cutting at 1.5 x its mean cut one step in several:
+  // 4 DDP ranks on a 2-core host lost ~15% of their gradients to it, none of it to the network.
+  static constexpr double kBeta = 0.25;
+  static constexpr double kDeviations = 4.0;
   // Calibration samples slower than this many times their median are left out of the P95.
   static constexpr uint64_t kOutlierFactor = 2;
+  // A size of a class needs this many whole calibration steps for a P95 of its own (below).
+  static constexpr uint32_t kMinSizeSamples = 3;
   // Calibration samples kept per class (P95 of at most this many).
   static constexpr int kMaxSamples = 256;
   // Peer estimates remembered per class for the median.
@@ -88,6 +97,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   // The adaptive estimate tC and the peers' piggybacked ones.
   struct Estimate {
     double tc_ns = 0;  // 0 = no estimate yet
+    double dev_ns = 0;  // smoothed |projection - tc_ns|
     std::array<uint32_t, kPeerRing> peer_us{};
     uint32_t npeer = 0;
     void add(double projected);
@@ -96,6 +106,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   struct Class {
     uint32_t nsamples = 0;
     std::array<uint64_t, kMaxSamples> samples{};  // calibration completion times (whole steps)
+    std::array<uint64_t, kMaxSamples> sample_bytes{};  // ... and their message sizes
     uint32_t nall = 0;                            // ... and of pipelined ones
     std::array<uint64_t, kMaxSamples> all{};
     uint64_t tb_ns = 0;  // 0 = not calibrated in this class
@@ -116,11 +127,13 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t tb_locked(int c) const;
   uint64_t budget_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(uint64_t bytes) const;
+  double dev_locked(uint64_t bytes) const;  // this rank's deviation for the size (or class)
   // The exact size's entry: null when it has none (make = false), else found or made (the
   // least recently used one is reused).
   const Sized* find_sized_locked(uint64_t bytes) const;
   Sized& sized_locked(uint64_t bytes);
   void finish_calibration_locked();
+  uint64_t calibrated_tb_locked(const Class& k) const;
   void on_start_delay_locked(uint64_t delay_ns);
   void log_every_locked();
 

@@ -102,6 +102,34 @@ TEST(BoundedGroup, EstimateShrinksWhenQuietAndGrowsWhenBusy) {
   EXPECT_EQ(g.budget_ns(kMiB), 40 * kMs);
 }
 
+// Steps whose time swings get a budget that covers the swing (tC + 4 deviations); steady ones
+// keep 1.5 x tC, so a quiet network's tail is still cut close.
+TEST(BoundedGroup, TheBudgetCoversHowMuchStepsVary) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 100 * kMs, RecvEnd::kAll, false));
+  ASSERT_EQ(g.tb_ns(kMiB), 100 * kMs);
+  const uint64_t steady = kMiB + 4096, swinging = kMiB + 8192;
+  for (int i = 0; i < 60; ++i) {
+    g.on_complete(step(steady, steady, 20 * kMs, RecvEnd::kAll, true));
+    g.on_complete(step(swinging, swinging, (i % 2 ? 10 : 30) * kMs, RecvEnd::kAll, true));
+  }
+  EXPECT_NEAR(static_cast<double>(g.budget_ns(steady)), 30.0 * kMs, 0.5 * kMs);
+  // tC ~20 ms, deviation ~10 ms: a 30 ms step, routine here, is not cut.
+  EXPECT_GT(g.budget_ns(swinging), 50 * kMs);
+  EXPECT_LE(g.budget_ns(swinging), 100 * kMs);  // never beyond tB
+}
+
+// Two sizes of one class calibrate apart: the slow one's steps (DDP's first bucket, which
+// overlaps the backward pass) are not the fast one's congestion outliers, and tB covers both.
+TEST(BoundedGroup, SizesOfOneClassCalibrateTheirOwnP95) {
+  BoundedGroup g(calib(30));
+  const uint64_t fast = kMiB + 4096, slow = kMiB + 8192;
+  for (int i = 0; i < 20; ++i) g.on_complete(step(fast, fast, 20 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 10; ++i) g.on_complete(step(slow, slow, 60 * kMs, RecvEnd::kAll, false));
+  ASSERT_FALSE(g.calibrating());
+  EXPECT_EQ(g.tb_ns(fast), 60 * kMs);  // pooled, 60 ms was beyond 2x the median: tB 20 ms
+}
+
 TEST(BoundedGroup, DeadlinesScaleWithMessageSize) {
   BoundedGroup g(calib(20));
   for (int i = 0; i < 10; ++i) g.on_complete(step(4096, 4096, 2 * kMs, RecvEnd::kAll, false));
