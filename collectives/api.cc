@@ -90,6 +90,7 @@ coll::TarOptions to_tar(const optiOptions_t& o) {
   t.safeguard = o.safeguard;
   t.safeguard_redo = o.safeguardRedo != 0;
   t.exact_below_bytes = uint64_t(o.exactBelowBytes);
+  t.nonfinite_agree = o.nonfiniteAgree != 0;
   return t;
 }
 
@@ -162,6 +163,7 @@ void add_stats(optiStats_t* total, const optiStats_t& c) {
   total->deadlineHits += c.deadlineHits;
   total->safeguardFlags += c.safeguardFlags;
   total->safeguardRedos += c.safeguardRedos;
+  total->nonfiniteCalls += c.nonfiniteCalls;
   total->tbUs = c.tbUs;
   total->tcUs = c.tcUs;
   total->incast = c.incast;
@@ -220,6 +222,7 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
     o.safeguard = cfg.safeguard;
     o.safeguardRedo = cfg.safeguard_redo ? 1 : 0;
     o.exactBelowBytes = cfg.exact_below_bytes;
+    o.nonfiniteAgree = cfg.nonfinite_agree ? 1 : 0;
     *opts = o;
     return optiSuccess;
   } catch (const std::exception& e) {

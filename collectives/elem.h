@@ -20,12 +20,24 @@ enum class Erasure : uint8_t { kRescale = 0, kZero = 1 };
 // Counters the kernels add to (host and device); read back once per call.
 // kSafeguardFlags counts calls flag_lost found above the threshold: on the GPU the flag is
 // known only on the device, in stream order, so it is read back with the other counters.
+// kNonFiniteElements counts NaN/Inf elements flag_nonfinite found in this rank's input (the
+// device derives the rank's flag from it); kNonFiniteCalls counts calls whose agreed verdict
+// was "some rank's input held a NaN or Inf" (optiStats_t.nonfiniteCalls).
 enum Counter : int {
   kLostPhase1 = 0,
   kLostPhase2 = 1,
   kBlocksEmpty = 2,
   kSafeguardFlags = 3,
-  kNumCounters = 4
+  kNonFiniteElements = 4,
+  kNonFiniteCalls = 5,
+  kNumCounters = 6
+};
+
+// Bits of a rank's flag byte, the one byte per rank that a bounded call's agreement exchanges
+// (tar.cc): both verdicts travel in one exact exchange.
+enum Flag : uint8_t {
+  kFlagLost = 1,       // the safeguard: this rank lost more than the threshold
+  kFlagNonFinite = 2,  // this rank's input holds a NaN or an Inf
 };
 
 constexpr size_t dtype_size(DType t) {
@@ -41,6 +53,8 @@ struct Elem<DType::kF32> {
   using S = uint32_t;
   using A = float;
   static constexpr S kMarker = kMarker32;
+  static constexpr S kExponent = 0x7F800000u;  // all ones: Inf or NaN
+  static constexpr S kQuietNaN = 0x7FC00000u;  // the canonical quiet NaN (not the marker)
   static OR_HD A load(S s) { return bits_to_f32(s); }
   static OR_HD S store(A a) { return f32_to_bits(a); }
 };
@@ -49,6 +63,8 @@ struct Elem<DType::kF16> {
   using S = uint16_t;
   using A = float;
   static constexpr S kMarker = kMarker16;
+  static constexpr S kExponent = 0x7C00;
+  static constexpr S kQuietNaN = 0x7E00;
   static OR_HD A load(S s) { return f16_to_f32(s); }
   static OR_HD S store(A a) { return f32_to_f16(a); }
 };
@@ -57,6 +73,8 @@ struct Elem<DType::kBF16> {
   using S = uint16_t;
   using A = float;
   static constexpr S kMarker = kMarker16;
+  static constexpr S kExponent = 0x7F80;
+  static constexpr S kQuietNaN = 0x7FC0;
   static OR_HD A load(S s) { return bf16_to_f32(s); }
   static OR_HD S store(A a) { return f32_to_bf16(a); }
 };
@@ -65,9 +83,18 @@ struct Elem<DType::kF64> {
   using S = uint64_t;
   using A = double;
   static constexpr S kMarker = kMarker64;
+  static constexpr S kExponent = 0x7FF0000000000000ull;
+  static constexpr S kQuietNaN = 0x7FF8000000000000ull;
   static OR_HD A load(S s) { return bits_to_f64(s); }
   static OR_HD S store(A a) { return f64_to_bits(a); }
 };
+
+// Whether a stored element is a NaN or an Inf (exponent all ones), from its bits: the same test
+// on the host and the device, for every NaN encoding (quiet, signalling, negative, the marker).
+template <DType T>
+OR_HD bool is_nonfinite(typename Elem<T>::S s) {
+  return (s & Elem<T>::kExponent) == Elem<T>::kExponent;
+}
 
 // Applies an fp32 sign mask (0 or 0x80000000) to an accumulator value.
 OR_HD float apply_sign(float v, uint32_t mask) {

@@ -102,10 +102,20 @@ class Kernels {
                       size_t n, RedOp op, Erasure policy) = 0;
   virtual void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
                          double own_scale, Erasure policy) = 0;
-  // The safeguard's verdict, in order with the kernels before it: writes 1 into the byte `flag`
-  // (memory of the path's kind) when the elements counted lost since the last take_counters
-  // exceed threshold x expected (and counts it in kSafeguardFlags), else 0.
+  // This rank's flag byte `flag` (elem.h's Flag; memory of the path's kind) starts here, in
+  // order with the kernels around it: kFlagNonFinite when data[0, n) holds a NaN or an Inf
+  // (counted in kNonFiniteElements), else 0. n = 0 only clears the byte. A bounded call writes
+  // it before its first pass, while an in-place input still holds the input.
+  virtual void flag_nonfinite(DType t, const void* data, size_t n, void* flag) = 0;
+  // The safeguard's verdict, in order with the kernels before it: ORs kFlagLost into the byte
+  // `flag` (which flag_nonfinite started) when the elements counted lost since the last
+  // take_counters exceed threshold x expected (and counts it in kSafeguardFlags).
   virtual void flag_lost(double threshold, uint64_t expected, void* flag) = 0;
+  // The agreed non-finite verdict, in order with the agreement that filled flags[0, nranks)
+  // (memory of the path's kind): when some rank's byte has kFlagNonFinite, counts the call in
+  // kNonFiniteCalls and sets out[0, n) to the quiet NaN (apply_nonfinite_verdict); n = 0 only
+  // counts. Nothing here reads the flags on the host: the GPU keeps running ahead.
+  virtual void nonfinite_verdict(DType t, void* out, size_t n, const void* flags, int nranks) = 0;
   // Copies `bytes` of the path's memory to the host once the work before it has produced them
   // (waits for it).
   virtual void read_back(void* host_dst, const void* src, size_t bytes) = 0;

@@ -52,11 +52,22 @@ void HostKernels::fill_lost(DType t, void* dst, const void* received, const void
   counters_[kLostPhase2] += coll::fill_lost(t, dst, received, own, n, own_scale, policy);
 }
 
+void HostKernels::flag_nonfinite(DType t, const void* data, size_t n, void* flag) {
+  const uint64_t c = count_nonfinite(t, data, n);
+  counters_[kNonFiniteElements] += c;
+  *static_cast<uint8_t*>(flag) = c > 0 ? kFlagNonFinite : 0;
+}
+
 void HostKernels::flag_lost(double threshold, uint64_t expected, void* flag) {
   const uint64_t lost = counters_[kLostPhase1] + counters_[kLostPhase2];
   const bool f = expected > 0 && double(lost) / double(expected) > threshold;
-  *static_cast<uint8_t*>(flag) = f ? 1 : 0;
+  *static_cast<uint8_t*>(flag) |= f ? kFlagLost : 0;
   counters_[kSafeguardFlags] += f ? 1 : 0;
+}
+
+void HostKernels::nonfinite_verdict(DType t, void* out, size_t n, const void* flags, int nranks) {
+  if (apply_nonfinite_verdict(t, out, n, static_cast<const uint8_t*>(flags), nranks))
+    counters_[kNonFiniteCalls] += 1;
 }
 
 void HostKernels::take_counters(uint64_t* out) {

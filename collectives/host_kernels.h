@@ -25,7 +25,9 @@ class HostKernels final : public Kernels {
               size_t n, RedOp op, Erasure policy) override;
   void fill_lost(DType t, void* dst, const void* received, const void* own, size_t n,
                  double own_scale, Erasure policy) override;
+  void flag_nonfinite(DType t, const void* data, size_t n, void* flag) override;
   void flag_lost(double threshold, uint64_t expected, void* flag) override;
+  void nonfinite_verdict(DType t, void* out, size_t n, const void* flags, int nranks) override;
   void read_back(void* host_dst, const void* src, size_t bytes) override {
     if (bytes > 0) std::memcpy(host_dst, src, bytes);
   }

@@ -22,6 +22,7 @@ uint64_t reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nran
 uint64_t fill(DType t, void* dst, const void* received, const void* own, size_t n, double own_scale,
               Erasure policy);
 uint64_t count(DType t, const void* data, size_t n);
+uint64_t nonfinite(DType t, const void* data, size_t n);
 }  // namespace avx2
 
 namespace {
@@ -72,6 +73,39 @@ uint64_t fill_lost(DType t, void* dst, const void* received, const void* own, si
 
 uint64_t count_markers(DType t, const void* data, size_t n) {
   return OR_PICK(count)(t, data, n);
+}
+
+uint64_t count_nonfinite(DType t, const void* data, size_t n) {
+  return OR_PICK(nonfinite)(t, data, n);
+}
+
+namespace {
+template <DType T>
+void fill_quiet_nan(void* out, size_t n) {
+  auto* o = static_cast<typename Elem<T>::S*>(out);
+  for (size_t i = 0; i < n; ++i) o[i] = Elem<T>::kQuietNaN;
+}
+}  // namespace
+
+bool apply_nonfinite_verdict(DType t, void* out, size_t n, const uint8_t* flags, int nranks) {
+  bool any = false;
+  for (int q = 0; q < nranks; ++q) any = any || (flags[q] & kFlagNonFinite) != 0;
+  if (!any) return false;
+  switch (t) {
+    case DType::kF32:
+      fill_quiet_nan<DType::kF32>(out, n);
+      break;
+    case DType::kF16:
+      fill_quiet_nan<DType::kF16>(out, n);
+      break;
+    case DType::kBF16:
+      fill_quiet_nan<DType::kBF16>(out, n);
+      break;
+    case DType::kF64:
+      fill_quiet_nan<DType::kF64>(out, n);
+      break;
+  }
+  return true;
 }
 
 }  // namespace optireduce::coll

@@ -1,7 +1,7 @@
 // Host kernels of Transpose AllReduce: the fast Walsh-Hadamard transform, Hadamard encode and
-// decode, the erasure-aware reduction and the phase-2 fill. Written so that GCC vectorises the
-// inner loops (branch-free bodies, __restrict, fixed-size chunks); they are also the oracles the
-// CUDA kernels are tested against.
+// decode, the erasure-aware reduction, the phase-2 fill and the non-finite scan and verdict.
+// Written so that GCC vectorises the inner loops (branch-free bodies, __restrict, fixed-size
+// chunks); they are also the oracles the CUDA kernels are tested against.
 #pragma once
 
 #include <cstddef>
@@ -67,5 +67,14 @@ uint64_t fill_lost(DType t, void* dst, const void* received, const void* own, si
 
 // Counts marker elements (test and statistics helper).
 uint64_t count_markers(DType t, const void* data, size_t n);
+
+// Counts the NaN and Inf elements (is_nonfinite: any encoding, the marker included) of
+// data[0, n): a bounded call's scan of this rank's input for the non-finite verdict.
+uint64_t count_nonfinite(DType t, const void* data, size_t n);
+
+// The agreed non-finite verdict of a bounded call: when the flag byte (elem.h's Flag) of some
+// rank among flags[0, nranks) has kFlagNonFinite, sets out[0, n) to the type's canonical quiet
+// NaN (Elem::kQuietNaN, the same bits on every rank) and returns true; else leaves out alone.
+bool apply_nonfinite_verdict(DType t, void* out, size_t n, const uint8_t* flags, int nranks);
 
 }  // namespace optireduce::coll

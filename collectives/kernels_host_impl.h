@@ -408,6 +408,16 @@ uint64_t count_t(const void* data_v, size_t n) {
   return c;
 }
 
+// Branch-free, so that it vectorises: a bucket is scanned whole on every bounded call.
+template <DType T>
+uint64_t nonfinite_t(const void* data_v, size_t n) {
+  using S = typename Elem<T>::S;
+  const S* __restrict data = static_cast<const S*>(data_v);
+  uint64_t c = 0;
+  for (size_t i = 0; i < n; ++i) c += is_nonfinite<T>(data[i]) ? 1 : 0;
+  return c;
+}
+
 }  // namespace
 
 #define OR_DISPATCH(t, fn, ...)             \
@@ -454,6 +464,11 @@ uint64_t fill(DType t, void* dst, const void* received, const void* own, size_t 
 
 uint64_t count(DType t, const void* data, size_t n) {
   OR_DISPATCH(t, count_t, data, n);
+  return 0;
+}
+
+uint64_t nonfinite(DType t, const void* data, size_t n) {
+  OR_DISPATCH(t, nonfinite_t, data, n);
   return 0;
 }
 

@@ -57,6 +57,9 @@ typedef struct {
   double safeguard;        /* OPTIREDUCE_SAFEGUARD: lost fraction that flags a call */
   int safeguardRedo;       /* OPTIREDUCE_SAFEGUARD_REDO: redo a flagged call exactly */
   int64_t exactBelowBytes; /* OPTIREDUCE_EXACT_BELOW: smaller buffers always go exact */
+  int nonfiniteAgree;      /* OPTIREDUCE_NONFINITE_AGREE: in bounded calls, agree exactly on
+                              whether some rank's input held a NaN or Inf (1) or not (0); see
+                              optiStats_t.nonfiniteCalls */
 } optiOptions_t;
 
 /* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.
@@ -80,6 +83,13 @@ typedef struct {
   double lostFraction; /* (lost phase 1 + 2) / (expected phase 1 + 2) */
   double timeUs;       /* wall time of the call(s) on this rank (GPU: the host's time to
                           enqueue the call, plus any wait for the safeguard's redo) */
+  /* Bounded calls in which some rank's input held a NaN or an Inf, as the ranks agreed exactly
+   * (options.nonfiniteAgree; 0 without it, and in exact calls, whose outputs are identical on
+   * every rank anyway). The same on every rank. Such a call's output is non-finite on every
+   * rank alike: with safeguardRedo, the exact result (the call is redone exactly); without,
+   * every element the canonical quiet NaN (0x7FC00000 in fp32, 0x7E00 fp16, 0x7FC0 bf16,
+   * 0x7FF8000000000000 fp64), as a lost NaN could otherwise leave some ranks finite. */
+  uint64_t nonfiniteCalls;
 } optiStats_t;
 
 /* Fills *opts from the OPTIREDUCE_* environment (the defaults when unset). */

@@ -3,8 +3,10 @@
 //            N-1 shards r it receives with its own, erased elements excluded and rescaled;
 //   phase 2 (gather):    rank r sends its reduced shard to every peer; what a peer loses it
 //            estimates (own contribution x N, or d/k in the Hadamard domain).
-// The second pass is the safeguard's exact redo. Buffers: `work_in` is what phase 1 reads
-// (the input, or the encoded vector E), `work_out` where reduced shards live (the output, or E).
+// A bounded call may then agree exactly, over one 1-byte all-to-all, on the safeguard's and the
+// non-finite verdicts of every rank (agree). The second pass is the safeguard's exact redo.
+// Buffers: `work_in` is what phase 1 reads (the input, or the encoded vector E), `work_out` where
+// reduced shards live (the output, or E).
 #include "collectives/tar.h"
 
 #include <chrono>
@@ -15,8 +17,8 @@
 namespace optireduce::coll {
 
 // Scratch regions (Kernels::scratch slots).
-// kSlotFlags: the safeguard's N flag bytes (own at index rank), in the path's memory because
-// the exchange moves them (device memory on the GPU).
+// kSlotFlags: the N flag bytes of the agreement (own at index rank; elem.h's Flag), in the
+// path's memory because the exchange moves them (device memory on the GPU).
 enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSlotFlags = 4 };
 
 struct Tar::Pass {
@@ -171,10 +173,10 @@ Status Tar::phase2(Pass& p, std::string* error) {
   return Status::ok();
 }
 
-// `flags` holds N bytes in the path's memory, this rank's verdict at [rank] (flag_lost wrote it
-// in order with the call's kernels); the others' land beside it. Only the host's copy of the
-// result is read, after read_back waited for the exchange.
-Status Tar::agree_any(uint8_t* flags, bool* any, std::string* error) {
+// `flags` holds N bytes in the path's memory, this rank's flag byte (elem.h's Flag) at [rank],
+// written in order with the call's kernels; the others' land beside it. One exact exchange
+// carries both verdicts. Nothing is read on the host here: the GPU's stream runs on.
+Status Tar::agree(uint8_t* flags, std::string* error) {
   const int n = ex_->size(), r = ex_->rank();
   sends_.clear();
   recvs1_.clear();
@@ -186,11 +188,7 @@ Status Tar::agree_any(uint8_t* flags, bool* any, std::string* error) {
   }
   round_end1_.push_back(uint32_t(recvs1_.size()));
   if (Status s = ex_->run_phase(Mode::kExact, 3, sends_, recvs1_, round_end1_); !s)
-    return fail("safeguard agreement", s, error);
-  flags_host_.resize(size_t(n));
-  k_->read_back(flags_host_.data(), flags, size_t(n));
-  *any = false;
-  for (uint8_t f : flags_host_) *any = *any || f != 0;
+    return fail("agreement on the call's verdicts", s, error);
   return Status::ok();
 }
 
@@ -237,15 +235,30 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
     redo_input = keep;
   }
 
+  // Bounded calls: this rank's flag byte starts with its input's non-finite scan, before the
+  // pass overwrites an in-place input. The byte lives in the path's memory (the exchange moves
+  // it), and on the GPU the verdict stays on the device, in stream order.
+  uint8_t* flags = nullptr;
+  if (!exact) {
+    flags = static_cast<uint8_t*>(k_->scratch(kSlotFlags, size_t(n)));
+    k_->flag_nonfinite(t, send, o.nonfinite_agree ? count : 0, flags + ex_->rank());
+  }
   Status s = run_pass(p, error);
   if (!s) return s;
   const uint64_t expected = p.expected[0] + p.expected[1];
   // The verdict comes from the counters where they are (on the GPU: the device, in stream
   // order), not from a host copy that may not have been read back yet.
-  uint8_t* flags = nullptr;
-  if (!exact) {
-    flags = static_cast<uint8_t*>(k_->scratch(kSlotFlags, size_t(n)));
-    k_->flag_lost(o.safeguard, expected, flags + ex_->rank());
+  if (!exact) k_->flag_lost(o.safeguard, expected, flags + ex_->rank());
+  // One exact agreement per bounded call that needs one, for both verdicts. Bounded mode does
+  // not otherwise wait for the slowest rank; this does (docs/architecture.md, "The non-finite
+  // verdict"), which is why the non-finite agreement is an option.
+  const bool agreed = !exact && (o.safeguard_redo || o.nonfinite_agree);
+  if (agreed) {
+    s = agree(flags, error);
+    if (!s) return s;
+    // With the redo the exact pass makes the output (non-finite where the exact sum is); only
+    // count the verdict then.
+    if (o.nonfinite_agree) k_->nonfinite_verdict(t, recv, o.safeguard_redo ? 0 : count, flags, n);
   }
   uint64_t c[kNumCounters] = {};
   k_->take_counters(c);
@@ -261,13 +274,16 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
   st->lostFraction = expected ? double(lost) / double(expected) : 0.0;
   // 0 here on a GPU that has not synchronised: gpu_collect_stats adds the device's count.
   st->safeguardFlags = c[kSafeguardFlags];
+  st->nonfiniteCalls = c[kNonFiniteCalls];
   if (!exact && o.incast < 0)
     incast_.update(st->lostFraction, p.deadline_hits, p.whole_sender_missing);
 
   if (!exact && o.safeguard_redo) {
+    // Either verdict of any rank redoes the call exactly, on every rank alike.
+    flags_host_.resize(size_t(n));
+    k_->read_back(flags_host_.data(), flags, size_t(n));
     bool any = false;
-    s = agree_any(flags, &any, error);
-    if (!s) return s;
+    for (uint8_t f : flags_host_) any = any || f != 0;
     if (any) {
       Pass q;
       q.mode = Mode::kExact;

@@ -1,5 +1,6 @@
 // Transpose AllReduce: the schedule (shard plan, two phases, incast rounds), the erasure logic,
-// Hadamard encoding, the safeguard. Written once against Exchange and Kernels (exchange.h).
+// Hadamard encoding, the safeguard and the non-finite verdict. Written once against Exchange and
+// Kernels (exchange.h).
 #pragma once
 
 #include <cstddef>
@@ -22,6 +23,9 @@ struct TarOptions {
   double safeguard = 0.05;
   bool safeguard_redo = false;
   uint64_t exact_below_bytes = 4096;
+  // Bounded calls: the ranks agree exactly whether some input held a NaN or Inf, and if so
+  // every rank's output is the quiet NaN (or, with safeguard_redo, the exact result).
+  bool nonfinite_agree = false;
 };
 
 class Tar {
@@ -40,7 +44,7 @@ class Tar {
   Status run_pass(Pass& p, std::string* error);
   Status phase1(Pass& p, std::string* error);
   Status phase2(Pass& p, std::string* error);
-  Status agree_any(uint8_t* flags, bool* any, std::string* error);
+  Status agree(uint8_t* flags, std::string* error);
   Status fail(const char* what, Status s, std::string* error);
 
   Exchange* ex_;

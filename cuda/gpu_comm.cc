@@ -154,9 +154,17 @@ class CudaKernels final : public Kernels {
                  double own_scale, Erasure policy) override {
     note(cuda::fill_lost(t, dst, received, own, n, own_scale, policy, cur_->counters, stream_));
   }
+  void flag_nonfinite(DType t, const void* data, size_t n, void* flag) override {
+    if (n > 0) note(cuda::count_nonfinite(t, data, n, cur_->counters, stream_));
+    note(cuda::nonfinite_flag(cur_->counters, cur_->base, static_cast<uint8_t*>(flag), stream_));
+  }
   void flag_lost(double threshold, uint64_t expected, void* flag) override {
     note(cuda::safeguard_flag(cur_->counters, cur_->base, threshold, expected,
                               static_cast<uint8_t*>(flag), stream_));
+  }
+  void nonfinite_verdict(DType t, void* out, size_t n, const void* flags, int nranks) override {
+    note(cuda::nonfinite_verdict(t, out, n, static_cast<const uint8_t*>(flags), nranks,
+                                 cur_->counters, stream_));
   }
   void read_back(void* host_dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -459,6 +467,7 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
   comm->total.elementsLost[1] += c[kLostPhase2];
   comm->total.blocksEmpty += c[kBlocksEmpty];
   comm->total.safeguardFlags += c[kSafeguardFlags];
+  comm->total.nonfiniteCalls += c[kNonFiniteCalls];
   // `last` is the last call alone, as on the host: what its own snapshot counted, not every
   // count collected since the previous optiGetStats (elementsExpected covers one call).
   if (st->last_pending) {
@@ -468,6 +477,7 @@ optiResult_t gpu_collect_stats(optiComm* comm) {
     comm->last.elementsLost[1] = d[kLostPhase2];
     comm->last.blocksEmpty = d[kBlocksEmpty];
     comm->last.safeguardFlags = d[kSafeguardFlags];
+    comm->last.nonfiniteCalls = d[kNonFiniteCalls];
     st->last_pending = false;
   }
   for (optiStats_t* s : {&comm->last, &comm->total}) {

@@ -1,8 +1,9 @@
 // CUDA kernels of Transpose AllReduce: Hadamard encode/decode (shared-memory butterflies within
 // a chunk of up to kSharedElems, one global pass per remaining stage), the erasure-aware
-// reduction, the phase-2 fill. Per-element math comes from collectives/elem.h and math.h, the
-// same functions the host kernels use; the host kernels are the oracles in the tests. The same
-// source also runs on the CPU under tests/kernels_emu (device_compat.h).
+// reduction, the phase-2 fill, the non-finite scan and verdict. Per-element math comes from
+// collectives/elem.h and math.h, the same functions the host kernels use; the host kernels are the
+// oracles in the tests. The same source also runs on the CPU under tests/kernels_emu
+// (device_compat.h).
 #include "cuda/device_compat.h"
 #include "cuda/launch.h"
 
@@ -442,8 +443,62 @@ __global__ void safeguard_flag_k(unsigned long long* counters, const unsigned lo
   const unsigned long long lost =
       (counters[kLostPhase1] - base[kLostPhase1]) + (counters[kLostPhase2] - base[kLostPhase2]);
   const bool f = expected > 0 && double(lost) / double(expected) > threshold;
-  *flag = f ? 1 : 0;
-  if (f) counters[kSafeguardFlags] += 1;
+  if (f) {
+    *flag |= kFlagLost;  // beside the non-finite bit that nonfinite_flag_k wrote first
+    counters[kSafeguardFlags] += 1;
+  }
+}
+
+// Counts data's NaN/Inf elements into counters[kNonFiniteElements]: a read-only grid-stride
+// pass, one atomic per warp that found any (none in the common, all-finite case).
+template <DType T>
+__global__ void count_nonfinite_kernel(const typename Elem<T>::S* data, uint64_t n,
+                                       unsigned long long* counters) {
+  unsigned found = 0;
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n;
+       i += uint64_t(gridDim.x) * blockDim.x)
+    found += is_nonfinite<T>(data[i]) ? 1 : 0;
+  add_count(&counters[kNonFiniteElements], found);
+}
+
+template <DType T>
+int count_nonfinite_t(const void* data, size_t n, unsigned long long* counters, Stream s) {
+  using S = typename Elem<T>::S;
+  OR_LAUNCH(count_nonfinite_kernel<T>, blocks_for(n), kThreads, 0, s)
+  (static_cast<const S*>(data), n, counters);
+  return int(cudaGetLastError());
+}
+
+// One thread, as safeguard_flag_k: the rank's flag byte from what the scan counted since the
+// last snapshot (base).
+__global__ void nonfinite_flag_k(const unsigned long long* counters, const unsigned long long* base,
+                                 unsigned char* flag) {
+  const bool f = counters[kNonFiniteElements] != base[kNonFiniteElements];
+  *flag = f ? kFlagNonFinite : 0;
+}
+
+// Every thread reads the N flag bytes (a few, in cache) and agrees on the verdict; with it the
+// output becomes the quiet NaN, element by element, and one thread counts the call.
+template <DType T>
+__global__ void nonfinite_verdict_kernel(typename Elem<T>::S* out, uint64_t n,
+                                         const unsigned char* flags, int nranks,
+                                         unsigned long long* counters) {
+  bool any = false;
+  for (int q = 0; q < nranks; ++q) any = any || (flags[q] & kFlagNonFinite) != 0;
+  if (!any) return;
+  const uint64_t first = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x;
+  if (first == 0) counters[kNonFiniteCalls] += 1;
+  for (uint64_t i = first; i < n; i += uint64_t(gridDim.x) * blockDim.x)
+    out[i] = Elem<T>::kQuietNaN;
+}
+
+template <DType T>
+int nonfinite_verdict_t(void* out, size_t n, const uint8_t* flags, int nranks,
+                        unsigned long long* counters, Stream s) {
+  using S = typename Elem<T>::S;
+  OR_LAUNCH(nonfinite_verdict_kernel<T>, blocks_for(n), kThreads, 0, s)
+  (static_cast<S*>(out), n, flags, nranks, counters);
+  return int(cudaGetLastError());
 }
 
 }  // namespace
@@ -496,6 +551,21 @@ int safeguard_flag(unsigned long long* counters, const unsigned long long* base,
                    uint64_t expected, uint8_t* flag, Stream s) {
   OR_LAUNCH(safeguard_flag_k, 1, 1, 0, s)(counters, base, threshold, expected, flag);
   return int(cudaGetLastError());
+}
+
+int count_nonfinite(DType t, const void* data, size_t n, unsigned long long* counters, Stream s) {
+  OR_CUDA_DISPATCH(t, count_nonfinite_t, data, n, counters, s);
+}
+
+int nonfinite_flag(const unsigned long long* counters, const unsigned long long* base,
+                   uint8_t* flag, Stream s) {
+  OR_LAUNCH(nonfinite_flag_k, 1, 1, 0, s)(counters, base, flag);
+  return int(cudaGetLastError());
+}
+
+int nonfinite_verdict(DType t, void* out, size_t n, const uint8_t* flags, int nranks,
+                      unsigned long long* counters, Stream s) {
+  OR_CUDA_DISPATCH(t, nonfinite_verdict_t, out, n, flags, nranks, counters, s);
 }
 
 int last_error() {

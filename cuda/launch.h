@@ -18,7 +18,7 @@ using Stream = CUstream_st*;
 // Sources per reduce launch; more ranks take several launches through a fp32 workspace.
 inline constexpr int kMaxSourcesPerLaunch = 16;
 
-// counters: device array of kNumCounters unsigned 64-bit counters (exchange.h's Counter).
+// counters: device array of kNumCounters unsigned 64-bit counters (elem.h's Counter).
 // work: device scratch of at least work_bytes(...) bytes.
 size_t hadamard_work_bytes(const HadamardGeometry& g, DType t);
 int encode(DType t, const void* in, void* out, const HadamardGeometry& g, uint64_t seed, void* work,
@@ -33,10 +33,21 @@ int reduce(DType t, const void* const* srcs, const uint8_t* lossy, int nranks, v
 int fill_lost(DType t, void* dst, const void* received, const void* own, size_t n, double own_scale,
               Erasure policy, unsigned long long* counters, Stream s);
 
-// The safeguard's verdict on the device: *flag = 1 when (counters - base)[lost phase 1 + 2]
-// exceeds threshold x expected (and counters[kSafeguardFlags] grows by one), else 0.
+// The safeguard's verdict on the device: ORs kFlagLost into *flag when (counters - base)[lost
+// phase 1 + 2] exceeds threshold x expected (and counters[kSafeguardFlags] grows by one).
 int safeguard_flag(unsigned long long* counters, const unsigned long long* base, double threshold,
                    uint64_t expected, uint8_t* flag, Stream s);
+
+// The non-finite verdict (kernels_host.h's count_nonfinite and apply_nonfinite_verdict):
+// count_nonfinite adds data's NaN/Inf elements to counters[kNonFiniteElements];
+// nonfinite_flag writes *flag = kFlagNonFinite when that counter moved since `base`, else 0;
+// nonfinite_verdict sets out[0, n) to the quiet NaN and counts kNonFiniteCalls when some byte of
+// flags[0, nranks) (device memory) has kFlagNonFinite.
+int count_nonfinite(DType t, const void* data, size_t n, unsigned long long* counters, Stream s);
+int nonfinite_flag(const unsigned long long* counters, const unsigned long long* base,
+                   uint8_t* flag, Stream s);
+int nonfinite_verdict(DType t, void* out, size_t n, const uint8_t* flags, int nranks,
+                      unsigned long long* counters, Stream s);
 
 // Returns a cudaError_t value (0 = success) of the last launch on this thread.
 int last_error();

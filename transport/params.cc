@@ -127,6 +127,8 @@ const ParamSpec kParams[] = {
    "TAR: redo a flagged call exactly."},
   {"OPTIREDUCE_EXACT_BELOW", &Config::exact_below_bytes, 0, 1 << 30, nullptr,
    "TAR: buffers smaller than this many bytes always go exactly (norms, loss values)."},
+  {"OPTIREDUCE_NONFINITE_AGREE", &Config::nonfinite_agree, 0, 1, nullptr,
+   "TAR, bounded calls: each rank scans its input for NaN/Inf and the ranks agree exactly (a 1-byte all-to-all, shared with the safeguard's redo) whether any had one; then every rank's output is the quiet NaN throughout (the exact result with OPTIREDUCE_SAFEGUARD_REDO), so all ranks take the same decision (e.g. a GradScaler skipping the step). Off, a NaN lost in transit can come out finite on some ranks only. Costs each bounded call a wait for the slowest rank to finish its pass, which gives up bounded mode's tolerance of stragglers: off by default."},
   {"OPTIREDUCE_HOME", &Config::home, 0, 0, nullptr,
    "Build tools only (the libraries never read it): where `nccl-tests-patches/apply-and-build.sh` finds an installed liboptireduce, the install prefix holding `include/optireduce.h` (docs/gpu.md)."},
   {"OPTIREDUCE_NCCL_TESTS_DIR", &Config::nccl_tests_dir, 0, 0, nullptr,

@@ -38,6 +38,7 @@ class Options(ctypes.Structure):
         ("safeguard", ctypes.c_double),
         ("safeguardRedo", ctypes.c_int),
         ("exactBelowBytes", ctypes.c_int64),
+        ("nonfiniteAgree", ctypes.c_int),
     ]
 
 
@@ -57,6 +58,7 @@ class Stats(ctypes.Structure):
         ("reserved", ctypes.c_int32),
         ("lostFraction", ctypes.c_double),
         ("timeUs", ctypes.c_double),
+        ("nonfiniteCalls", ctypes.c_uint64),
     ]
 
 

@@ -132,7 +132,7 @@ class Stats:
 
     __slots__ = ("calls", "exact_calls", "elements_expected", "elements_lost", "blocks_empty",
                  "deadline_hits", "safeguard_flags", "safeguard_redos", "tb_us", "tc_us",
-                 "incast", "lost_fraction", "time_us")
+                 "incast", "lost_fraction", "time_us", "nonfinite_calls")
 
     @classmethod
     def of(cls, s):
@@ -150,6 +150,7 @@ class Stats:
         o.incast = s.incast
         o.lost_fraction = s.lostFraction
         o.time_us = s.timeUs
+        o.nonfinite_calls = s.nonfiniteCalls
         return o
 
     def as_dict(self):

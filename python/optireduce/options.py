@@ -21,6 +21,7 @@ FIELDS = {
     "safeguard": ("safeguard", "OPTIREDUCE_SAFEGUARD"),
     "safeguard_redo": ("safeguardRedo", "OPTIREDUCE_SAFEGUARD_REDO"),
     "exact_below": ("exactBelowBytes", "OPTIREDUCE_EXACT_BELOW"),
+    "nonfinite_agree": ("nonfiniteAgree", "OPTIREDUCE_NONFINITE_AGREE"),
 }
 
 
@@ -59,7 +60,7 @@ def _convert(name, v):
                 raise _bad(name, v, "must be an integer >= 1, 'max' or 'auto'")
             return _INCAST_NAMES[v]
         return _int(name, v, 1, 1 << 20)
-    if name in ("hadamard", "safeguard_redo"):
+    if name in ("hadamard", "safeguard_redo", "nonfinite_agree"):
         return _bool(name, v)
     if name == "hadamard_block":
         v = _int(name, v, 2, 1 << 24)
@@ -104,4 +105,5 @@ def describe(opts):
         "safeguard": opts.safeguard,
         "safeguard_redo": bool(opts.safeguardRedo),
         "exact_below": opts.exactBelowBytes,
+        "nonfinite_agree": bool(opts.nonfiniteAgree),
     }

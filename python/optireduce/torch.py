@@ -106,13 +106,15 @@ class OptiReduceState:
     The other keyword arguments are the library's options (optireduce.h), each defaulting to its
     OPTIREDUCE_* variable: mode ('exact' | 'bounded'), incast (int >= 1 | 'max' | 'auto'),
     hadamard (bool), hadamard_block (power of two), erasure ('rescale' | 'zero'), safeguard
-    (fraction in [0, 1]), safeguard_redo (bool), exact_below (bytes). A bad value raises
-    ValueError naming the option.
+    (fraction in [0, 1]), safeguard_redo (bool), exact_below (bytes), nonfinite_agree (bool:
+    bounded calls agree exactly whether any rank's bucket held a NaN/Inf and then give every
+    rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none). A
+    bad value raises ValueError naming the option.
     """
 
     def __init__(self, process_group=None, store=None, *, mode=None, incast=None, hadamard=None,
                  hadamard_block=None, erasure=None, safeguard=None, safeguard_redo=None,
-                 exact_below=None, timeout=datetime.timedelta(minutes=5), max_queued=256):
+                 exact_below=None, nonfinite_agree=None, timeout=datetime.timedelta(minutes=5), max_queued=256):
         if not dist.is_initialized():
             raise RuntimeError("optireduce: call torch.distributed.init_process_group first")
         if not isinstance(max_queued, int) or max_queued < 1:
@@ -120,7 +122,7 @@ class OptiReduceState:
         self._options = make_options(mode=mode, incast=incast, hadamard=hadamard,
                                      hadamard_block=hadamard_block, erasure=erasure,
                                      safeguard=safeguard, safeguard_redo=safeguard_redo,
-                                     exact_below=exact_below)
+                                     exact_below=exact_below, nonfinite_agree=nonfinite_agree)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.size = dist.get_world_size(process_group)
@@ -149,7 +151,7 @@ class OptiReduceState:
     @staticmethod
     def _empty_step():
         return {"calls": 0, "exact_calls": 0, "elements_expected": 0, "elements_lost": 0,
-                "deadline_hits": 0, "safeguard_flags": 0, "time_us": 0.0}
+                "deadline_hits": 0, "safeguard_flags": 0, "nonfinite_calls": 0, "time_us": 0.0}
 
     def _record(self, last):
         with self._stats_lock:
@@ -161,6 +163,7 @@ class OptiReduceState:
             s["elements_lost"] += last.elements_lost
             s["deadline_hits"] += last.deadline_hits
             s["safeguard_flags"] += last.safeguard_flags
+            s["nonfinite_calls"] += last.nonfinite_calls
             s["time_us"] += last.time_us
 
     def step_stats(self):

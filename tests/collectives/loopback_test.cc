@@ -20,15 +20,22 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/loss_audit.h"
+#include "tests/collectives/nonfinite_case.h"
 #include "tests/collectives/typed_buffer.h"
 
 namespace {
 
 using optireduce::coll::DType;
 using optireduce::coll::Elem;
+using optireduce::testing::audit_call;
+using optireduce::testing::audit_input;
 using optireduce::testing::esize;
 using optireduce::testing::get;
+using optireduce::testing::kAuditCount;
 using optireduce::testing::set;
+using optireduce::testing::shard_of;
+using optireduce::testing::value;
 
 std::string temp_dir() {
   char tmpl[] = "/tmp/optireduce-coll-XXXXXX";
@@ -97,19 +104,6 @@ int value_bits(optiDataType_t t) {
   return 0;
 }
 
-// A different integer per (rank, element): a shifted, dropped, duplicated or misplaced
-// contribution changes the sum almost surely (unlike a short periodic pattern).
-uint64_t mix(uint64_t salt, uint64_t i) {
-  uint64_t x = i * 0x9E3779B97F4A7C15ull + (salt + 1) * 0xD1B54A32D192ED03ull;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return x;
-}
-int64_t value(int bits, uint64_t salt, uint64_t i) {
-  return int64_t(mix(salt, i) >> (63 - bits)) - (int64_t(1) << bits);
-}
-
 struct ExactCase {
   optiDataType_t t;
   size_t count;
@@ -150,13 +144,6 @@ Mismatch first_mismatch(const optiDataType_t t, const ExactCase& c, int rank, in
     }
   }
   return {c.count, false, 0};
-}
-
-// The shard holding element i (ShardPlan's layout: the first count % N shards one longer).
-int shard_of(size_t count, int n, size_t i) {
-  const size_t base = count / size_t(n), extra = count % size_t(n);
-  return i < extra * (base + 1) ? int(i / (base + 1))
-                                : int(extra + (i - extra * (base + 1)) / base);
 }
 
 template <DType T>
@@ -390,49 +377,8 @@ uint64_t total_lost(const std::string& dir, int n) {
   return sum;
 }
 
-// Bounded mode at N = 8 under the fault injector, audited element by element. Rank r
-// contributes x_r(i) = b(i) + 8^r (integers, exact in fp64), so the exact sum is
-// N b + sum_r 8^r, and every estimate the library makes can be recognised and decoded:
-//  - phase 1 (rank j reduces shard j): sum_S x_s x N / k over the k < N contributions S that
-//    arrived, j always among them. sum_S 8^s has base-8 digits 1 exactly at S (N <= 8,
-//    no carries), so S and k follow from the value: two different (S, k) give means that
-//    differ by at least N / 49, far above fp64 rounding here, and none equals the exact mean;
-//  - phase 2 (rank r lost element i of shard j != r): fl(N x_r(i)), which no phase-1 estimate
-//    of shard j equals (that would need S = {r}, but j is in S).
-// The audit then checks the counters exactly: in the own shard, elementsLost[0] is the sum of
-// N - k over its elements; elsewhere elementsLost[1] is the number of phase-2 estimates, and
-// every other value is exact or a valid phase-1 estimate of its owner. Every error is within
-// N x (max - min contribution); elementsExpected and lostFraction match the shard plan.
+// Bounded mode at N = 8 under the fault injector, audited element by element (loss_audit.h).
 // Then the communicator switches to exact mode: under the same loss, results are exact.
-constexpr int64_t kDigitBase = 8;  // > N - 1 >= k: the digits of k x sum_S 8^s never carry
-
-int64_t digit_weight(int r) {
-  int64_t w = 1;
-  for (int s = 0; s < r; ++s) w *= kDigitBase;
-  return w;
-}
-
-// The number k < N of contributions behind a phase-1 estimate `v` of shard `owner`, or 0 when
-// v is no such estimate.
-int decode_phase1(double v, int64_t b, int n, int owner) {
-  for (int k = 1; k < n; ++k) {
-    // v = sum x N / k up to rounding (|v| < 2^25: a few 1e-9), and candidates lie >= N/49 apart.
-    const double sum = std::nearbyint(v * double(k) / double(n));
-    if (std::fabs(sum * double(n) / double(k) - v) > 1e-3) continue;
-    int64_t mask = int64_t(sum) - int64_t(k) * b;
-    int ones = 0;
-    bool owner_in = false;
-    for (int s = 0; s < n && mask >= 0; ++s, mask /= kDigitBase) {
-      const int64_t d = mask % kDigitBase;
-      if (d > 1) break;
-      ones += int(d);
-      owner_in |= s == owner && d == 1;
-    }
-    if (mask == 0 && ones == k && owner_in) return k;
-  }
-  return 0;
-}
-
 int bounded_audit_rank(int rank, int n, const std::string& dir) {
   optiOptions_t o;
   CHILD_CHECK(optiOptionsDefault(&o) == optiSuccess, "options");
@@ -442,18 +388,12 @@ int bounded_audit_rank(int rank, int n, const std::string& dir) {
   o.exactBelowBytes = 0;
   optiComm_t comm = nullptr;
   CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
-  const size_t count = (size_t(1) << 17) + 3;  // 1 MiB of fp64, shards of unequal length
+  const size_t count = kAuditCount;
   const int calls = 6;
-  auto owner_of = [&](size_t i) { return shard_of(count, n, i); };
-  auto b = [](int call, size_t i) { return value(9, uint64_t(100 + call), i); };
-  int64_t weights = 0;
-  for (int s = 0; s < n; ++s) weights += digit_weight(s);
   // Inputs first, so that ranks do little between calls (see bounded_rank).
   std::vector<std::vector<double>> in(calls), out(calls);
   for (int call = 0; call < calls; ++call) {
-    in[size_t(call)].resize(count);
-    for (size_t i = 0; i < count; ++i)
-      in[size_t(call)][i] = double(b(call, i) + digit_weight(rank));
+    in[size_t(call)] = audit_input(rank, call, count);
     if (call % 2) out[size_t(call)].assign(count, 0.0);  // odd calls out of place
   }
   std::vector<optiStats_t> last(calls);
@@ -464,44 +404,12 @@ int bounded_audit_rank(int rank, int n, const std::string& dir) {
                 "allreduce call %d", call);
     CHILD_CHECK(optiGetStats(comm, &last[size_t(call)], nullptr) == optiSuccess, "stats");
   }
-  const double bound = double(n) * double(digit_weight(n - 1) - 1);
   uint64_t lost = 0, expected = 0;
   for (int call = 0; call < calls; ++call) {
-    const optiStats_t& st = last[size_t(call)];
     const double* res = call % 2 ? out[size_t(call)].data() : in[size_t(call)].data();
-    uint64_t lost0 = 0, lost1 = 0;  // as decoded from the values
-    for (size_t i = 0; i < count; ++i) {
-      const int64_t bi = b(call, i);
-      const double exact = double(int64_t(n) * bi + weights), v = res[i];
-      if (v == exact) continue;
-      CHILD_CHECK(std::isfinite(v) && std::fabs(v - exact) <= bound,
-                  "call %d element %zu: %.17g, exact %.17g, bound %g", call, i, v, exact, bound);
-      const int owner = owner_of(i);
-      if (owner != rank && v == double(n) * double(bi + digit_weight(rank))) {
-        ++lost1;
-        continue;
-      }
-      const int k = decode_phase1(v, bi, n, owner);
-      CHILD_CHECK(k > 0, "call %d element %zu (shard %d): %.17g is no estimate, exact %.17g", call,
-                  i, owner, v, exact);
-      if (owner == rank) lost0 += uint64_t(n - k);
-    }
-    CHILD_CHECK(st.calls == 1 && st.exactCalls == (call == 0 ? 1u : 0u), "call %d exact %llu", call,
-                (unsigned long long)st.exactCalls);
-    CHILD_CHECK(st.elementsLost[0] == lost0 && st.elementsLost[1] == lost1,
-                "call %d: counters say %llu + %llu lost, the values %llu + %llu", call,
-                (unsigned long long)st.elementsLost[0], (unsigned long long)st.elementsLost[1],
-                (unsigned long long)lost0, (unsigned long long)lost1);
-    const uint64_t own_len = count / size_t(n) + (size_t(rank) < count % size_t(n) ? 1 : 0);
-    CHILD_CHECK(st.elementsExpected[0] == uint64_t(n - 1) * own_len &&
-                    st.elementsExpected[1] == count - own_len,
-                "call %d expected %llu %llu", call, (unsigned long long)st.elementsExpected[0],
-                (unsigned long long)st.elementsExpected[1]);
-    const uint64_t e = st.elementsExpected[0] + st.elementsExpected[1];
-    CHILD_CHECK(std::fabs(st.lostFraction - double(lost0 + lost1) / double(e)) < 1e-12,
-                "call %d lostFraction %g", call, st.lostFraction);
-    lost += lost0 + lost1;
-    expected += e;
+    const std::string bad =
+        audit_call(rank, n, count, call, res, last[size_t(call)], &lost, &expected);
+    CHILD_CHECK(bad.empty(), "%s", bad.c_str());
   }
   std::printf("rank %d: delivered %.4f%% of %llu elements over %d bounded calls\n", rank,
               100.0 * (1.0 - double(lost) / double(expected)), (unsigned long long)expected,
@@ -538,6 +446,134 @@ TEST(Loopback, BoundedUnderFaultInjectionWithHadamard) {
   const std::string dir = temp_dir();
   EXPECT_EQ(run_ranks(3, kFaultEnv, [&](int r) { return bounded_rank(r, 3, dir, true); }), 0);
   EXPECT_GT(total_lost(dir, 3), 0u) << "the fault injector dropped nothing";
+}
+
+// Issue 12, defect 6: the non-finite verdict under injected loss (nonfinite_case.h). Four
+// processes, bounded with Hadamard, options.nonfiniteAgree on: calls whose inputs hold a NaN
+// (rank 1) and a -Inf (rank 2) come out the quiet NaN throughout on every rank, the others
+// finite; with the safeguard's redo, the exact result. Every rank writes a digest of each
+// result: the parent checks that the poisoned calls' results are the same bits on every rank.
+constexpr int kNonFiniteCalls = 9;
+constexpr size_t kNonFiniteCount = (size_t(1) << 16) + 5;
+
+bool poisoned_call(int call) {
+  return call != 0 && call % 3 != 2;  // call 0 is the exact first call
+}
+
+int nonfinite_rank(int rank, int n, const std::string& dir) {
+  optiOptions_t o;
+  CHILD_CHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+  o.mode = optiBounded;
+  o.exactBelowBytes = 0;
+  o.nonfiniteAgree = 1;
+  optiComm_t comm = nullptr;
+  CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
+  FILE* f = std::fopen((dir + "/digest." + std::to_string(rank)).c_str(), "w");
+  CHILD_CHECK(f != nullptr, "digest file");
+  for (int call = 0; call < kNonFiniteCalls; ++call) {
+    const bool redo = call >= 7;  // the last two: the verdict redoes the call exactly
+    if (call == 7) {
+      o.safeguardRedo = 1;
+      o.safeguard = 1.0;  // only the non-finite verdict redoes
+      CHILD_CHECK(optiCommSetOptions(comm, &o) == optiSuccess, "options");
+    }
+    const bool poisoned = poisoned_call(call);
+    std::vector<float> v =
+        optireduce::testing::nonfinite_input(rank, call, kNonFiniteCount, poisoned);
+    std::vector<float> out(kNonFiniteCount);
+    float* dst = call % 2 ? out.data() : v.data();
+    CHILD_CHECK(optiAllReduce(v.data(), dst, kNonFiniteCount, optiFloat32, optiSum, comm,
+                              nullptr) == optiSuccess,
+                "allreduce %d", call);
+    optiStats_t last{};
+    CHILD_CHECK(optiGetStats(comm, &last, nullptr) == optiSuccess, "stats");
+    if (call > 0) {
+      const std::string bad = optireduce::testing::check_nonfinite(rank, n, call, kNonFiniteCount,
+                                                                   dst, last, poisoned, redo);
+      CHILD_CHECK(bad.empty(), "%s", bad.c_str());
+    }
+    std::fprintf(f, "%d %d %llx\n", call, int(poisoned),
+                 (unsigned long long)optireduce::testing::digest(dst, kNonFiniteCount * 4));
+  }
+  std::fclose(f);
+  optiStats_t total{};
+  CHILD_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, "stats");
+  std::printf("rank %d: %llu of %d calls non-finite, %llu + %llu elements lost\n", rank,
+              (unsigned long long)total.nonfiniteCalls, kNonFiniteCalls,
+              (unsigned long long)total.elementsLost[0], (unsigned long long)total.elementsLost[1]);
+  f = std::fopen((dir + "/lost." + std::to_string(rank)).c_str(), "w");
+  CHILD_CHECK(f != nullptr, "lost file");
+  std::fprintf(f, "%llu\n", (unsigned long long)(total.elementsLost[0] + total.elementsLost[1]));
+  std::fclose(f);
+  CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+  return 0;
+}
+
+TEST(Loopback, NonFiniteVerdictIsTheSameOnEveryRankUnderLoss) {
+  const int n = 4;
+  const std::string dir = temp_dir();
+  ASSERT_EQ(run_ranks(n, kFaultEnv, [&](int r) { return nonfinite_rank(r, n, dir); }), 0);
+  EXPECT_GT(total_lost(dir, n), 0u) << "the fault injector dropped nothing";
+  std::vector<std::vector<std::string>> lines(static_cast<size_t>(n));
+  for (int r = 0; r < n; ++r) {
+    FILE* f = std::fopen((dir + "/digest." + std::to_string(r)).c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    char buf[128];
+    while (std::fgets(buf, sizeof buf, f)) lines[size_t(r)].push_back(buf);
+    std::fclose(f);
+    ASSERT_EQ(lines[size_t(r)].size(), size_t(kNonFiniteCalls)) << r;
+  }
+  for (int call = 0; call < kNonFiniteCalls; ++call) {
+    if (!poisoned_call(call)) continue;
+    for (int r = 1; r < n; ++r)
+      EXPECT_EQ(lines[size_t(r)][size_t(call)], lines[0][size_t(call)]) << "rank " << r;
+  }
+}
+
+// What the agreement costs: the same bounded calls (1 MiB of fp32, Hadamard, four processes)
+// alternately without and with options.nonfiniteAgree, without loss and under the injected
+// loss; rank 0 prints the median time per call of each (timeUs). A measurement, not a bound.
+int agreement_cost_rank(int rank, int n, const std::string& dir, const char* what) {
+  optiOptions_t o;
+  CHILD_CHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+  o.mode = optiBounded;
+  optiComm_t comm = nullptr;
+  CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
+  const size_t count = size_t(1) << 18;
+  const int pairs = 30;
+  std::vector<float> v(count, 1.0f);
+  std::vector<double> us[2];
+  for (int c = 0; c < 2 * pairs + 1; ++c) {
+    const int agree = c % 2;
+    o.nonfiniteAgree = agree;
+    CHILD_CHECK(optiCommSetOptions(comm, &o) == optiSuccess, "options");
+    CHILD_CHECK(optiAllReduce(v.data(), v.data(), count, optiFloat32, optiAvg, comm, nullptr) ==
+                    optiSuccess,
+                "allreduce %d", c);
+    optiStats_t last{};
+    CHILD_CHECK(optiGetStats(comm, &last, nullptr) == optiSuccess, "stats");
+    if (c > 0) us[agree].push_back(last.timeUs);  // call 0 is the exact first call
+  }
+  for (auto& u : us) std::sort(u.begin(), u.end());
+  if (rank == 0)
+    std::printf(
+        "agreement cost, %s: median %.0f us per 1 MiB call without, %.0f us with "
+        "(+%.0f us); P90 %.0f / %.0f us\n",
+        what, us[0][us[0].size() / 2], us[1][us[1].size() / 2],
+        us[1][us[1].size() / 2] - us[0][us[0].size() / 2], us[0][us[0].size() * 9 / 10],
+        us[1][us[1].size() * 9 / 10]);
+  CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+  return 0;
+}
+
+TEST(Loopback, NonFiniteAgreementCost) {
+  const int n = 4;
+  const std::string quiet = temp_dir(), lossy = temp_dir();
+  EXPECT_EQ(run_ranks(n, {}, [&](int r) { return agreement_cost_rank(r, n, quiet, "no loss"); }),
+            0);
+  EXPECT_EQ(
+      run_ranks(n, kFaultEnv, [&](int r) { return agreement_cost_rank(r, n, lossy, "2% loss"); }),
+      0);
 }
 
 // Issue 12, defect 6: replicas drift. Each rank writes its result of every call; the test then

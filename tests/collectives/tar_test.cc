@@ -1,6 +1,7 @@
 // Tests of collectives/tar.cc over the in-process exchange (ranks as threads): exact results for
 // every type, N = 2..8, in and out of place, any count; bounded mode per-element error bounds,
-// unbiasedness, stragglers, the safeguard, incast rounds, tiny buffers and the first call.
+// unbiasedness, stragglers, the safeguard, the non-finite verdict, incast rounds, tiny buffers
+// and the first call.
 #include "collectives/tar.h"
 
 #include <gtest/gtest.h>
@@ -375,6 +376,128 @@ TEST(TarBounded, SafeguardFlagsAndRedoesExactly) {
   for (int r = 0; r < 3; ++r) {
     EXPECT_EQ(c.stats[size_t(r)].safeguardFlags, 1u);
     EXPECT_EQ(c.stats[size_t(r)].safeguardRedos, 0u);
+  }
+}
+
+// Issue 12, defect 6: the non-finite verdict. Rank 1's input holds a NaN at kNanAt, rank 2's a
+// -Inf at kInfAt; phase 2 loses half its packets (seeded, only_phase 2, no deadline cut), so a
+// rank that loses the packet holding one of them estimates it from its own finite input.
+constexpr size_t kNonFiniteCount = 6000;
+constexpr size_t kNanAt = 5000, kInfAt = 5100;  // shard 3 of 4: ranks 0-2 receive it in phase 2
+
+// Whether any element of a rank's fp32 result is NaN or Inf.
+bool any_nonfinite(const std::vector<uint8_t>& b, size_t count) {
+  for (size_t i = 0; i < count; ++i)
+    if (!std::isfinite(load(DType::kF32, b, i))) return true;
+  return false;
+}
+
+std::vector<std::vector<uint8_t>> nonfinite_inputs(int n, bool poisoned) {
+  std::vector<std::vector<uint8_t>> in(size_t(n), std::vector<uint8_t>(kNonFiniteCount * 4));
+  for (int r = 0; r < n; ++r)
+    for (size_t i = 0; i < kNonFiniteCount; ++i)
+      put(DType::kF32, in[size_t(r)], i, int_value(r, i));
+  if (poisoned) {
+    put(DType::kF32, in[1], kNanAt, std::nan(""));
+    put(DType::kF32, in[2], kInfAt, -INFINITY);
+  }
+  return in;
+}
+
+TarOptions nonfinite_options(bool agree) {
+  TarOptions o;
+  o.mode = Mode::kBounded;
+  o.hadamard = false;  // the NaN stays in its element: one lost packet can hide it
+  o.exact_below_bytes = 0;
+  o.nonfinite_agree = agree;
+  return o;
+}
+
+LossModel phase2_loss() {
+  LossModel loss;
+  loss.drop = 0.5;
+  loss.packet_bytes = 256;
+  loss.only_phase = 2;
+  return loss;
+}
+
+// The defect, reproduced: without the agreement, some call leaves the poison non-finite on some
+// ranks and finite on others (this is what the agreement removes).
+TEST(TarBounded, NonFiniteInputsComeOutFiniteOnSomeRanksWithoutTheAgreement) {
+  const int n = 4;
+  Cluster c(n, phase2_loss(), 200ms);
+  const TarOptions o = nonfinite_options(false);
+  auto first = nonfinite_inputs(n, false);
+  c.allreduce(first, nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);  // exact first call
+  int split = 0;
+  for (int call = 0; call < 10; ++call) {
+    auto in = nonfinite_inputs(n, true);
+    c.allreduce(in, nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);
+    int nonfinite_ranks = 0;
+    for (int r = 0; r < n; ++r) nonfinite_ranks += any_nonfinite(in[size_t(r)], kNonFiniteCount);
+    split += nonfinite_ranks != 0 && nonfinite_ranks != n ? 1 : 0;
+    for (int r = 0; r < n; ++r) EXPECT_EQ(c.stats[size_t(r)].nonfiniteCalls, 0u);
+  }
+  EXPECT_GT(split, 0) << "the loss never split the ranks: this test reproduces nothing";
+}
+
+// With the agreement every rank's whole output is the canonical quiet NaN, bit for bit, and
+// every rank counts the call; a call without poison is left alone and not counted.
+TEST(TarBounded, NonFiniteVerdictIsTheSameOnEveryRank) {
+  const int n = 4;
+  Cluster c(n, phase2_loss(), 200ms);
+  const TarOptions o = nonfinite_options(true);
+  auto first = nonfinite_inputs(n, false);
+  c.allreduce(first, nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);  // exact first call
+  for (int call = 0; call < 10; ++call) {
+    const bool poisoned = call % 3 != 2;
+    auto in = nonfinite_inputs(n, poisoned);
+    std::vector<std::vector<uint8_t>> out(size_t(n), std::vector<uint8_t>(kNonFiniteCount * 4));
+    c.allreduce(in, call % 2 ? &out : nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);
+    for (int r = 0; r < n; ++r) {
+      const auto& res = call % 2 ? out[size_t(r)] : in[size_t(r)];
+      EXPECT_EQ(c.stats[size_t(r)].nonfiniteCalls, poisoned ? 1u : 0u) << call << " " << r;
+      if (!poisoned) {
+        EXPECT_FALSE(any_nonfinite(res, kNonFiniteCount)) << call << " " << r;
+        continue;
+      }
+      const auto* bits = reinterpret_cast<const uint32_t*>(res.data());
+      for (size_t i = 0; i < kNonFiniteCount; ++i)
+        ASSERT_EQ(bits[i], Elem<DType::kF32>::kQuietNaN) << call << " rank " << r << " i " << i;
+    }
+  }
+}
+
+// With the safeguard's redo the verdict redoes the call exactly instead: every rank gets the
+// exact result (NaN and -Inf where the exact sum has them, the exact sums elsewhere), and the
+// call is counted both as non-finite and as redone.
+TEST(TarBounded, NonFiniteVerdictWithRedoGivesTheExactResult) {
+  const int n = 4;
+  Cluster c(n, phase2_loss(), 200ms);
+  TarOptions o = nonfinite_options(true);
+  o.safeguard_redo = true;
+  o.safeguard = 1.0;  // only the non-finite verdict redoes
+  auto first = nonfinite_inputs(n, false);
+  c.allreduce(first, nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);  // exact first call
+  for (int call = 0; call < 3; ++call) {
+    auto in = nonfinite_inputs(n, true);
+    c.allreduce(in, nullptr, kNonFiniteCount, DType::kF32, RedOp::kSum, o);
+    for (int r = 0; r < n; ++r) {
+      EXPECT_EQ(c.stats[size_t(r)].nonfiniteCalls, 1u);
+      EXPECT_EQ(c.stats[size_t(r)].safeguardRedos, 1u);
+      for (size_t i = 0; i < kNonFiniteCount; ++i) {
+        const double v = load(DType::kF32, in[size_t(r)], i);
+        if (i == kNanAt) {
+          ASSERT_TRUE(std::isnan(v)) << r;
+        } else if (i == kInfAt) {
+          ASSERT_EQ(v, -INFINITY) << r;
+        } else {
+          double sum = 0;
+          for (int q = 0; q < n; ++q) sum += int_value(q, i);
+          ASSERT_EQ(v, sum) << "rank " << r << " i " << i;
+        }
+      }
+    }
   }
 }
 

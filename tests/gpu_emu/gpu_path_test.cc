@@ -14,6 +14,8 @@
 
 #include "collectives/optireduce.h"
 #include "cuda/launch.h"
+#include "tests/collectives/loss_audit.h"
+#include "tests/collectives/nonfinite_case.h"
 #include "tests/gpu_emu/nccl_emu.h"
 #include "tests/gpu_emu/streams.h"
 #include "transport/params.h"
@@ -105,23 +107,24 @@ const Env kLoss = {
     {"OPTIREDUCE_CALIBRATION_STEPS", "0"},
 };
 
-struct DeviceVec {
-  float* p = nullptr;
+template <class T>
+struct DeviceArray {
+  T* p = nullptr;
   size_t n = 0;
-  explicit DeviceVec(size_t count) : n(count) {
-    HCHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(float)) == cudaSuccess, "malloc");
+  explicit DeviceArray(size_t count) : n(count) {
+    HCHECK(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)) == cudaSuccess, "malloc");
   }
-  ~DeviceVec() { (void)cudaFree(p); }
-  void put(const std::vector<float>& v) {
-    HCHECK(cudaMemcpy(p, v.data(), n * sizeof(float), cudaMemcpyHostToDevice) == cudaSuccess, "up");
+  ~DeviceArray() { (void)cudaFree(p); }
+  void put(const std::vector<T>& v) {
+    HCHECK(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess, "up");
   }
-  std::vector<float> get() const {
-    std::vector<float> v(n);
-    HCHECK(cudaMemcpy(v.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess,
-           "down");
+  std::vector<T> get() const {
+    std::vector<T> v(n);
+    HCHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess, "down");
     return v;
   }
 };
+using DeviceVec = DeviceArray<float>;
 
 // Every rank's input, value(i, rank) at element i, and the check that a result is their sum in
 // rank order, bit for bit (what the exact paths, the library's and NCCL's, promise).
@@ -486,6 +489,119 @@ TEST(GpuDefect, StatisticsMeanWhatTheyMeanOnTheHost) {
         HCHECK(most == 1, "rank %d: %d receives in one bounded group, incast 1", rank, most);
       },
       kLoss, 170);
+  EXPECT_EQ(r, "");
+}
+
+// Defect 6: the non-finite verdict on the GPU path (tests/collectives/nonfinite_case.h, as the
+// host path's loopback test runs it). Four ranks under injected loss, bounded without Hadamard
+// (a lost NaN stays lost), options.nonfiniteAgree on: calls whose inputs hold a NaN (rank 1) and
+// a -Inf (rank 2) come out the quiet NaN throughout on every rank, the others finite; with the
+// safeguard's redo, the exact result. The verdict lives on the device: the NaN fill runs in
+// stream order after the agreement, and nonfiniteCalls comes from the device's counter (the
+// emulated streams run late, so a host read before synchronising sees nothing). Every rank sends
+// rank 0 a digest of each poisoned result: they must be the same bits.
+TEST(GpuDefect, NonFiniteVerdictIsTheSameOnEveryRank) {
+  const std::string r = run_ranks(
+      4,
+      [](Mesh& m) {
+        namespace t = optireduce::testing;
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o = bounded_options(false);
+        o.nonfiniteAgree = 1;
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const size_t count = 100'003;
+        const int calls = 8;
+        DeviceVec a(count), b(count);
+        for (int call = 0; call < calls; ++call) {
+          const bool redo = call >= 6;
+          if (call == 6) {
+            o.safeguardRedo = 1;
+            o.safeguard = 1.0;  // only the non-finite verdict redoes
+            CHECK_OPTI(optiCommSetOptions(comm, &o));
+          }
+          const bool poisoned = call != 0 && call % 3 != 2;  // call 0: the exact first call
+          a.put(t::nonfinite_input(m.rank, call, count, poisoned));
+          DeviceVec& dst = call % 2 ? b : a;
+          CHECK_OPTI(optiAllReduce(a.p, dst.p, count, optiFloat32, optiSum, comm, nullptr));
+          optiStats_t last{};
+          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          const std::vector<float> out = dst.get();
+          if (call > 0) {
+            const std::string bad =
+                t::check_nonfinite(m.rank, m.n, call, count, out.data(), last, poisoned, redo);
+            HCHECK(bad.empty(), "%s", bad.c_str());
+          }
+          if (!poisoned) continue;
+          const uint64_t d = t::digest(out.data(), count * sizeof(float));
+          if (m.rank != 0) {
+            m.channel[0]->send<uint64_t>(d);
+          } else {
+            for (int q = 1; q < m.n; ++q)
+              HCHECK(m.channel[size_t(q)]->recv<uint64_t>() == d,
+                     "call %d: rank %d's result differs from rank 0's", call, q);
+          }
+        }
+        optiStats_t total{};
+        CHECK_OPTI(optiGetStats(comm, nullptr, &total));
+        std::printf("rank %d: %llu non-finite calls, %llu + %llu elements lost\n", m.rank,
+                    (unsigned long long)total.nonfiniteCalls,
+                    (unsigned long long)total.elementsLost[0],
+                    (unsigned long long)total.elementsLost[1]);
+        HCHECK(total.nonfiniteCalls == 5, "rank %d: %llu non-finite calls, 5 poisoned", m.rank,
+               (unsigned long long)total.nonfiniteCalls);
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      kLoss, 170);
+  EXPECT_EQ(r, "");
+}
+
+// Issue 12's loss audit on the GPU path at N = 8 (tests/collectives/loss_audit.h, what the host
+// path's loopback test runs): bounded without Hadamard under injected loss, every estimate of
+// every element decoded and the counters checked against it exactly, in and out of place.
+TEST(GpuAudit, EveryEstimateOfEightRanksIsAccountedFor) {
+  const std::string r = run_ranks(
+      8,
+      [](Mesh& m) {
+        namespace t = optireduce::testing;
+        emu::set_bootstrap(&m, PLUGIN_PATH);
+        ncclComm_t user = emu::comm_init();
+        optiOptions_t o = bounded_options(false);
+        o.safeguardRedo = 0;  // a redo would make the results exact and hide the estimates
+        optiComm_t comm = nullptr;
+        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        const size_t count = t::kAuditCount;
+        const int calls = 4;
+        DeviceArray<double> a(count), b(count);
+        uint64_t lost = 0, expected = 0;
+        for (int call = 0; call < calls; ++call) {
+          a.put(t::audit_input(m.rank, call, count));
+          DeviceArray<double>& dst = call % 2 ? b : a;  // odd calls out of place
+          CHECK_OPTI(optiAllReduce(a.p, dst.p, count, optiFloat64, optiSum, comm, nullptr));
+          optiStats_t last{};
+          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          const std::vector<double> out = dst.get();
+          const std::string bad =
+              t::audit_call(m.rank, m.n, count, call, out.data(), last, &lost, &expected);
+          HCHECK(bad.empty(), "rank %d: %s", m.rank, bad.c_str());
+        }
+        std::printf("rank %d: delivered %.4f%% of %llu elements over %d bounded calls\n", m.rank,
+                    100.0 * (1.0 - double(lost) / double(expected)), (unsigned long long)expected,
+                    calls - 1);
+        // The audit must have seen losses somewhere: every rank reports its count to rank 0.
+        if (m.rank != 0) {
+          m.channel[0]->send<uint64_t>(lost);
+        } else {
+          uint64_t all = lost;
+          for (int q = 1; q < m.n; ++q) all += m.channel[size_t(q)]->recv<uint64_t>();
+          HCHECK(all > 0, "no element lost on any rank: the audit checked no estimate");
+        }
+        CHECK_OPTI(optiCommDestroy(comm));
+        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+      },
+      kLoss, 400);
   EXPECT_EQ(r, "");
 }
 

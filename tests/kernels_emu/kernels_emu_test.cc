@@ -188,6 +188,106 @@ TEST_F(KernelsEmu, FillMatchesTheHostBitForBit) {
   fill_matches_host<DType::kF64>(100, Erasure::kRescale);
 }
 
+// Every non-finite encoding of a type, and finite neighbours that must not count: +-Inf, quiet,
+// signalling and negative NaNs, the erasure marker; the largest finite value and its negative.
+template <DType T>
+std::vector<typename Elem<T>::S> nonfinite_encodings() {
+  using S = typename Elem<T>::S;
+  const S sign = S(S(1) << (8 * sizeof(S) - 1)), inf = Elem<T>::kExponent;
+  return {inf,
+          S(inf | sign),
+          Elem<T>::kQuietNaN,
+          S(inf | 1),
+          S(Elem<T>::kQuietNaN | sign),
+          Elem<T>::kMarker};
+}
+
+// The scan (count_nonfinite, nonfinite_flag) and the verdict (nonfinite_verdict) against
+// count_nonfinite and apply_nonfinite_verdict, with the encodings planted at the start, inside
+// and at the very end of a bucket whose length leaves the last block of threads partial.
+template <DType T>
+void nonfinite_matches_host(size_t n) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n);
+  using S = typename Elem<T>::S;
+  auto data = random_elems<T>(n, uint32_t(n));
+  data[n / 2] = S(Elem<T>::kExponent - 1);  // largest finite
+  data[n / 3] = S((Elem<T>::kExponent - 1) | S(S(1) << (8 * sizeof(S) - 1)));
+  Device dev;
+  auto* base =
+      static_cast<unsigned long long*>(dev.alloc(sizeof(unsigned long long) * kNumCounters));
+  auto* flag = static_cast<uint8_t*>(dev.alloc(1));
+  // All finite: no count, the flag cleared (it starts as garbage).
+  const S* d_clean = dev.upload(data);
+  std::memcpy(base, dev.counters(), sizeof(unsigned long long) * kNumCounters);
+  *flag = 0xFF;
+  EXPECT_EQ(count_nonfinite(T, data.data(), n), 0u);
+  ASSERT_EQ(cuda::count_nonfinite(T, d_clean, n, dev.counters(), nullptr), 0)
+      << emu::last_error_text();
+  ASSERT_EQ(cuda::nonfinite_flag(dev.counters(), base, flag, nullptr), 0) << emu::last_error_text();
+  EXPECT_EQ(dev.counters()[kNonFiniteElements], 0u);
+  EXPECT_EQ(*flag, 0);
+
+  const auto enc = nonfinite_encodings<T>();
+  for (size_t k = 0; k < enc.size(); ++k) {
+    // Each encoding alone at the end (the partial block's last thread), then all of them.
+    auto one = data;
+    one[n - 1] = enc[k];
+    ASSERT_EQ(count_nonfinite(T, one.data(), n), 1u) << "encoding " << k;
+    std::memcpy(base, dev.counters(), sizeof(unsigned long long) * kNumCounters);
+    ASSERT_EQ(cuda::count_nonfinite(T, dev.upload(one), n, dev.counters(), nullptr), 0);
+    ASSERT_EQ(cuda::nonfinite_flag(dev.counters(), base, flag, nullptr), 0);
+    EXPECT_EQ(dev.counters()[kNonFiniteElements] - base[kNonFiniteElements], 1u)
+        << "encoding " << k;
+    EXPECT_EQ(*flag, kFlagNonFinite) << "encoding " << k;
+  }
+  auto all = data;
+  for (size_t k = 0; k < enc.size() && k < n; ++k) all[(k * 7919) % n] = enc[k];
+  all[0] = enc[0];
+  const uint64_t want = count_nonfinite(T, all.data(), n);
+  std::memcpy(base, dev.counters(), sizeof(unsigned long long) * kNumCounters);
+  ASSERT_EQ(cuda::count_nonfinite(T, dev.upload(all), n, dev.counters(), nullptr), 0);
+  EXPECT_EQ(dev.counters()[kNonFiniteElements] - base[kNonFiniteElements], want);
+
+  // The verdict: the safeguard's bit alone changes nothing; a non-finite bit anywhere makes
+  // the whole output the quiet NaN on the device as on the host, and counts the call once.
+  for (const std::vector<uint8_t>& flags :
+       {std::vector<uint8_t>{0, kFlagLost, 0}, std::vector<uint8_t>{0, kFlagLost, kFlagNonFinite},
+        std::vector<uint8_t>{kFlagNonFinite | kFlagLost}}) {
+    auto host = data;
+    const bool applied =
+        apply_nonfinite_verdict(T, host.data(), n, flags.data(), int(flags.size()));
+    S* d_out = dev.upload(data);
+    const uint8_t* d_flags = dev.upload(flags);
+    const unsigned long long calls = dev.counters()[kNonFiniteCalls];
+    ASSERT_EQ(
+        cuda::nonfinite_verdict(T, d_out, n, d_flags, int(flags.size()), dev.counters(), nullptr),
+        0)
+        << emu::last_error_text();
+    EXPECT_EQ(first_mismatch(d_out, host.data(), n), n);
+    EXPECT_EQ(dev.counters()[kNonFiniteCalls] - calls, applied ? 1u : 0u);
+    EXPECT_EQ(applied, (flags.back() & kFlagNonFinite) != 0);  // where the bit is, if anywhere
+    if (applied) {
+      EXPECT_EQ(host[n - 1], Elem<T>::kQuietNaN);
+    }
+  }
+  // n = 0 only counts.
+  const std::vector<uint8_t> flags = {kFlagNonFinite, 0};
+  const unsigned long long calls = dev.counters()[kNonFiniteCalls];
+  ASSERT_EQ(cuda::nonfinite_verdict(T, dev.upload(data), 0, dev.upload(flags), 2, dev.counters(),
+                                    nullptr),
+            0);
+  EXPECT_EQ(dev.counters()[kNonFiniteCalls] - calls, 1u);
+}
+
+TEST_F(KernelsEmu, NonFiniteScanAndVerdictMatchTheHostBitForBit) {
+  for (size_t n : {size_t(1), size_t(7), size_t(257), size_t(10001)}) {
+    nonfinite_matches_host<DType::kF32>(n);
+    nonfinite_matches_host<DType::kF16>(n);
+    nonfinite_matches_host<DType::kBF16>(n);
+    nonfinite_matches_host<DType::kF64>(n);
+  }
+}
+
 // ---- Planted bugs: copies of kernels.cu's kernels, each with one defect ----
 
 enum class Bug { kNone, kMissingSync, kOffByOne, kSharedRace, kEarlyExit };
