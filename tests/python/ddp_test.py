@@ -134,9 +134,11 @@ class DdpHook(unittest.TestCase):
             self.assertGreater(r["expected"], 0)
         lost = sum(r["lost"] for r in res)
         expected = sum(r["expected"] for r in res)
-        # 5% of packets dropped, nothing repaired in bounded mode after calibration. (Compute
-        # skew between 4 ranks on 2 cores also cuts whole contributions: the fraction lost here
-        # is far above 5%, a known defect; the training must still go on and say so.)
+        # 5% of packets dropped, repaired only while a step's deadline leaves time. (Compute
+        # skew no longer cuts whole contributions: a late sender gets a start allowance learned
+        # from the skew. On 4 ranks sharing 2 cores, the first bucket's transfers still starve
+        # behind the backward pass past the hard bound, so more than the drops is lost; the
+        # training must go on and say so.)
         print(f"bounded under 5% drops: {lost} of {expected} gradient elements lost "
               f"({100 * lost / expected:.1f}%)")
         self.assertGreater(lost, 0, "no loss counted under 5% injected drops")
