@@ -8,6 +8,13 @@
 
 namespace optireduce {
 
+namespace {
+// Index of the P95 among n >= 1 sorted values.
+size_t p95_index(size_t n) {
+  return std::min(n - 1, static_cast<size_t>(std::ceil(0.95 * static_cast<double>(n))) - 1);
+}
+}  // namespace
+
 BoundedGroup::BoundedGroup(const Config& cfg)
     : fixed_tb_ns_(cfg.timeout_ms * 1e6),
       tb_headroom_(cfg.timeout_headroom),
@@ -79,13 +86,15 @@ BoundedGroup::Sized& BoundedGroup::sized_locked(uint64_t bytes) {
   return *victim;
 }
 
-// Own estimate and peers' of this exact size, else of its class (a size not seen yet).
-uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
-  const int c = size_class(bytes);
-  const Estimate& cls = classes_[c].est;
-  const Sized* z = find_sized_locked(bytes);
-  const Estimate& own = z != nullptr && z->est.tc_ns > 0 ? z->est : cls;
-  const Estimate& peers = z != nullptr ? z->est : cls;
+const BoundedGroup::Estimate& BoundedGroup::own_estimate_locked(const Sized* z, int c) const {
+  return z != nullptr && z->est.tc_ns > 0 ? z->est : classes_[c].est;
+}
+
+// Own estimate and peers' of this exact size (`z`, its entry or null), else of its class (a
+// size not seen yet).
+uint64_t BoundedGroup::agreed_tc_locked(int c, const Sized* z) const {
+  const Estimate& own = own_estimate_locked(z, c);
+  const Estimate& peers = z != nullptr ? z->est : classes_[c].est;
   const uint64_t tb = tb_locked(c);
   uint64_t vals[kPeerRing + 1];
   int n = 0;
@@ -96,17 +105,17 @@ uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
   return std::min(vals[n / 2], tb);
 }
 
-double BoundedGroup::dev_locked(uint64_t bytes) const {
-  const Sized* z = find_sized_locked(bytes);
-  return z != nullptr && z->est.tc_ns > 0 ? z->est.dev_ns : classes_[size_class(bytes)].est.dev_ns;
+uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
+  return agreed_tc_locked(size_class(bytes), find_sized_locked(bytes));
 }
 
 uint64_t BoundedGroup::budget_locked(uint64_t bytes) const {
-  const uint64_t tb = tb_locked(size_class(bytes));
-  const auto tc = static_cast<double>(agreed_tc_locked(bytes));
-  const auto adaptive =
-      static_cast<uint64_t>(std::max(kHeadroom * tc, tc + kDeviations * dev_locked(bytes)));
-  return std::max(kMinBudgetNs, std::min(tb, adaptive));
+  const int c = size_class(bytes);
+  const Sized* z = find_sized_locked(bytes);
+  const auto tc = static_cast<double>(agreed_tc_locked(c, z));
+  const double dev = own_estimate_locked(z, c).dev_ns;
+  const auto adaptive = static_cast<uint64_t>(std::max(kHeadroom * tc, tc + kDeviations * dev));
+  return std::max(kMinBudgetNs, std::min(tb_locked(c), adaptive));
 }
 
 uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
@@ -134,7 +143,7 @@ void BoundedGroup::on_start_delay_locked(uint64_t delay_ns) {
   const auto n = static_cast<size_t>(std::min<uint64_t>(nskew_, kSkewSamples));
   std::array<uint64_t, kSkewSamples> v;
   std::copy(skew_.begin(), skew_.begin() + static_cast<std::ptrdiff_t>(n), v.begin());
-  const size_t idx = std::min(n - 1, static_cast<size_t>(std::ceil(0.95 * static_cast<double>(n))) - 1);
+  const size_t idx = p95_index(n);
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(idx),
                    v.begin() + static_cast<std::ptrdiff_t>(n));
   skew_ns_ = std::min(kMaxSkewNs, static_cast<uint64_t>(kSkewHeadroom * static_cast<double>(v[idx])));
@@ -232,9 +241,7 @@ uint64_t p95_of_kept(uint64_t* v, uint32_t n, uint64_t outlier_factor) {
   std::sort(v, v + n);
   const uint64_t median = v[(n - 1) / 2];
   const auto kept = static_cast<uint32_t>(std::upper_bound(v, v + n, outlier_factor * median) - v);
-  const uint32_t idx =
-      std::min<uint32_t>(kept - 1, static_cast<uint32_t>(std::ceil(0.95 * kept)) - 1);
-  return v[idx];
+  return v[p95_index(kept)];
 }
 }  // namespace
 
@@ -294,8 +301,7 @@ void BoundedGroup::on_peer_estimate(uint32_t tc_us, uint64_t bytes) {
 
 uint32_t BoundedGroup::estimate_us(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  const Sized* z = find_sized_locked(bytes);
-  const Estimate& e = z != nullptr && z->est.tc_ns > 0 ? z->est : classes_[size_class(bytes)].est;
+  const Estimate& e = own_estimate_locked(find_sized_locked(bytes), size_class(bytes));
   if (e.tc_ns <= 0) return 0;
   return static_cast<uint32_t>(std::min(e.tc_ns / 1000, 4e9));
 }

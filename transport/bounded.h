@@ -127,9 +127,11 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t tb_locked(int c) const;
   uint64_t budget_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(uint64_t bytes) const;
-  double dev_locked(uint64_t bytes) const;  // this rank's deviation for the size (or class)
-  // The exact size's entry: null when it has none (make = false), else found or made (the
-  // least recently used one is reused).
+  uint64_t agreed_tc_locked(int c, const Sized* z) const;
+  // This rank's estimate for a size: its entry's once it has one, else its class's.
+  const Estimate& own_estimate_locked(const Sized* z, int c) const;
+  // The exact size's entry: find_sized_locked gives null when it has none; sized_locked finds
+  // or makes it (reusing the least recently used one).
   const Sized* find_sized_locked(uint64_t bytes) const;
   Sized& sized_locked(uint64_t bytes);
   void finish_calibration_locked();
