@@ -3,6 +3,7 @@
 // datagrams, and a datapath is chosen once at connection set-up, never per packet.
 #pragma once
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -52,6 +53,10 @@ struct EndpointOptions {
   uint32_t max_datagram_bytes = 0;          // 0: the largest the device's MTU allows
   bool gso = true;                          // UDP segmentation offload when the kernel has it
   bool gro = true;                          // UDP receive coalescing when the kernel has it
+  // The endpoint is shared by every connection of a device (transport/endpoint_mux.h): it never
+  // gets set_peer, each send names its destination (tx_burst_to), and the network's reports of
+  // unreachable peers are read per destination (take_unreachable).
+  bool unbound = false;
 };
 
 // Counters a datapath keeps about itself (the protocol keeps its own per connection).
@@ -110,6 +115,23 @@ class Endpoint {
   // every connection to the same host shares one congestion state (congestion.h). Empty where
   // the datapath cannot say: such a connection gets a path of its own.
   virtual std::string peer_host() const { return {}; }
+
+  // What an unbound endpoint (EndpointOptions::unbound) adds: it carries many connections.
+  // Sends pkts[0, n) to `to`, with tx_burst's contract. -EOPNOTSUPP where the datapath cannot.
+  virtual int tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) {
+    (void)to, (void)pkts, (void)n;
+    return -EOPNOTSUPP;
+  }
+  // Up to `max` destinations the network reported unreachable (ICMP port or host unreachable
+  // for a datagram sent by tx_burst_to) since the last call, one entry per report, oldest
+  // first; 0 when none is waiting. Never blocks.
+  virtual int take_unreachable(PeerAddress* out, int max) {
+    (void)out, (void)max;
+    return 0;
+  }
+  // Any address of this datapath as peer_text() and peer_host() would write it.
+  virtual std::string address_text(const PeerAddress&) const { return {}; }
+  virtual std::string address_host(const PeerAddress&) const { return {}; }
 };
 
 // The speed a device reports where its link speed is unknown (virtual and virtio NICs,
