@@ -7,12 +7,21 @@
 //    header/payload; the kernel cuts it into datagrams of the run's size. The caller's payload is
 //    never copied.
 //  - ICMP errors (a peer that went away) surface once, on whichever call comes next, and refer
-//    to an earlier datagram: they are counted and the call goes on.
+//    to an earlier datagram: they are counted and the call goes on. On a connected socket that
+//    says which peer. An unbound socket (one per device, many destinations) gets the same
+//    pending error, which then only says "look at take_unreachable": with IP_RECVERR the kernel
+//    also queues each report, with the destination of the datagram it refers to, on the
+//    socket's error queue, and take_unreachable reads them from there. Connected sockets leave
+//    IP_RECVERR off: nothing would read their error queue, which is charged to the receive
+//    buffer.
+//  - tx_burst and tx_burst_to share one send loop; messages carry the destination (msg_name)
+//    only for tx_burst_to, so a connected send leaves the kernel's own peer in use.
 //  - Receive leaves a GRO batch that did not fit in the caller's array in place and hands out
 //    the rest on the next call without a system call, so no datagram is lost to a small `max`.
 #include "udp/endpoint.h"
 
 #include <arpa/inet.h>
+#include <linux/errqueue.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <unistd.h>
@@ -60,6 +69,12 @@ constexpr size_t kTxCtrlBytes = CMSG_SPACE(sizeof(uint16_t));
 // Room for both control messages a receive may carry: the GRO segment size and the socket's
 // drop count (SO_RXQ_OVFL).
 constexpr size_t kRxCtrlBytes = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t));
+// One error-queue entry's control message: the extended error and the ICMP sender's address
+// (SO_EE_OFFENDER) after it; twice that in case another option adds a message.
+constexpr size_t kErrCtrlBytes = 2 * CMSG_SPACE(sizeof(sock_extended_err) + sizeof(sockaddr_in6));
+// The start of the datagram an error refers to; only the destination matters, so the kernel may
+// truncate the rest.
+constexpr size_t kErrDataBytes = 64;
 // The most SO_RCVBUF can grant: the kernel caps a request at INT_MAX / 2 before doubling it.
 constexpr uint32_t kMaxGrantBytes = INT32_MAX / 2;
 
@@ -84,19 +99,26 @@ bool is_would_block(int err) {
   return err == EAGAIN || err == EWOULDBLOCK || err == ENOBUFS;
 }
 
-std::string sockaddr_text(const sockaddr* sa) {
+// The host part of an IPv4/IPv6 address ("?" for another family), and its port in *port.
+std::string sockaddr_host(const sockaddr* sa, int* port) {
   char host[INET6_ADDRSTRLEN] = "?";
-  int port = 0;
+  *port = 0;
   if (sa->sa_family == AF_INET) {
     const auto* in = reinterpret_cast<const sockaddr_in*>(sa);
     inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-    port = ntohs(in->sin_port);
+    *port = ntohs(in->sin_port);
   } else if (sa->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
     inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    port = ntohs(in6->sin6_port);
+    *port = ntohs(in6->sin6_port);
   }
-  return std::string(host) + ":" + std::to_string(port);
+  return host;
+}
+
+std::string sockaddr_text(const sockaddr* sa) {
+  int port;
+  std::string host = sockaddr_host(sa, &port);
+  return host + ":" + std::to_string(port);
 }
 
 // What set_socket_buffer asks the kernel for when the options say `bytes`.
@@ -144,6 +166,8 @@ struct UdpEndpoint::Buffers {
   iovec rx_iov[kRxSlots];
   sockaddr_storage rx_from[kRxSlots];
   alignas(cmsghdr) uint8_t rx_ctrl[kRxSlots][kRxCtrlBytes];
+  alignas(cmsghdr) uint8_t err_ctrl[kErrCtrlBytes];
+  uint8_t err_data[kErrDataBytes];
   uint8_t* rx_data = nullptr;  // kRxSlots slots, `slot_stride` bytes apart
   uint32_t slot_stride = 0;
 
@@ -328,6 +352,19 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     const int one = 1;
     gro_ = setsockopt(fd_, IPPROTO_UDP, UDP_GRO, &one, sizeof(one)) == 0;
   }
+  // Without IP_RECVERR an unconnected socket ignores ICMP errors altogether; with it they are
+  // kept per destination for take_unreachable.
+  unbound_ = opts.unbound;
+  if (unbound_) {
+    const int one = 1;
+    rc = family_ == AF_INET ? setsockopt(fd_, IPPROTO_IP, IP_RECVERR, &one, sizeof(one))
+                            : setsockopt(fd_, IPPROTO_IPV6, IPV6_RECVERR, &one, sizeof(one));
+    if (rc != 0) {
+      const int err = errno;
+      OR_WARN("UDP endpoint: cannot queue ICMP errors per destination: %s", std::strerror(err));
+      return Status(Errc::kSystem, err);
+    }
+  }
   // The socket's drop count rides on received datagrams from the first drop on (rx_kernel_drops):
   // without it, losses at a full receive buffer are invisible to the endpoint. Best effort.
   {
@@ -365,21 +402,35 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
   OR_INFO(
       "UDP endpoint %s: max datagram %u bytes, send buffer %d, receive buffer %d bytes as the "
       "kernel reports them (asked %u each), %llu bytes of receive buffering offered, GSO %s, "
-      "GRO %s",
+      "GRO %s, %s",
       sockaddr_text(reinterpret_cast<const sockaddr*>(&bound)).c_str(), max_datagram_, snd, rcv,
       opts.socket_buffer_bytes, static_cast<unsigned long long>(receive_buffer_),
-      gso_ ? "on" : "off", gro_ ? "on" : "off");
+      gso_ ? "on" : "off", gro_ ? "on" : "off",
+      unbound_ ? "unbound (ICMP errors queued per destination)" : "for one peer");
   return Status::ok();
 }
 
+std::string UdpEndpoint::address_text(const PeerAddress& addr) const {
+  sockaddr_storage sa;
+  socklen_t len;
+  if (!udp_sockaddr(addr, &sa, &len)) return {};
+  return sockaddr_text(reinterpret_cast<const sockaddr*>(&sa));
+}
+
+std::string UdpEndpoint::address_host(const PeerAddress& addr) const {
+  sockaddr_storage sa;
+  socklen_t len;
+  if (!udp_sockaddr(addr, &sa, &len)) return {};
+  int port;
+  return sockaddr_host(reinterpret_cast<const sockaddr*>(&sa), &port);
+}
+
 std::string UdpEndpoint::peer_text() const {
-  return has_peer_ ? sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_)) : std::string();
+  return address_text(peer_addr_);
 }
 
 std::string UdpEndpoint::peer_host() const {
-  if (!has_peer_) return {};
-  std::string t = sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_));
-  return t.substr(0, t.rfind(':'));
+  return address_host(peer_addr_);
 }
 
 Status UdpEndpoint::set_peer(const PeerAddress& peer) {
@@ -398,13 +449,15 @@ Status UdpEndpoint::set_peer(const PeerAddress& peer) {
     return Status(Errc::kSystem, err);
   }
   peer_ = sa;
+  peer_addr_ = peer;
   has_peer_ = true;
   return Status::ok();
 }
 
-// Fills the message array from pkts[0, n). Returns the messages built; *built_pkts gets the
-// datagrams they carry.
-int UdpEndpoint::build_tx_batch(const TxPacket* pkts, int n, int* built_pkts) {
+// Fills the message array from pkts[0, n), addressed to `dst` (nullptr: the connected peer).
+// Returns the messages built; *built_pkts gets the datagrams they carry.
+int UdpEndpoint::build_tx_batch(const sockaddr_storage* dst, socklen_t dst_len,
+                                const TxPacket* pkts, int n, int* built_pkts) {
   Buffers& b = *buf_;
   int msgs = 0;
   int iovs = 0;
@@ -424,6 +477,8 @@ int UdpEndpoint::build_tx_batch(const TxPacket* pkts, int n, int* built_pkts) {
       }
     }
     mmsghdr& m = b.tx_msgs[msgs];
+    m.msg_hdr.msg_name = const_cast<sockaddr_storage*>(dst);
+    m.msg_hdr.msg_namelen = dst_len;
     m.msg_hdr.msg_iov = &b.tx_iov[iovs];
     m.msg_hdr.msg_iovlen = static_cast<size_t>(2 * count);
     for (int k = 0; k < count; ++k) {
@@ -449,15 +504,43 @@ int UdpEndpoint::build_tx_batch(const TxPacket* pkts, int n, int* built_pkts) {
   return msgs;
 }
 
+// The socket's pending ICMP error, met by a send or a receive. It names no destination: on an
+// unbound endpoint only take_unreachable says whose it was (and counts it in UdpCounters).
+void UdpEndpoint::count_socket_unreachable() {
+  if (!unbound_) ++udp_counters_.peer_unreachable;
+  ++counters_.peer_unreachable;
+  ++counters_.rx_errors;
+}
+
 int UdpEndpoint::tx_burst(const TxPacket* pkts, int n) {
   if (fatal_) return -fatal_;
   if (!has_peer_) return -EDESTADDRREQ;  // the caller's bug; not sticky
+  return send_to(nullptr, 0, pkts, n);
+}
+
+int UdpEndpoint::tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) {
+  if (fatal_) return -fatal_;
+  if (tx_to_len_ == 0 || !(to == tx_to_addr_)) {
+    sockaddr_storage sa;
+    socklen_t len;
+    // The caller's bug, like tx_burst without a peer: not sticky.
+    if (!udp_sockaddr(to, &sa, &len) || sa.ss_family != family_) return -EINVAL;
+    tx_to_ = sa;
+    tx_to_len_ = len;
+    tx_to_addr_ = to;
+  }
+  return send_to(&tx_to_, tx_to_len_, pkts, n);
+}
+
+// tx_burst's loop, for the connected peer (dst == nullptr) or for `dst`.
+int UdpEndpoint::send_to(const sockaddr_storage* dst, socklen_t dst_len, const TxPacket* pkts,
+                         int n) {
   Buffers& b = *buf_;
   int taken = 0;
   int refused_in_row = 0;
   while (taken < n) {
     int built = 0;
-    const int msgs = build_tx_batch(pkts + taken, n - taken, &built);
+    const int msgs = build_tx_batch(dst, dst_len, pkts + taken, n - taken, &built);
     const int r = sys_->sendmmsg(fd_, b.tx_msgs, static_cast<unsigned>(msgs), MSG_DONTWAIT);
     ++counters_.tx_syscalls;
     if (r > 0) {
@@ -478,9 +561,7 @@ int UdpEndpoint::tx_burst(const TxPacket* pkts, int n) {
       break;
     }
     if (is_unreachable(err)) {
-      ++udp_counters_.peer_unreachable;
-      ++counters_.peer_unreachable;
-      ++counters_.rx_errors;
+      count_socket_unreachable();
       // A reported ICMP error is consumed by the report, so the retry normally goes out. A
       // second refusal of the same datagram is the route's own answer: drop it like the
       // network would.
@@ -507,7 +588,7 @@ int UdpEndpoint::tx_burst(const TxPacket* pkts, int n) {
           "fragmentation is off). Lower OPTIREDUCE_MAX_DATAGRAM or raise the MTU.",
           sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
           datagram_bytes(pkts[taken]),
-          sockaddr_text(reinterpret_cast<const sockaddr*>(&peer_)).c_str());
+          sockaddr_text(reinterpret_cast<const sockaddr*>(dst != nullptr ? dst : &peer_)).c_str());
     } else {
       OR_WARN("UDP endpoint %s: sendmmsg failed: %s",
               sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
@@ -542,9 +623,7 @@ int UdpEndpoint::recv_batch(int max) {
     if (err == EAGAIN || err == EWOULDBLOCK) return 0;
     if (err == EINTR) continue;
     if (is_unreachable(err)) {
-      ++udp_counters_.peer_unreachable;
-      ++counters_.peer_unreachable;
-      ++counters_.rx_errors;
+      count_socket_unreachable();
       continue;
     }
     OR_WARN("UDP endpoint %s: recvmmsg failed: %s",
@@ -554,6 +633,56 @@ int UdpEndpoint::recv_batch(int max) {
     return -err;
   }
   return 0;
+}
+
+int UdpEndpoint::take_unreachable(PeerAddress* out, int max) {
+  // A connected socket queues nothing (no IP_RECVERR): spare the system call.
+  if (!unbound_ || max <= 0) return 0;
+  if (fatal_) return -fatal_;
+  Buffers& b = *buf_;
+  int got = 0;
+  while (got < max) {
+    sockaddr_storage dst{};
+    iovec iov{b.err_data, sizeof(b.err_data)};
+    msghdr h{};
+    h.msg_name = &dst;
+    h.msg_namelen = sizeof(dst);
+    h.msg_iov = &iov;
+    h.msg_iovlen = 1;
+    h.msg_control = b.err_ctrl;
+    h.msg_controllen = sizeof(b.err_ctrl);
+    // MSG_TRUNC in msg_flags is expected: err_data holds only the datagram's start.
+    if (::recvmsg(fd_, &h, MSG_ERRQUEUE | MSG_DONTWAIT) < 0) {
+      const int err = errno;
+      if (err == EAGAIN || err == EWOULDBLOCK) break;
+      if (err == EINTR) continue;
+      OR_WARN("UDP endpoint %s: reading the error queue failed: %s",
+              sockaddr_text(reinterpret_cast<const sockaddr*>(&local_sa_)).c_str(),
+              std::strerror(err));
+      fatal_ = err;
+      return -err;
+    }
+    bool reported = false;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+      const bool recverr = (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_RECVERR) ||
+                           (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_RECVERR);
+      if (!recverr || c->cmsg_len < CMSG_LEN(sizeof(sock_extended_err))) continue;
+      sock_extended_err ee;
+      std::memcpy(&ee, CMSG_DATA(c), sizeof(ee));
+      // Local errors (EMSGSIZE of our own oversize send) and other ICMP messages (fragmentation
+      // needed) say nothing about whether the peer is there.
+      const bool icmp = ee.ee_origin == SO_EE_ORIGIN_ICMP || ee.ee_origin == SO_EE_ORIGIN_ICMP6;
+      if (icmp && is_unreachable(static_cast<int>(ee.ee_errno)) &&
+          (dst.ss_family == AF_INET || dst.ss_family == AF_INET6)) {
+        out[got++] = udp_peer_address(reinterpret_cast<const sockaddr*>(&dst));
+        ++udp_counters_.peer_unreachable;
+        reported = true;
+      }
+      break;
+    }
+    if (!reported) ++counters_.rx_errors;
+  }
+  return got;
 }
 
 bool UdpEndpoint::from_peer(const sockaddr_storage& src) const {

@@ -1,6 +1,9 @@
 // The UDP endpoint: one non-blocking datagram socket bound to a device's address, moving bursts
 // with sendmmsg/recvmmsg and, where the kernel has them, UDP segmentation offload (GSO) on
-// transmit and receive coalescing (GRO) on receive.
+// transmit and receive coalescing (GRO) on receive. The socket is either connect()ed to one peer
+// (set_peer) or left unbound (EndpointOptions::unbound) to carry every connection of a device:
+// then each send names its destination and the kernel's ICMP reports, kept on the socket's error
+// queue (IP_RECVERR) with the destination they refer to, are read by take_unreachable.
 #pragma once
 
 #include <sys/socket.h>
@@ -30,7 +33,10 @@ bool udp_sockaddr(const PeerAddress& addr, sockaddr_storage* out, socklen_t* len
 
 // Counters only the UDP datapath has; they explain DatapathCounters' totals.
 struct UdpCounters {
-  uint64_t peer_unreachable = 0;   // ICMP errors (port/host unreachable) reported by the socket
+  // ICMP errors (port/host unreachable) reported by the socket. On an unbound endpoint only those
+  // take_unreachable attributed to a destination: the socket's pending error, which the same
+  // report also raises and the next send or receive meets, is in DatapathCounters alone.
+  uint64_t peer_unreachable = 0;
   uint64_t unreachable_drops = 0;  // datagrams dropped: the route refused them twice in a row
   uint64_t gso_sends = 0;          // messages sent as one GSO super-datagram
   uint64_t gso_fallbacks = 0;      // 1 once GSO was refused by the kernel and turned off
@@ -67,6 +73,10 @@ class UdpEndpoint final : public Endpoint {
   std::string peer_text() const override;
   std::string peer_host() const override;
   int tx_burst(const TxPacket* pkts, int n) override;
+  int tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) override;
+  int take_unreachable(PeerAddress* out, int max) override;
+  std::string address_text(const PeerAddress& addr) const override;
+  std::string address_host(const PeerAddress& addr) const override;
   int rx_burst(RxPacket* pkts, int max) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
@@ -75,7 +85,9 @@ class UdpEndpoint final : public Endpoint {
   const UdpCounters& udp_counters() const { return udp_counters_; }
   bool gso_active() const { return gso_; }
   bool gro_active() const { return gro_; }
-  // The socket, for a progress thread that wants to poll it. Owned by the endpoint.
+  // The socket, for a progress thread that wants to poll it. Owned by the endpoint. An unbound
+  // one polls POLLERR while take_unreachable has reports waiting, and those reports are charged
+  // to its receive buffer until taken: whoever polls it must take them.
   int fd() const { return fd_; }
   // Tests only: replaces the system calls (see UdpSyscalls).
   void set_syscalls_for_test(const UdpSyscalls& sc) { sys_ = &sc; }
@@ -85,8 +97,10 @@ class UdpEndpoint final : public Endpoint {
 
   UdpEndpoint(int fd, int family);
   Status configure(const sockaddr* local, uint32_t mtu, const EndpointOptions& opts);
-  int build_tx_batch(const TxPacket* pkts, int n, int* built_pkts);
-  int send_batch(const TxPacket* pkts, int n);
+  int build_tx_batch(const sockaddr_storage* dst, socklen_t dst_len, const TxPacket* pkts, int n,
+                     int* built_pkts);
+  int send_to(const sockaddr_storage* dst, socklen_t dst_len, const TxPacket* pkts, int n);
+  void count_socket_unreachable();
   int recv_batch(int max);
   int drain_rx(RxPacket* pkts, int max);
   bool from_peer(const sockaddr_storage& src) const;
@@ -99,7 +113,13 @@ class UdpEndpoint final : public Endpoint {
   PeerAddress local_;
   sockaddr_storage local_sa_{};
   sockaddr_storage peer_{};
+  PeerAddress peer_addr_;  // peer_ as set_peer got it; empty before
   bool has_peer_ = false;
+  bool unbound_ = false;
+  // tx_burst_to's last destination, decoded, so that a run of sends to one peer decodes it once.
+  PeerAddress tx_to_addr_;
+  sockaddr_storage tx_to_{};
+  socklen_t tx_to_len_ = 0;  // 0: nothing cached
   bool gso_ = false;
   bool gro_ = false;
   uint32_t max_datagram_ = 0;

@@ -1,5 +1,6 @@
 // Tests of udp/endpoint.cc on loopback (127.0.0.1, ::1): bursts both ways, GSO on and off, GRO
-// splitting, back-pressure, truncation, peer filtering, unreachable peers, size limits.
+// splitting, back-pressure, truncation, peer filtering, unreachable peers, size limits, and the
+// unbound endpoint's sends per destination and unreachable reports per destination.
 #include "udp/endpoint.h"
 
 #include <arpa/inet.h>
@@ -94,6 +95,18 @@ void send_all(UdpEndpoint& ep, const std::vector<TxPacket>& pkts) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (done < pkts.size() && std::chrono::steady_clock::now() < deadline) {
     const int r = ep.tx_burst(pkts.data() + done, static_cast<int>(pkts.size() - done));
+    ASSERT_GE(r, 0) << std::strerror(-r);
+    done += static_cast<size_t>(r);
+  }
+  ASSERT_EQ(done, pkts.size());
+}
+
+// send_all through tx_burst_to.
+void send_all_to(UdpEndpoint& ep, const PeerAddress& to, const std::vector<TxPacket>& pkts) {
+  size_t done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (done < pkts.size() && std::chrono::steady_clock::now() < deadline) {
+    const int r = ep.tx_burst_to(to, pkts.data() + done, static_cast<int>(pkts.size() - done));
     ASSERT_GE(r, 0) << std::strerror(-r);
     done += static_cast<size_t>(r);
   }
@@ -590,6 +603,277 @@ TEST(UdpAddress, RoundTripsAndRejectsGarbage) {
   auto v6 = open_v6();
   if (v6) {
     EXPECT_EQ(ep->set_peer(v6->local_address()).code(), Errc::kInternal);
+  }
+}
+
+// Whether the kernel queues ICMP errors on the socket's error queue (IP_RECVERR, IPV6_RECVERR).
+int recverr_option(const UdpEndpoint& ep, bool v6) {
+  int v = -1;
+  socklen_t len = sizeof(v);
+  const int rc = v6 ? getsockopt(ep.fd(), IPPROTO_IPV6, IPV6_RECVERR, &v, &len)
+                    : getsockopt(ep.fd(), IPPROTO_IP, IP_RECVERR, &v, &len);
+  EXPECT_EQ(rc, 0) << std::strerror(errno);
+  return v;
+}
+
+int local_port(const UdpEndpoint& ep) {
+  sockaddr_storage ss;
+  socklen_t len;
+  EXPECT_TRUE(udp_sockaddr(ep.local_address(), &ss, &len));
+  return ss.ss_family == AF_INET ? ntohs(reinterpret_cast<const sockaddr_in&>(ss).sin_port)
+                                 : ntohs(reinterpret_cast<const sockaddr_in6&>(ss).sin6_port);
+}
+
+// Receives one datagram (or none within a second) and returns its source.
+PeerAddress receive_one_from(UdpEndpoint& ep, std::vector<uint8_t>* data) {
+  RxPacket rx[1];
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const int r = ep.rx_burst(rx, 1);
+    EXPECT_GE(r, 0) << std::strerror(-r);
+    if (r < 0) break;
+    if (r == 1) {
+      data->assign(rx[0].data, rx[0].data + rx[0].len);
+      return rx[0].from;
+    }
+    pollfd p{ep.fd(), POLLIN, 0};
+    (void)::poll(&p, 1, 10);
+  }
+  return {};
+}
+
+TEST(UdpUnbound, RecvErrOnlyWhenUnbound) {
+  EndpointOptions unbound;
+  unbound.unbound = true;
+  EXPECT_EQ(recverr_option(*open_v4(), false), 0);
+  EXPECT_EQ(recverr_option(*open_v4(unbound), false), 1);
+  auto v6 = open_v6();
+  auto v6u = open_v6(unbound);
+  if (v6 && v6u) {
+    EXPECT_EQ(recverr_option(*v6, true), 0);
+    EXPECT_EQ(recverr_option(*v6u, true), 1);
+  }
+}
+
+class UdpUnboundGso : public ::testing::TestWithParam<bool> {};
+
+// One socket, two destinations: each peer gets its own datagrams and only those, and what the
+// unbound endpoint receives names its sender.
+TEST_P(UdpUnboundGso, SendsToEachDestination) {
+  EndpointOptions opts;
+  opts.unbound = true;
+  opts.gso = GetParam();
+  EndpointOptions rx_opts;
+  rx_opts.gro = false;
+  auto u = open_v4(opts);
+  auto p1 = open_v4(rx_opts);
+  auto p2 = open_v4(rx_opts);
+  ASSERT_TRUE(p1->set_peer(u->local_address()));
+  ASSERT_TRUE(p2->set_peer(u->local_address()));
+  Outbox o1, o2;
+  for (int i = 0; i < 100; ++i) o1.add(1400);  // longer than one GSO message
+  for (int i = 0; i < 30; ++i) o2.add(900);
+  o2.add(200);
+  const auto k1 = o1.packets();
+  const auto k2 = o2.packets();
+  // Interleaved, so that the cached destination changes between calls.
+  send_all_to(*u, p1->local_address(), std::vector<TxPacket>(k1.begin(), k1.begin() + 50));
+  send_all_to(*u, p2->local_address(), k2);
+  send_all_to(*u, p1->local_address(), std::vector<TxPacket>(k1.begin() + 50, k1.end()));
+  // Each peer was connected to u, and distinct datagram numbering shows a misdirected one.
+  expect_intact(receive(*p1, o1.size()), o1.size());
+  expect_intact(receive(*p2, o2.size()), o2.size());
+  RxPacket rx[1];
+  EXPECT_EQ(p1->rx_burst(rx, 1), 0);
+  EXPECT_EQ(p2->rx_burst(rx, 1), 0);
+  EXPECT_EQ(u->counters().tx_datagrams, o1.size() + o2.size());
+  if (GetParam() && u->gso_active()) {
+    EXPECT_GT(u->udp_counters().gso_sends, 0u);
+  } else {
+    EXPECT_EQ(u->udp_counters().gso_sends, 0u);
+  }
+
+  auto c = open_v4();
+  ASSERT_TRUE(c->set_peer(u->local_address()));
+  const uint8_t byte = 0x42;
+  const TxPacket p{&byte, 1, 0, nullptr};
+  ASSERT_EQ(c->tx_burst(&p, 1), 1);
+  std::vector<uint8_t> got;
+  EXPECT_EQ(receive_one_from(*u, &got), c->local_address());
+  EXPECT_EQ(got, std::vector<uint8_t>{0x42});
+  ASSERT_EQ(p2->tx_burst(&p, 1), 1);
+  EXPECT_EQ(receive_one_from(*u, &got), p2->local_address());
+}
+
+INSTANTIATE_TEST_SUITE_P(OnOff, UdpUnboundGso, ::testing::Bool());
+
+// A connected endpoint may name a destination too; its next tx_burst goes to its peer again.
+TEST(UdpUnbound, ConnectedSendAfterSendToGoesToThePeer) {
+  auto a = open_v4();
+  auto b = open_v4();
+  auto c = open_v4();
+  pair_up(*a, *b);
+  const uint8_t one = 1, two = 2;
+  const TxPacket p1{&one, 1, 0, nullptr};
+  const TxPacket p2{&two, 1, 0, nullptr};
+  ASSERT_EQ(a->tx_burst_to(c->local_address(), &p1, 1), 1);
+  ASSERT_EQ(a->tx_burst(&p2, 1), 1);
+  std::vector<uint8_t> got;
+  EXPECT_EQ(receive_one_from(*c, &got), a->local_address());
+  EXPECT_EQ(got, std::vector<uint8_t>{1});
+  ASSERT_EQ(receive(*b, 1).size(), 1u);
+  RxPacket rx[1];
+  EXPECT_EQ(c->rx_burst(rx, 1), 0);
+}
+
+TEST(UdpUnbound, BadDestinationIsRefusedButNotSticky) {
+  EndpointOptions opts;
+  opts.unbound = true;
+  auto u = open_v4(opts);
+  auto b = open_v4();
+  const uint8_t byte = 9;
+  const TxPacket p{&byte, 1, 0, nullptr};
+  PeerAddress not_udp = b->local_address();
+  not_udp.kind = 2;
+  EXPECT_EQ(u->tx_burst_to(not_udp, &p, 1), -EINVAL);
+  EXPECT_EQ(u->tx_burst_to(PeerAddress{}, &p, 1), -EINVAL);
+  ASSERT_EQ(u->tx_burst_to(b->local_address(), &p, 1), 1);
+  // After a good destination was cached, a bad one is still refused.
+  EXPECT_EQ(u->tx_burst_to(not_udp, &p, 1), -EINVAL);
+  auto v6 = open_v6();
+  if (v6) {
+    EXPECT_EQ(u->tx_burst_to(v6->local_address(), &p, 1), -EINVAL);  // the other family
+  }
+  ASSERT_EQ(u->tx_burst_to(b->local_address(), &p, 1), 1);
+  EXPECT_EQ(receive(*b, 2).size(), 2u);
+  EXPECT_EQ(u->counters().tx_datagrams, 2u);
+}
+
+class UdpUnboundFamily : public ::testing::TestWithParam<bool> {};
+
+// The closed port's reports come back under its address, never under the live peer's, and a
+// connected endpoint reports none.
+TEST_P(UdpUnboundFamily, UnreachableIsAttributedToItsDestination) {
+  const bool v6 = GetParam();
+  EndpointOptions opts;
+  opts.unbound = true;
+  opts.gso = false;
+  auto u = v6 ? open_v6(opts) : open_v4(opts);
+  auto live = v6 ? open_v6() : open_v4();
+  PeerAddress gone;
+  {
+    auto g = v6 ? open_v6() : open_v4();
+    if (g) gone = g->local_address();
+  }
+  if (!u || !live || gone.empty()) GTEST_SKIP() << "no ::1 on this host";
+  ASSERT_FALSE(gone == live->local_address());
+  const uint8_t byte = 5;
+  const TxPacket p{&byte, 1, 0, nullptr};
+  PeerAddress out[8];
+  std::vector<PeerAddress> reports;
+  int sent_gone = 0, sent_live = 0;
+  // The kernel's global ICMP rate limit (icmp_msgs_burst) may swallow a report after another
+  // test's flood, so the closed port is sent to again until one comes back.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (reports.empty() && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(u->tx_burst_to(gone, &p, 1), 1);
+    ++sent_gone;
+    ASSERT_EQ(u->tx_burst_to(live->local_address(), &p, 1), 1);
+    ++sent_live;
+    pollfd pf{u->fd(), 0, 0};  // POLLERR is reported whatever the events asked
+    (void)::poll(&pf, 1, 2);
+    const int r = u->take_unreachable(out, 8);
+    ASSERT_GE(r, 0) << std::strerror(-r);
+    reports.insert(reports.end(), out, out + r);
+  }
+  // Reports of the last datagrams, if the softirq that makes them ran late.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const int late = u->take_unreachable(out, 8);
+  ASSERT_GE(late, 0);
+  reports.insert(reports.end(), out, out + late);
+
+  ASSERT_FALSE(reports.empty());
+  EXPECT_LE(reports.size(), static_cast<size_t>(sent_gone));
+  for (const PeerAddress& a : reports) {
+    EXPECT_EQ(a, gone) << u->address_text(a);
+    EXPECT_FALSE(a == live->local_address());
+  }
+  EXPECT_EQ(u->take_unreachable(out, 8), 0);
+  EXPECT_EQ(u->udp_counters().peer_unreachable, reports.size());
+  EXPECT_EQ(receive(*live, static_cast<size_t>(sent_live)).size(), static_cast<size_t>(sent_live));
+
+  // A connected endpoint counts the socket's error and has no per-destination reports.
+  auto a = v6 ? open_v6() : open_v4();
+  ASSERT_TRUE(a->set_peer(gone));
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(a->tx_burst(&p, 1), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_GT(a->udp_counters().peer_unreachable, 0u);
+  EXPECT_EQ(a->take_unreachable(out, 8), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(V4V6, UdpUnboundFamily, ::testing::Bool());
+
+// `max` bounds one call; what is left waits for the next, oldest first.
+TEST(UdpUnbound, TakeUnreachableHonoursMax) {
+  EndpointOptions opts;
+  opts.unbound = true;
+  opts.gso = false;
+  auto u = open_v4(opts);
+  PeerAddress gone[2];
+  for (PeerAddress& g : gone) {
+    auto e = open_v4();
+    g = e->local_address();
+  }
+  const uint8_t byte = 5;
+  const TxPacket p{&byte, 1, 0, nullptr};
+  PeerAddress out[4];
+  std::vector<PeerAddress> first, rest;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  // Each round sends to both, the first one first, until a round gets both reports back (the
+  // global ICMP rate limit may swallow some after another test's flood).
+  while (std::chrono::steady_clock::now() < deadline) {
+    ASSERT_EQ(u->tx_burst_to(gone[0], &p, 1), 1);
+    ASSERT_EQ(u->tx_burst_to(gone[1], &p, 1), 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    first.clear();
+    rest.clear();
+    const int r = u->take_unreachable(out, 1);
+    ASSERT_GE(r, 0);
+    ASSERT_LE(r, 1);
+    if (r == 0) continue;
+    first.assign(out, out + 1);
+    int more;
+    while ((more = u->take_unreachable(out, 4)) > 0) rest.insert(rest.end(), out, out + more);
+    ASSERT_EQ(more, 0);
+    if (rest.size() == 1) break;
+  }
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(first[0], gone[0]);  // oldest first
+  EXPECT_EQ(rest[0], gone[1]);
+}
+
+TEST(UdpUnbound, AddressAsText) {
+  auto a = open_v4();
+  auto b = open_v4();
+  const std::string port = std::to_string(local_port(*a));
+  EXPECT_EQ(b->address_text(a->local_address()), "127.0.0.1:" + port);
+  EXPECT_EQ(b->address_host(a->local_address()), "127.0.0.1");
+  PeerAddress not_udp = a->local_address();
+  not_udp.kind = 2;
+  EXPECT_EQ(b->address_text(not_udp), "");
+  EXPECT_EQ(b->address_host(PeerAddress{}), "");
+  EXPECT_EQ(b->peer_text(), "");
+  EXPECT_EQ(b->peer_host(), "");
+  ASSERT_TRUE(b->set_peer(a->local_address()));
+  EXPECT_EQ(b->peer_text(), "127.0.0.1:" + port);
+  EXPECT_EQ(b->peer_host(), "127.0.0.1");
+  auto v6 = open_v6();
+  if (v6) {
+    EXPECT_EQ(b->address_text(v6->local_address()), "::1:" + std::to_string(local_port(*v6)));
+    EXPECT_EQ(b->address_host(v6->local_address()), "::1");
   }
 }
 
