@@ -18,18 +18,27 @@ uint32_t payload_for_datagram(uint32_t max_datagram_bytes) {
 }
 
 Conn::Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
-           std::shared_ptr<Registry> registry)
-    : cfg_(cfg), clock_(clock), ep_(std::move(ep)), params_(p), registry_(std::move(registry)),
+           std::shared_ptr<Registry> registry, ConnSide side)
+    : cfg_(cfg),
+      clock_(clock),
+      ep_(std::move(ep)),
+      params_(p),
+      tx_token_(side == ConnSide::kSender ? p.token : reply_token(p.token)),
+      rx_token_(side == ConnSide::kSender ? reply_token(p.token) : p.token),
+      registry_(std::move(registry)),
       liveness_(static_cast<uint64_t>(cfg.peer_timeout_ms) * 1'000'000) {}
 
 Conn::~Conn() { deactivate(); }
 
 void Conn::activate() {
+  ep_->set_rx_sink(this);
   if (registry_) registry_->add(this);
   if (group_) group_->add(this);
 }
 
 void Conn::deactivate() {
+  // First: once it returns, no drain of a shared endpoint is inside try_deliver or enters it.
+  ep_->set_rx_sink(nullptr);
   if (group_) group_->remove(this);
   if (registry_) registry_->remove(this);
 }
@@ -39,9 +48,12 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
   // served sooner than idle_ns, since the progress thread woke for it and the owner may have
   // moved on to other requests.
   const uint64_t wake = wake_ns();
-  if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns &&
-      (wake == 0 || now < wake))
+  const bool timer_due = wake != 0 && now >= wake;
+  if (ep_->shared()) {
+    if (!timer_due && !ep_->rx_pending()) return;
+  } else if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns && !timer_due) {
     return;
+  }
   std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
   if (!lock.owns_lock()) return;
   // Read the clock again under the lock: `now` was taken before it, and an owner that held the
@@ -49,10 +61,10 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
   progress_locked(clock_.now_ns());
 }
 
-void Conn::progress_locked(uint64_t now) {
+void Conn::progress_locked(uint64_t now, bool drain) {
   last_progress_ns_.store(now, std::memory_order_relaxed);
   if (fatal_.is_ok()) {
-    drain_rx_locked(now);
+    if (drain) drain_rx_locked(now);
     check_liveness_locked(now);
     if (fatal_.is_ok()) {
       on_timers_locked(now);
@@ -127,7 +139,9 @@ Status Conn::test_request(Request* req, bool* done, size_t* size) {
   }
   // Siblings not polled for a few microseconds get served from here (a caller waiting on one
   // request keeps the rest of its exchange moving); ones their own thread polls are skipped.
-  if (group_ != nullptr && !*done) group_->serve_siblings(this, now, kSiblingIdleNs);
+  // On a shared endpoint the drain above has handed the siblings their datagrams already.
+  if (group_ != nullptr && !*done && !ep_->shared())
+    group_->serve_siblings(this, now, kSiblingIdleNs);
   return st;
 }
 
@@ -135,17 +149,32 @@ void Conn::drain_rx_locked(uint64_t now) {
   // Bounded per call so that one busy connection cannot starve the caller: a later call or the
   // progress thread picks up the rest.
   constexpr int kMaxBursts = 8;
-  RxPacket pkts[kBatch];
+  rx_now_ = now;
   for (int b = 0; b < kMaxBursts; ++b) {
-    const int n = ep_->rx_burst(pkts, kBatch);
+    const int n = ep_->rx_into(*this, kBatch);
     if (n < 0) {
       fail_locked(Status(Errc::kSystem, -n), "receive failed");
       return;
     }
-    for (int i = 0; i < n; ++i) handle_datagram_locked(pkts[i].data, pkts[i].len, now);
-    if (n > 0) after_rx_burst_locked(now);
     if (n < kBatch) return;
   }
+}
+
+void Conn::on_rx(const RxPacket* pkts, int n) {
+  for (int i = 0; i < n; ++i) handle_datagram_locked(pkts[i].data, pkts[i].len, rx_now_);
+  if (n > 0) after_rx_burst_locked(rx_now_);
+}
+
+bool Conn::try_deliver(const RxPacket* pkts, int n) {
+  std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  const uint64_t now = clock_.now_ns();
+  rx_now_ = now;
+  on_rx(pkts, n);
+  // The rest of a pass, for what the datagrams changed (a CTS lets a send go, an ACK frees
+  // window); draining again here would re-enter the shared endpoint this drain holds.
+  progress_locked(now, /*drain=*/false);
+  return true;
 }
 
 void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now) {
@@ -156,7 +185,7 @@ void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t no
     OR_TRACE("drop malformed datagram (%s, %u bytes)", decode_error_name(e), len);
     return;
   }
-  if (h.token != params_.token) {
+  if (h.token != rx_token_) {
     ++stats_.drop_token;
     return;
   }
@@ -195,7 +224,7 @@ void Conn::receive_datagram(const uint8_t* data, uint32_t len) {
 }
 
 void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
-  h.token = params_.token;
+  h.token = tx_token_;
   h.timeout_us = timeout_hint_us_;
   if (batch_n_ != 0) {
     // DATA is queued: a side made a control packet halfway through building a burst (none
@@ -230,7 +259,7 @@ TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, ui
   if (batch_n_ == kBatch) return nullptr;
   const int k = ctrl_n_ + batch_n_++;
   PacketHeader hh = h;
-  hh.token = params_.token;
+  hh.token = tx_token_;
   hh.payload_len = len;
   hh.timeout_us = timeout_hint_us_;
   encode(hh, batch_hdr_[k]);

@@ -48,10 +48,13 @@ struct ConnParams {
 // 8 keeps every packet boundary (and so every erasure-marker run) 8-byte aligned.
 uint32_t payload_for_datagram(uint32_t max_datagram_bytes);
 
-class Conn {
+// Which end of the connection: it decides the token of each direction (wire.h, reply_token).
+enum class ConnSide : uint8_t { kSender, kReceiver };
+
+class Conn : private RxHandler, private RxSink {
  public:
   Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
-       std::shared_ptr<Registry> registry);
+       std::shared_ptr<Registry> registry, ConnSide side);
   virtual ~Conn();
   Conn(const Conn&) = delete;
   Conn& operator=(const Conn&) = delete;
@@ -66,7 +69,8 @@ class Conn {
   void set_conn_group(ConnGroup* group) { group_ = group; }
 
   // The progress thread's entry: serve the connection unless its owner holds it right now or
-  // served it within the last `idle_ns`.
+  // served it within the last `idle_ns`. A connection on a shared endpoint is served only for a
+  // due timer or datagrams kept for it: the thread's drain of the endpoint hands it the rest.
   void background_progress(uint64_t now, uint64_t idle_ns);
 
   Status test_request(Request* req, bool* done, size_t* size);
@@ -92,8 +96,9 @@ class Conn {
   ConnStats stats_snapshot() const;
 
  protected:
-  // Drain, run timers, transmit. Caller holds mu_.
-  void progress_locked(uint64_t now);
+  // Drain (unless `drain` is false: the caller hands datagrams itself), run timers, transmit.
+  // Caller holds mu_.
+  void progress_locked(uint64_t now, bool drain = true);
 
   // Side-specific hooks, all called with mu_ held.
   virtual void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) = 0;
@@ -150,6 +155,8 @@ class Conn {
   const Clock& clock_;
   std::unique_ptr<Endpoint> ep_;
   const ConnParams params_;
+  const uint64_t tx_token_;  // on every packet this end sends
+  const uint64_t rx_token_;  // on every packet this end accepts
   ConnStats stats_;
   Status fatal_;  // sticky: the first fatal error fails every later call
   bool peer_closed_ = false;  // the peer said CLOSE
@@ -157,6 +164,10 @@ class Conn {
 
  private:
   void drain_rx_locked(uint64_t now);
+  // RxHandler: this connection's own datagrams from its endpoint (mu_ held).
+  void on_rx(const RxPacket* pkts, int n) override;
+  // RxSink: datagrams another caller of the shared endpoint received for this connection.
+  bool try_deliver(const RxPacket* pkts, int n) override;
   void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
   void check_liveness_locked(uint64_t now);
 
@@ -164,6 +175,7 @@ class Conn {
   ConnGroup* group_ = nullptr;
   PeerLiveness liveness_;
   uint64_t unreachable_seen_ = 0;  // the endpoint's peer_unreachable already counted
+  uint64_t rx_now_ = 0;            // the pass's time, for on_rx (mu_)
   std::atomic<uint64_t> last_progress_ns_{0};
   std::atomic<uint64_t> next_timer_ns_{0};
   // One burst: ctrl_n_ control packets first (they unblock the peer), then batch_n_ DATA.

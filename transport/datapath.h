@@ -47,6 +47,27 @@ struct RxPacket {
   PeerAddress from;
 };
 
+// Who takes received datagrams from an endpoint's rx_into: the calling connection's handler,
+// which runs while the datagrams are valid (no copy).
+class RxHandler {
+ public:
+  virtual void on_rx(const RxPacket* pkts, int n) = 0;
+
+ protected:
+  ~RxHandler() = default;
+};
+
+// A connection's door for datagrams that another caller received on a shared endpoint
+// (transport/endpoint_mux.h), valid during the call only. Returns false, taking none, when the
+// connection is busy right now: the endpoint then keeps copies for its next rx_into.
+class RxSink {
+ public:
+  virtual bool try_deliver(const RxPacket* pkts, int n) = 0;
+
+ protected:
+  ~RxSink() = default;
+};
+
 // Knobs a datapath needs at endpoint creation; filled from the parameter table.
 struct EndpointOptions {
   uint32_t socket_buffer_bytes = 8u << 20;  // kernel buffer per direction (UDP)
@@ -129,6 +150,23 @@ class Endpoint {
     (void)out, (void)max;
     return 0;
   }
+  // Receives for the owning connection: up to `max` datagrams are handed to `own` (in bursts
+  // of at most 32), and on a shared endpoint other connections' datagrams to their sinks.
+  // Returns how many went to `own`, or a negative errno on a fatal error. Never blocks.
+  virtual int rx_into(RxHandler& own, int max) {
+    RxPacket pkts[32];
+    const int n = rx_burst(pkts, max < 32 ? max : 32);
+    if (n > 0) own.on_rx(pkts, n);
+    return n;
+  }
+  // Where another caller of a shared endpoint hands this one's datagrams (nullptr: nowhere).
+  virtual void set_rx_sink(RxSink* sink) { (void)sink; }
+  // Another connection's call or the progress thread may receive this endpoint's datagrams, so
+  // nobody needs to poll it for them: only its timers need a visit.
+  virtual bool shared() const { return false; }
+  // Datagrams kept for this endpoint (its sink was busy) that rx_into has not handed out yet.
+  virtual bool rx_pending() const { return false; }
+
   // Any address of this datapath as peer_text() and peer_host() would write it.
   virtual std::string address_text(const PeerAddress&) const { return {}; }
   virtual std::string address_host(const PeerAddress&) const { return {}; }
@@ -156,6 +194,9 @@ class Device {
   virtual ~Device() = default;
   virtual const DeviceInfo& info() const = 0;
   virtual Status open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) = 0;
+  // Whether its endpoints can be opened unbound (EndpointOptions::unbound) and shared by many
+  // connections (transport/endpoint_mux.h).
+  virtual bool can_share() const { return false; }
 };
 
 }  // namespace optireduce

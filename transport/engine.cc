@@ -95,8 +95,42 @@ EndpointOptions EngineImpl::endpoint_options() const {
   return o;
 }
 
-Status EngineImpl::open_endpoint(int dev, std::unique_ptr<Endpoint>* out) {
-  Status st = devices_[dev]->open_endpoint(endpoint_options(), out);
+Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
+  const std::thread::id me = std::this_thread::get_id();
+  std::lock_guard<std::mutex> lock(muxes_mu_);
+  for (const MuxEntry& e : muxes_) {
+    if (e.dev != dev || e.thread != me) continue;
+    if ((*out = e.mux.lock()) != nullptr) return Status::ok();
+  }
+  EndpointOptions opts = endpoint_options();
+  opts.unbound = true;
+  std::unique_ptr<Endpoint> ep;
+  Status st = devices_[dev]->open_endpoint(opts, &ep);
+  if (!st) return st;
+  *out = std::make_shared<EndpointMux>(std::move(ep));
+  std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
+  muxes_.push_back(MuxEntry{dev, me, *out});
+  return Status::ok();
+}
+
+std::vector<std::shared_ptr<EndpointMux>> EngineImpl::live_muxes() {
+  std::vector<std::shared_ptr<EndpointMux>> live;
+  std::lock_guard<std::mutex> lock(muxes_mu_);
+  std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
+  for (const MuxEntry& e : muxes_)
+    if (auto m = e.mux.lock()) live.push_back(std::move(m));
+  return live;
+}
+
+Status EngineImpl::open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<Endpoint>* out) {
+  Status st;
+  if (cfg_.shared_endpoint && devices_[dev]->can_share()) {
+    std::shared_ptr<EndpointMux> mux;
+    st = mux_for(dev, &mux);
+    if (st) st = mux->open_port(rx_token, out);
+  } else {
+    st = devices_[dev]->open_endpoint(endpoint_options(), out);
+  }
   if (!st || !cfg_.fault_enabled()) return st;
   // Each endpoint gets its own stream of faults (seed + index), reproducible for a given
   // OPTIREDUCE_FAULT_SEED and order of connection set-up.
@@ -121,11 +155,12 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
                           BoundedGroup* group) {
   *out = nullptr;
   if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
+  const uint64_t token = random_token();
   std::unique_ptr<Endpoint> ep;
-  Status st = open_endpoint(dev, &ep);
+  Status st = open_endpoint(dev, token, &ep);
   if (!st) return st;
   *handle = ConnectionHandle();
-  handle->token = random_token();
+  handle->token = token;
   handle->addr = ep->local_address();
   handle->datapath = handle->addr.kind;
   *out = std::make_unique<ListenCommImpl>(this, dev, std::move(ep), handle->token, group);
@@ -151,7 +186,7 @@ Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOp
   PendingConnect* pc = static_cast<PendingConnect*>(*state);
   if (pc == nullptr) {
     std::unique_ptr<Endpoint> ep;
-    Status st = open_endpoint(dev, &ep);
+    Status st = open_endpoint(dev, reply_token(handle.token), &ep);
     if (!st) return st;
     st = ep->set_peer(handle.addr);
     if (!st) return st;
@@ -194,6 +229,9 @@ void EngineImpl::progress_loop() {
     thread_cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns), [this] { return stop_; });
     if (stop_) break;
     lock.unlock();
+    // Shared endpoints first: what waits there goes to its connections, so that only those
+    // with a due timer (or datagrams kept while they were busy) need a visit below.
+    for (const auto& mux : live_muxes()) mux->serve();
     const uint64_t t = clock_.now_ns();
     registry_->for_each([&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();

@@ -9,8 +9,9 @@
 #include <vector>
 
 #include "transport/congestion.h"
-#include "transport/credit.h"
 #include "transport/conn.h"
+#include "transport/credit.h"
+#include "transport/endpoint_mux.h"
 #include "transport/handshake.h"
 
 namespace optireduce {
@@ -36,8 +37,11 @@ class EngineImpl final : public Engine {
 
   const std::shared_ptr<Registry>& registry() const { return registry_; }
   EndpointOptions endpoint_options() const;
-  // Opens an endpoint on `dev`, behind the fault injector when OPTIREDUCE_FAULT_* asks.
-  Status open_endpoint(int dev, std::unique_ptr<Endpoint>* out);
+  // Opens an endpoint on `dev` for the connection end whose incoming datagrams carry
+  // `rx_token`: a port of the calling thread's shared endpoint on that device where the device
+  // can share (OPTIREDUCE_SHARED_ENDPOINT), else an endpoint of its own; behind the fault
+  // injector when OPTIREDUCE_FAULT_* asks.
+  Status open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<Endpoint>* out);
   // The receive window a HELLO or HELLO_ACK advertises for `ep`: the buffering the endpoint
   // really has (Endpoint::receive_buffer_bytes, the kernel's grant rather than the size asked),
   // as payload bytes of the connection's `pkt_payload`-byte packets.
@@ -50,6 +54,10 @@ class EngineImpl final : public Engine {
 
  private:
   void progress_loop();
+  // The calling thread's shared endpoint on `dev`, opened on first use.
+  Status mux_for(int dev, std::shared_ptr<EndpointMux>* out);
+  // The shared endpoints alive now (expired ones forgotten).
+  std::vector<std::shared_ptr<EndpointMux>> live_muxes();
 
   const Config cfg_;
   const Clock& clock_;
@@ -58,6 +66,16 @@ class EngineImpl final : public Engine {
   PathTable paths_;
   DownlinkTable downlinks_;
   std::atomic<uint64_t> endpoints_opened_{0};
+
+  // Shared endpoints, one per device and thread that opened connections on it. Held weakly:
+  // the ports own their endpoint, which closes with the last of them.
+  struct MuxEntry {
+    int dev;
+    std::thread::id thread;
+    std::weak_ptr<EndpointMux> mux;
+  };
+  std::mutex muxes_mu_;
+  std::vector<MuxEntry> muxes_;
 
   std::mutex pending_mu_;
   std::vector<std::unique_ptr<PendingConnect>> pending_;

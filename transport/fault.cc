@@ -134,6 +134,17 @@ class FaultyEndpoint final : public Endpoint {
     if (r < 0) return r;
     return inner_->rx_burst(pkts, max);
   }
+  int rx_into(RxHandler& own, int max) override {
+    const int r = release_due(clock_.now_ns());
+    if (r < 0) return r;
+    return inner_->rx_into(own, max);
+  }
+  void set_rx_sink(RxSink* sink) override { inner_->set_rx_sink(sink); }
+  bool rx_pending() const override { return inner_->rx_pending(); }
+  // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
+  // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.
+  std::string address_text(const PeerAddress& a) const override { return inner_->address_text(a); }
+  std::string address_host(const PeerAddress& a) const override { return inner_->address_host(a); }
 
  private:
   static uint64_t stream_seed(uint64_t seed, uint64_t stream) {

@@ -49,7 +49,7 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     encode_hello(mine, body);
     PacketHeader a;
     a.type = PacketType::kHelloAck;
-    a.token = token_;
+    a.token = reply_token(token_);
     a.payload_len = kHelloBodyBytes;
     uint8_t hdr[kHeaderBytes];
     encode(a, hdr);
@@ -92,7 +92,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     PacketHeader h;
     HelloBody peer;
     if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
-        h.type != PacketType::kHelloAck || h.token != handle_.token ||
+        h.type != PacketType::kHelloAck || h.token != reply_token(handle_.token) ||
         !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, &peer))
       continue;
     ConnParams params;

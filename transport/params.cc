@@ -66,6 +66,8 @@ const ParamSpec kParams[] = {
    "Use UDP segmentation offload (UDP_SEGMENT) where the kernel has it."},
   {"OPTIREDUCE_UDP_GRO", &Config::udp_gro, 0, 1, nullptr,
    "Use UDP receive coalescing (UDP_GRO) where the kernel has it."},
+  {"OPTIREDUCE_SHARED_ENDPOINT", &Config::shared_endpoint, 0, 1, nullptr,
+   "One UDP socket per device and thread, shared by every connection that thread opens, incoming datagrams told apart by their connection's token; 0 gives each connection a socket of its own (what an idle connection costs then grows with their number)."},
   {"OPTIREDUCE_LOG", &Config::log, 0, 0, "none|warn|info|trace",
    "Log level outside NCCL (inside NCCL, NCCL_DEBUG governs)."},
   {"OPTIREDUCE_RTO_MIN_US", &Config::rto_min_us, 50, 10'000'000, nullptr,

@@ -31,6 +31,7 @@ struct Config {
   int64_t socket_buffer_bytes = 8 << 20;  // OPTIREDUCE_SOCKET_BUFFER
   bool udp_gso = true;            // OPTIREDUCE_UDP_GSO
   bool udp_gro = true;            // OPTIREDUCE_UDP_GRO
+  bool shared_endpoint = true;    // OPTIREDUCE_SHARED_ENDPOINT
   std::string log = "warn";       // OPTIREDUCE_LOG (validated here; log.cc reads it itself)
 
   // --- reliable delivery, pacing

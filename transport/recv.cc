@@ -34,7 +34,7 @@ constexpr uint64_t kFallbackNs = 10'000'000'000;
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
                    const ConnParams& p, std::shared_ptr<Registry> registry)
-    : Conn(cfg, clock, std::move(ep), p, std::move(registry)) {
+    : Conn(cfg, clock, std::move(ep), p, std::move(registry), ConnSide::kReceiver) {
   for (auto& m : msgs_) m.req.conn = this;
 }
 

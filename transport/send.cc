@@ -23,8 +23,9 @@ constexpr uint64_t kInitialRtoNs = 20'000'000;
 SendConn::SendConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
                    const ConnParams& p, std::shared_ptr<Registry> registry,
                    std::shared_ptr<Path> path)
-    : Conn(cfg, clock, std::move(ep), p, std::move(registry)),
-      rtt_(static_cast<uint64_t>(cfg.rto_min_us) * 1000, static_cast<uint64_t>(cfg.rto_max_us) * 1000,
+    : Conn(cfg, clock, std::move(ep), p, std::move(registry), ConnSide::kSender),
+      rtt_(static_cast<uint64_t>(cfg.rto_min_us) * 1000,
+           static_cast<uint64_t>(cfg.rto_max_us) * 1000,
            std::max<uint64_t>(kInitialRtoNs, static_cast<uint64_t>(cfg.rto_min_us) * 1000)),
       path_(path ? std::move(path)
                  : std::make_shared<Path>(make_default_controller(p.pkt_payload), p.pkt_payload,

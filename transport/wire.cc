@@ -48,6 +48,12 @@ void encode(const PacketHeader& h, uint8_t* b) {
   put32(b + kOffTimeout, h.timeout_us);
 }
 
+bool peek_token(const uint8_t* b, size_t len, uint64_t* token) {
+  if (len < kHeaderBytes) return false;
+  *token = get64(b + kOffToken);
+  return true;
+}
+
 DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
   if (len < kHeaderBytes) return DecodeError::kTruncated;
   if (get16(b + kOffMagic) != kWireMagic) return DecodeError::kBadMagic;

@@ -12,7 +12,7 @@
 namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
-inline constexpr uint8_t kWireVersion = 2;  // 2: credit (was reserved, zero)
+inline constexpr uint8_t kWireVersion = 3;      // 2: credit (was reserved, zero); 3: reply tokens
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -29,6 +29,16 @@ enum class PacketType : uint8_t {
 };
 inline constexpr uint8_t kMaxPacketType = 8;
 
+// A connection's two directions carry two tokens: packets towards its receiver (HELLO, DATA,
+// the sender's CLOSE/PING/PONG) the token of the listen handle, packets towards its sender
+// (HELLO_ACK, CTS, ACK, the receiver's CLOSE/PING/PONG) that token with this bit flipped. Both
+// ends of a connection inside one process share one endpoint (endpoint_mux.h), which tells
+// their datagrams apart by token alone.
+inline constexpr uint64_t kReplyTokenBit = 1ull << 63;
+inline constexpr uint64_t reply_token(uint64_t token) {
+  return token ^ kReplyTokenBit;
+}
+
 // Flag bits.
 enum : uint16_t {
   kFlagTail = 1u << 0,     // DATA: part of the last ~1% of the message (early-timeout hint)
@@ -43,8 +53,9 @@ enum : uint16_t {
 inline constexpr uint16_t kKnownFlags = 0x3F;
 
 // The decoded header. Field meanings per type:
-//   token       random 64-bit connection identifier from the listen handle; every packet of the
-//               connection carries it, a mismatch is dropped as spoofed. Written by both sides.
+//   token       random 64-bit connection identifier from the listen handle, with kReplyTokenBit
+//               flipped on packets towards the sender; every packet of the connection carries
+//               it, a mismatch is dropped as spoofed.
 //   msg_seq     index of the message on this connection, from 0, the k-th isend/irecv.
 //               HELLO/HELLO_ACK/CLOSE/PING/PONG: 0.
 //   payload_len bytes after the header; must equal datagram length - kHeaderBytes.
@@ -93,6 +104,10 @@ void encode(const PacketHeader& h, uint8_t* buf);
 // type, flags, reserved bytes, payload length, per-type field limits. Connection state
 // (token, sequence window, buffer bounds) is checked by the receiver.
 DecodeError decode(const uint8_t* buf, size_t len, PacketHeader* out);
+
+// The token of a datagram, read without decoding the rest, for a shared endpoint to find the
+// datagram's connection (which then checks everything). False when it is shorter than a header.
+bool peek_token(const uint8_t* buf, size_t len, uint64_t* token);
 
 // HELLO/HELLO_ACK payload: what each side proposes; the connection uses the minimum.
 struct HelloBody {

@@ -81,6 +81,7 @@ class UdpDevice final : public Device {
     *out = std::move(ep);
     return Status::ok();
   }
+  bool can_share() const override { return true; }
 
  private:
   UdpInterface itf_;

@@ -1,0 +1,364 @@
+// EndpointMux over an in-memory network of unbound endpoints: connections of two hosts sharing
+// one endpoint each, both ends of a connection in one process, a busy connection's copies, stray
+// datagrams, unreachable reports per peer, tokens, the handshake's copying receive.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "tests/unit/pattern.h"
+#include "transport/endpoint_mux.h"
+#include "transport/recv.h"
+#include "transport/send.h"
+#include "transport/wire.h"
+
+namespace optireduce {
+namespace {
+
+using testing::pattern;
+
+constexpr uint32_t kDgram = 1048;
+
+// Endpoints addressed by one byte; a send to an address nobody holds is reported unreachable.
+struct Hub {
+  struct Datagram {
+    uint8_t from;
+    std::vector<uint8_t> bytes;
+  };
+  std::map<uint8_t, std::deque<Datagram>> queues;
+};
+
+PeerAddress hub_address(uint8_t id) {
+  PeerAddress a;
+  a.kind = 9;
+  a.len = 1;
+  a.data[0] = id;
+  return a;
+}
+
+class HubEndpoint final : public Endpoint {
+ public:
+  HubEndpoint(std::shared_ptr<Hub> hub, uint8_t id)
+      : hub_(std::move(hub)), id_(id), local_(hub_address(id)) {
+    hub_->queues[id_];
+  }
+  ~HubEndpoint() override { hub_->queues.erase(id_); }
+  const PeerAddress& local_address() const override { return local_; }
+  Status set_peer(const PeerAddress&) override { return Status(Errc::kInternal); }
+  int tx_burst(const TxPacket*, int) override { return -EDESTADDRREQ; }
+  int tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) override {
+    auto q = hub_->queues.find(to.data[0]);
+    for (int i = 0; i < n; ++i) {
+      if (q == hub_->queues.end()) {  // as a host's ICMP "port unreachable"
+        ++counters_.peer_unreachable;
+        unreachable_.push_back(to);
+        continue;
+      }
+      std::vector<uint8_t> d(pkts[i].hdr_len + pkts[i].payload_len);
+      std::memcpy(d.data(), pkts[i].hdr, pkts[i].hdr_len);
+      if (pkts[i].payload_len)
+        std::memcpy(d.data() + pkts[i].hdr_len, pkts[i].payload, pkts[i].payload_len);
+      q->second.push_back(Hub::Datagram{id_, std::move(d)});
+    }
+    return n;
+  }
+  int rx_burst(RxPacket* pkts, int max) override {
+    held_.clear();
+    auto& q = hub_->queues[id_];
+    while (static_cast<int>(held_.size()) < max && !q.empty()) {
+      held_.push_back(std::move(q.front()));
+      q.pop_front();
+    }
+    for (size_t i = 0; i < held_.size(); ++i) {
+      pkts[i].data = held_[i].bytes.data();
+      pkts[i].len = static_cast<uint32_t>(held_[i].bytes.size());
+      pkts[i].from = hub_address(held_[i].from);
+    }
+    ++rx_calls;
+    return static_cast<int>(held_.size());
+  }
+  int take_unreachable(PeerAddress* out, int max) override {
+    int n = 0;
+    while (n < max && !unreachable_.empty()) {
+      out[n++] = unreachable_.front();
+      unreachable_.pop_front();
+    }
+    return n;
+  }
+  std::string address_text(const PeerAddress& a) const override {
+    return "mem:" + std::to_string(a.data[0]);
+  }
+  uint32_t max_datagram_bytes() const override { return kDgram; }
+  const DatapathCounters& counters() const override { return counters_; }
+  uint64_t receive_buffer_bytes() const override { return 1u << 20; }
+
+  int rx_calls = 0;
+
+ private:
+  std::shared_ptr<Hub> hub_;
+  uint8_t id_;
+  PeerAddress local_;
+  DatapathCounters counters_;
+  std::deque<Hub::Datagram> held_;
+  std::deque<PeerAddress> unreachable_;
+};
+
+std::shared_ptr<EndpointMux> make_mux(const std::shared_ptr<Hub>& hub, uint8_t id,
+                                      HubEndpoint** raw = nullptr) {
+  auto ep = std::make_unique<HubEndpoint>(hub, id);
+  if (raw != nullptr) *raw = ep.get();
+  return std::make_shared<EndpointMux>(std::move(ep));
+}
+
+std::unique_ptr<Endpoint> port(EndpointMux& mux, uint64_t rx_token, const PeerAddress& peer) {
+  std::unique_ptr<Endpoint> p;
+  EXPECT_TRUE(mux.open_port(rx_token, &p).is_ok());
+  if (!peer.empty()) {
+    EXPECT_TRUE(p->set_peer(peer).is_ok());
+  }
+  return p;
+}
+
+// A datagram with a valid header for `token` and `n` payload bytes of `fill`.
+std::vector<uint8_t> datagram(uint64_t token, uint32_t seq, uint32_t n = 0, uint8_t fill = 0) {
+  PacketHeader h;
+  h.type = PacketType::kPing;
+  h.token = token;
+  h.msg_seq = seq;
+  h.payload_len = 0;
+  std::vector<uint8_t> d(kHeaderBytes + n, fill);
+  encode(h, d.data());
+  return d;
+}
+
+void send_raw(HubEndpoint& from, uint8_t to, const std::vector<uint8_t>& d) {
+  TxPacket p{d.data(), static_cast<uint32_t>(d.size()), 0, nullptr};
+  ASSERT_EQ(from.tx_burst_to(hub_address(to), &p, 1), 1);
+}
+
+// Records what it is handed (copies), or refuses while `busy`.
+struct Recorder final : RxHandler, RxSink {
+  std::vector<std::vector<uint8_t>> got;
+  std::vector<int> bursts;
+  bool busy = false;
+  void on_rx(const RxPacket* p, int n) override {
+    for (int i = 0; i < n; ++i) got.emplace_back(p[i].data, p[i].data + p[i].len);
+    bursts.push_back(n);
+  }
+  bool try_deliver(const RxPacket* p, int n) override {
+    if (busy) return false;
+    on_rx(p, n);
+    return true;
+  }
+};
+
+uint32_t seq_of(const std::vector<uint8_t>& d) {
+  PacketHeader h;
+  // The header alone: the tests' padding is not a payload the header announces.
+  EXPECT_EQ(decode(d.data(), kHeaderBytes, &h), DecodeError::kNone);
+  return h.msg_seq;
+}
+
+TEST(Mux, ABusyConnectionGetsCopiesInOrderAndAFreeOneInPlace) {
+  auto hub = std::make_shared<Hub>();
+  auto mux = make_mux(hub, 1);
+  HubEndpoint peer(hub, 7);
+  auto p1 = port(*mux, 11, hub_address(7));
+  auto p2 = port(*mux, 22, hub_address(7));
+  Recorder own, sink2;
+  p2->set_rx_sink(&sink2);
+  sink2.busy = true;
+  for (uint32_t i = 0; i < 5; ++i) send_raw(peer, 1, datagram(22, i, 100 * i, uint8_t(i)));
+  send_raw(peer, 1, datagram(11, 99));
+  EXPECT_EQ(p1->rx_into(own, 32), 1);
+  ASSERT_EQ(own.got.size(), 1u);
+  EXPECT_EQ(seq_of(own.got[0]), 99u);
+  EXPECT_TRUE(sink2.got.empty());
+  EXPECT_TRUE(p2->rx_pending());
+  Recorder own2;
+  EXPECT_EQ(p2->rx_into(own2, 32), 5);
+  ASSERT_EQ(own2.got.size(), 5u);
+  for (uint32_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(seq_of(own2.got[i]), i);
+    ASSERT_EQ(own2.got[i].size(), kHeaderBytes + 100 * i);
+    for (size_t b = kHeaderBytes; b < own2.got[i].size(); ++b) ASSERT_EQ(own2.got[i][b], i);
+  }
+  EXPECT_FALSE(p2->rx_pending());
+  // Free now: the next drain by p1 hands p2's datagrams to its sink, as one burst.
+  sink2.busy = false;
+  send_raw(peer, 1, datagram(22, 5));
+  send_raw(peer, 1, datagram(22, 6));
+  EXPECT_EQ(p1->rx_into(own, 32), 0);
+  ASSERT_EQ(sink2.got.size(), 2u);
+  EXPECT_EQ(sink2.bursts, std::vector<int>{2});
+  EXPECT_EQ(seq_of(sink2.got[1]), 6u);
+  p2->set_rx_sink(nullptr);
+}
+
+TEST(Mux, StrayDatagramsAreDroppedAndCounted) {
+  auto hub = std::make_shared<Hub>();
+  auto mux = make_mux(hub, 1);
+  HubEndpoint peer(hub, 7), stranger(hub, 8);
+  auto p = port(*mux, 11, hub_address(7));
+  Recorder own;
+  send_raw(peer, 1, datagram(12, 0));                            // a token nobody holds
+  send_raw(peer, 1, std::vector<uint8_t>(kHeaderBytes - 1, 0));  // too short for a header
+  send_raw(stranger, 1, datagram(11, 0));  // the right token, the wrong source
+  send_raw(peer, 1, datagram(11, 3));
+  EXPECT_EQ(p->rx_into(own, 32), 1);
+  ASSERT_EQ(own.got.size(), 1u);
+  EXPECT_EQ(seq_of(own.got[0]), 3u);
+  EXPECT_EQ(mux->counters().rx_no_port, 3u);
+  EXPECT_EQ(mux->counters().rx_datagrams, 4u);
+  // A port without a peer (a listen) hears anyone who knows its token.
+  auto listen = port(*mux, 33, PeerAddress());
+  send_raw(stranger, 1, datagram(33, 4));
+  RxPacket pkts[4];
+  ASSERT_EQ(listen->rx_burst(pkts, 4), 1);
+  EXPECT_EQ(pkts[0].from, hub_address(8));
+}
+
+TEST(Mux, UnreachableReportsReachEveryPortOfThatPeer) {
+  auto hub = std::make_shared<Hub>();
+  HubEndpoint* raw = nullptr;
+  auto mux = make_mux(hub, 1, &raw);
+  HubEndpoint alive(hub, 7);
+  auto to_dead_a = port(*mux, 11, hub_address(9));  // nobody holds 9
+  auto to_dead_b = port(*mux, 12, hub_address(9));
+  auto to_alive = port(*mux, 13, hub_address(7));
+  const auto d = datagram(5, 0);
+  TxPacket p{d.data(), static_cast<uint32_t>(d.size()), 0, nullptr};
+  ASSERT_EQ(to_dead_a->tx_burst(&p, 1), 1);
+  ASSERT_EQ(to_alive->tx_burst(&p, 1), 1);
+  Recorder own;
+  (void)to_alive->rx_into(own, 32);  // any drain looks at the reports
+  EXPECT_EQ(to_dead_a->counters().peer_unreachable, 1u);
+  EXPECT_EQ(to_dead_b->counters().peer_unreachable, 1u);
+  EXPECT_EQ(to_alive->counters().peer_unreachable, 0u);
+  EXPECT_EQ(to_dead_a->counters().tx_datagrams, 1u);
+  EXPECT_EQ(to_dead_b->counters().tx_datagrams, 0u);
+}
+
+TEST(Mux, ATokenServesOnePortAtATime) {
+  auto hub = std::make_shared<Hub>();
+  auto mux = make_mux(hub, 1);
+  std::unique_ptr<Endpoint> a, b;
+  ASSERT_TRUE(mux->open_port(11, &a).is_ok());
+  EXPECT_EQ(mux->open_port(11, &b).code(), Errc::kInvalidUsage);
+  EXPECT_EQ(b, nullptr);
+  EXPECT_EQ(mux->ports(), 1u);  // the refused port did not unregister the first
+  a.reset();
+  EXPECT_EQ(mux->ports(), 0u);
+  EXPECT_TRUE(mux->open_port(11, &b).is_ok());
+}
+
+TEST(Mux, TheCopyingReceiveKeepsItsDatagramsUntilTheNextCall) {
+  auto hub = std::make_shared<Hub>();
+  auto mux = make_mux(hub, 1);
+  HubEndpoint peer(hub, 7);
+  auto p = port(*mux, 11, PeerAddress());
+  for (uint32_t i = 0; i < 3; ++i) send_raw(peer, 1, datagram(11, i, 64, uint8_t(0x40 + i)));
+  RxPacket pkts[2];
+  ASSERT_EQ(p->rx_burst(pkts, 2), 2);
+  send_raw(peer, 1, datagram(11, 3, 64, 0x43));
+  Recorder other;  // a drain by another port meanwhile must not move them
+  auto q = port(*mux, 12, hub_address(7));
+  (void)q->rx_into(other, 32);
+  EXPECT_EQ(pkts[0].data[kHeaderBytes], 0x40);
+  EXPECT_EQ(pkts[1].data[kHeaderBytes], 0x41);
+  ASSERT_EQ(p->rx_burst(pkts, 2), 2);
+  EXPECT_EQ(pkts[0].data[kHeaderBytes], 0x42);
+  EXPECT_EQ(pkts[1].data[kHeaderBytes], 0x43);
+  EXPECT_EQ(p->rx_burst(pkts, 2), 0);
+}
+
+// Connections over shared endpoints, driven the way the engine drives them.
+struct Pair {
+  std::unique_ptr<SendConn> s;
+  std::unique_ptr<RecvConn> r;
+};
+
+Pair make_pair_on(const Config& cfg, const Clock& clock, EndpointMux& smux, EndpointMux& rmux,
+                  uint64_t token) {
+  ConnParams cp;
+  cp.token = token;
+  cp.pkt_payload = payload_for_datagram(kDgram);
+  cp.peer_window = 256 * 1024;
+  Pair p;
+  p.s = std::make_unique<SendConn>(cfg, clock, port(smux, reply_token(token), rmux.local_address()),
+                                   cp, nullptr);
+  p.r =
+      std::make_unique<RecvConn>(cfg, clock, port(rmux, token, smux.local_address()), cp, nullptr);
+  p.s->activate();
+  p.r->activate();
+  return p;
+}
+
+TEST(MuxConns, ConnectionsNobodyPollsAreServedByTheDrainsOfOneThatIs) {
+  auto hub = std::make_shared<Hub>();
+  HubEndpoint *ra = nullptr, *rb = nullptr;
+  auto a = make_mux(hub, 1, &ra);
+  auto b = make_mux(hub, 2, &rb);
+  FakeClock clock;
+  Config cfg;
+  std::vector<Pair> pairs;
+  for (uint64_t k = 0; k < 3; ++k) pairs.push_back(make_pair_on(cfg, clock, *a, *b, 0x1000 + k));
+  constexpr size_t kSize = 200'000;
+  std::vector<std::vector<uint8_t>> src, dst;
+  std::vector<Request*> sreq(3), rreq(3);
+  for (int k = 0; k < 3; ++k) {
+    src.push_back(pattern(kSize, 10 + k));
+    dst.emplace_back(kSize, 0);
+    ASSERT_TRUE(pairs[k].r->irecv(dst[k].data(), kSize, &rreq[k]).is_ok());
+    ASSERT_TRUE(pairs[k].s->isend(src[k].data(), kSize, &sreq[k]).is_ok());
+  }
+  // Only pair 0 is polled; pairs 1 and 2 move on what its drains hand them.
+  for (int i = 0; i < 20000 && (dst[1] != src[1] || dst[2] != src[2] || dst[0] != src[0]); ++i) {
+    pairs[0].s->poll();
+    pairs[0].r->poll();
+    clock.advance_us(10);
+  }
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(dst[k], src[k]) << k;
+    bool done = false;
+    size_t size = 0;
+    ASSERT_TRUE(pairs[k].r->test(rreq[k], &done, &size).is_ok());
+    EXPECT_TRUE(done) << k;
+    EXPECT_EQ(size, kSize);
+  }
+  EXPECT_EQ(a->counters().rx_no_port + b->counters().rx_no_port, 0u);
+}
+
+TEST(MuxConns, BothEndsInOneProcessShareOneEndpoint) {
+  auto hub = std::make_shared<Hub>();
+  auto m = make_mux(hub, 1);
+  FakeClock clock;
+  Config cfg;
+  Pair p = make_pair_on(cfg, clock, *m, *m, 0x77);
+  EXPECT_EQ(m->ports(), 2u);
+  auto src = pattern(100'000, 5);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(p.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(p.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool sd = false, rd = false;
+  size_t size = 0;
+  for (int i = 0; i < 20000 && !(sd && rd); ++i) {
+    if (!sd) {
+      ASSERT_TRUE(p.s->test(sr, &sd, &size).is_ok());
+    }
+    if (!rd) {
+      ASSERT_TRUE(p.r->test(rr, &rd, &size).is_ok());
+    }
+    clock.advance_us(10);
+  }
+  ASSERT_TRUE(sd && rd);
+  EXPECT_EQ(dst, src);
+  EXPECT_EQ(p.r->stats().drop_token, 0u);
+  EXPECT_EQ(p.s->stats().drop_token, 0u);
+}
+
+}  // namespace
+}  // namespace optireduce

@@ -1,0 +1,264 @@
+// EndpointMux and its ports.
+//
+// Design notes:
+//  - A datagram's port is found from its header's token without decoding the rest: the
+//    connection validates everything (decode(), its sequence window) as it does on an endpoint of
+//    its own, so a malformed datagram with a known token is dropped and counted by its connection.
+//  - A burst is handed out port by port (one on_rx / try_deliver per port and burst), so that a
+//    connection's per-burst work (its ACKs) is done once per burst as before.
+//  - ICMP reports name a destination, not a connection: every port whose peer is that address
+//    counts one, and PeerLiveness does the rest.
+#include "transport/endpoint_mux.h"
+
+#include <atomic>
+#include <cstring>
+
+#include "transport/log.h"
+#include "transport/rx_backlog.h"
+#include "transport/wire.h"
+
+namespace optireduce {
+namespace {
+
+// Bursts one drain takes at most: bounds a caller's work when many connections are busy.
+constexpr int kMaxBursts = 8;
+constexpr int kBurst = 32;
+}  // namespace
+
+class MuxPort final : public Endpoint {
+ public:
+  MuxPort(std::shared_ptr<EndpointMux> mux, uint64_t rx_token)
+      : mux_(std::move(mux)), rx_token_(rx_token) {}
+  ~MuxPort() override {
+    if (mux_) mux_->close_port(this);
+  }
+
+  const PeerAddress& local_address() const override { return mux_->local_address(); }
+  Status set_peer(const PeerAddress& peer) override {
+    std::lock_guard<std::mutex> lock(mux_->ports_mu_);  // the drain compares against it
+    peer_ = peer;
+    return Status::ok();
+  }
+  std::string peer_text() const override { return mux_->ep_->address_text(peer_); }
+  std::string peer_host() const override { return mux_->ep_->address_host(peer_); }
+  std::string address_text(const PeerAddress& a) const override {
+    return mux_->ep_->address_text(a);
+  }
+  std::string address_host(const PeerAddress& a) const override {
+    return mux_->ep_->address_host(a);
+  }
+  uint32_t max_datagram_bytes() const override { return mux_->ep_->max_datagram_bytes(); }
+  uint64_t receive_buffer_bytes() const override { return mux_->ep_->receive_buffer_bytes(); }
+
+  const DatapathCounters& counters() const override {
+    snapshot_ = own_;
+    snapshot_.peer_unreachable = unreachable_.load(std::memory_order_relaxed);
+    snapshot_.rx_errors += snapshot_.peer_unreachable;
+    return snapshot_;
+  }
+
+  int tx_burst(const TxPacket* pkts, int n) override {
+    if (peer_.empty()) return -EDESTADDRREQ;
+    const int r = mux_->send(peer_, pkts, n);
+    if (r > 0) own_.tx_datagrams += static_cast<uint64_t>(r);
+    if (r >= 0 && r < n) ++own_.tx_would_block;
+    return r;
+  }
+
+  int rx_into(RxHandler& own, int max) override {
+    (void)max;                  // a drain is bounded by itself (kMaxBursts)
+    backlog_.consume(handed_);  // what rx_burst handed out last is done with
+    handed_ = 0;
+    int got = backlog_.take(own);
+    const int r = mux_->drain(this, &own);
+    if (r < 0) return r;
+    got += r;
+    own_.rx_datagrams += static_cast<uint64_t>(got);
+    return got;
+  }
+
+  // The copying receive, for callers that want datagrams back rather than handed over (the
+  // handshake): what arrives is kept in the backlog and handed out from there, valid until the
+  // next call on this port.
+  int rx_burst(RxPacket* pkts, int max) override {
+    struct Keep final : RxHandler {
+      RxBacklog* b = nullptr;
+      void on_rx(const RxPacket* p, int n) override { (void)b->push(p, n); }
+    } keep;
+    keep.b = &backlog_;
+    backlog_.consume(handed_);
+    handed_ = 0;
+    const int r = mux_->drain(this, &keep);
+    if (r < 0) return r;
+    handed_ = backlog_.peek(pkts, max);
+    own_.rx_datagrams += static_cast<uint64_t>(handed_);
+    return handed_;
+  }
+
+  void set_rx_sink(RxSink* sink) override { mux_->set_sink(this, sink); }
+  bool shared() const override { return true; }
+  bool rx_pending() const override { return backlog_.pending(); }
+
+ private:
+  friend class EndpointMux;
+
+  std::shared_ptr<EndpointMux> mux_;
+  const uint64_t rx_token_;
+  PeerAddress peer_;        // written under the mux's ports_mu_; empty: any source (listen)
+  RxSink* sink_ = nullptr;  // under the mux's ports_mu_
+  RxBacklog backlog_;       // the drain's copies while the sink was busy; rx_burst's
+  int handed_ = 0;          // backlog records rx_burst handed out, consumed on the next call
+  DatapathCounters own_;    // the owner's counts (under the owning connection's lock)
+  std::atomic<uint64_t> unreachable_{0};
+  mutable DatapathCounters snapshot_;
+};
+
+// ---------------------------------------------------------------------------------------------
+
+EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep) : ep_(std::move(ep)) {}
+
+EndpointMux::~EndpointMux() = default;  // every port holds the mux: none is left
+
+Status EndpointMux::open_port(uint64_t rx_token, std::unique_ptr<Endpoint>* out) {
+  auto port = std::make_unique<MuxPort>(shared_from_this(), rx_token);
+  {
+    std::lock_guard<std::mutex> lock(ports_mu_);
+    if (!ports_.emplace(rx_token, port.get()).second) {
+      OR_WARN("shared endpoint %s: token %016llx is in use already",
+              ep_->address_text(ep_->local_address()).c_str(),
+              static_cast<unsigned long long>(rx_token));
+      port->mux_ = nullptr;  // never registered: its destructor must not unregister the other
+      return Status(Errc::kInvalidUsage);
+    }
+  }
+  *out = std::move(port);
+  return Status::ok();
+}
+
+void EndpointMux::close_port(MuxPort* p) {
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  auto it = ports_.find(p->rx_token_);
+  if (it != ports_.end() && it->second == p) ports_.erase(it);
+}
+
+void EndpointMux::set_sink(MuxPort* p, RxSink* sink) {
+  // Under ports_mu_, which a drain holds while it hands datagrams out: once a connection has
+  // cleared its sink, no drain is inside it or will enter it.
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  p->sink_ = sink;
+}
+
+size_t EndpointMux::ports() {
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  return ports_.size();
+}
+
+MuxCounters EndpointMux::counters() {
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  return counters_;
+}
+
+int EndpointMux::send(const PeerAddress& to, const TxPacket* pkts, int n) {
+  std::lock_guard<std::mutex> lock(ep_mu_);
+  return ep_->tx_burst_to(to, pkts, n);
+}
+
+void EndpointMux::serve() {
+  (void)drain(nullptr, nullptr);
+}
+
+int EndpointMux::drain(MuxPort* self, RxHandler* own) {
+  std::unique_lock<std::mutex> rx(rx_mu_, std::try_to_lock);
+  if (!rx.owns_lock()) return 0;  // another caller is draining; it hands ours over
+  if (fatal_ != 0) return -fatal_;
+  int mine = 0;
+  RxPacket pkts[kBurst];
+  for (int b = 0; b < kMaxBursts; ++b) {
+    int n;
+    {
+      std::lock_guard<std::mutex> lock(ep_mu_);
+      n = ep_->rx_burst(pkts, kBurst);
+    }
+    if (n < 0) {
+      fatal_ = -n;
+      OR_WARN("shared endpoint %s: receive failed (errno %d): every connection on it fails",
+              ep_->address_text(ep_->local_address()).c_str(), fatal_);
+      return n;
+    }
+    {
+      std::lock_guard<std::mutex> lock(ports_mu_);
+      ++counters_.drains;
+      attribute_unreachable_locked();
+      if (n > 0) dispatch_locked(pkts, n, self, own, &mine);
+    }
+    if (n < kBurst) break;
+  }
+  return mine;
+}
+
+void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own,
+                                  int* mine) {
+  counters_.rx_datagrams += static_cast<uint64_t>(n);
+  MuxPort* owner[kBurst];
+  for (int i = 0; i < n; ++i) {
+    owner[i] = nullptr;
+    uint64_t token = 0;
+    if (!peek_token(pkts[i].data, pkts[i].len, &token)) {
+      ++counters_.rx_no_port;
+      continue;
+    }
+    auto it = ports_.find(token);
+    if (it == ports_.end()) {
+      ++counters_.rx_no_port;
+      continue;
+    }
+    MuxPort* p = it->second;
+    // A port with a peer hears only from it, as a connected socket would; the listen side's
+    // port hears from anyone (the token is the handle's secret).
+    if (!p->peer_.empty() && !(pkts[i].from == p->peer_)) {
+      ++counters_.rx_no_port;
+      continue;
+    }
+    owner[i] = p;
+  }
+  // Port by port, in order of first appearance, each port's datagrams in arrival order.
+  RxPacket group[kBurst];
+  for (int i = 0; i < n; ++i) {
+    MuxPort* p = owner[i];
+    if (p == nullptr) continue;
+    int k = 0;
+    for (int j = i; j < n; ++j) {
+      if (owner[j] != p) continue;
+      group[k++] = pkts[j];
+      owner[j] = nullptr;
+    }
+    if (p == self) {
+      if (own != nullptr) own->on_rx(group, k);
+      *mine += k;
+    } else if (p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
+      counters_.rx_backlog_full += static_cast<uint64_t>(p->backlog_.push(group, k));
+    }
+  }
+}
+
+void EndpointMux::attribute_unreachable_locked() {
+  std::lock_guard<std::mutex> lock(ep_mu_);
+  // The endpoint counts the error a system call met (either path); the reports themselves wait
+  // on its error queue, read only then, so that a quiet drain costs no extra system call. They
+  // must not wait long: they take the socket's receive buffer.
+  const uint64_t seen = ep_->counters().peer_unreachable;
+  if (seen == unreachable_seen_) return;
+  unreachable_seen_ = seen;
+  PeerAddress dead[16];
+  for (int round = 0; round < 4; ++round) {
+    const int k = ep_->take_unreachable(dead, 16);
+    for (int i = 0; i < k; ++i) {
+      for (auto& [token, p] : ports_) {
+        if (p->peer_ == dead[i]) p->unreachable_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (k < 16) break;
+  }
+}
+
+}  // namespace optireduce

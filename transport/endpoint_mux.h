@@ -1,0 +1,86 @@
+// EndpointMux: one endpoint of a device, shared by every connection a thread opens on it, so that
+// a process holds one socket per device and thread rather than one per connection, and what an
+// idle connection costs is a port object (no socket, no receive ring, no system call per pass).
+// Incoming datagrams are demultiplexed by the token every header carries (wire.h: each direction
+// of a connection has its own, so both ends of a connection in one process are told apart).
+//
+// Who receives: whichever connection's call finds the endpoint free drains it (try_lock: no one
+// ever waits for another's drain). It handles its own datagrams in place, and hands each other
+// connection's to that connection's RxSink while the burst's buffers are valid; a sink whose lock
+// is held right now gets copies in its port's RxBacklog instead, which its next call takes
+// first. The progress thread drains too (serve()), so datagrams reach connections nobody polls.
+//
+// Locks, in the order they are taken: a connection's own lock; rx_mu_ (try_lock only); ports_mu_;
+// another connection's lock (try_lock only, through its sink); then the leaves ep_mu_ and a
+// backlog's lock. Nothing is waited for while a leaf is held, so no cycle exists.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "transport/datapath.h"
+
+namespace optireduce {
+
+class MuxPort;
+
+// What the mux itself drops, not attributable to a connection.
+struct MuxCounters {
+  uint64_t rx_datagrams = 0;     // received on the shared endpoint, every port's together
+  uint64_t rx_no_port = 0;       // too short for a header, or a token no port has: stale, stray
+  uint64_t rx_backlog_full = 0;  // a busy port's backlog had no room: dropped
+  uint64_t drains = 0;           // receive passes over the shared endpoint
+};
+
+class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
+ public:
+  // `ep` must have been opened unbound (EndpointOptions::unbound).
+  explicit EndpointMux(std::unique_ptr<Endpoint> ep);
+  ~EndpointMux();
+  EndpointMux(const EndpointMux&) = delete;
+  EndpointMux& operator=(const EndpointMux&) = delete;
+
+  // A port for the connection end whose incoming datagrams carry `rx_token`. The port is an
+  // Endpoint: set_peer() names where it sends, and from then on datagrams from elsewhere are
+  // dropped (as a connected socket's kernel would). kInvalidUsage if the token is taken.
+  Status open_port(uint64_t rx_token, std::unique_ptr<Endpoint>* out);
+
+  // One receive pass for nobody in particular (the progress thread): everything waiting goes to
+  // its ports' sinks or backlogs.
+  void serve();
+
+  const PeerAddress& local_address() const { return ep_->local_address(); }
+  MuxCounters counters();
+  // Ports open right now.
+  size_t ports();
+
+ private:
+  friend class MuxPort;
+
+  // Drains up to kMaxBursts bursts. Datagrams for `self` go to `own` (both may be null), the
+  // rest to their ports. Returns how many went to `own`, 0 if another caller holds the receive
+  // side, or a negative errno (sticky: every port fails with it).
+  int drain(MuxPort* self, RxHandler* own);
+  void dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own, int* mine);
+  void attribute_unreachable_locked();
+  int send(const PeerAddress& to, const TxPacket* pkts, int n);
+  void close_port(MuxPort* p);
+  void set_sink(MuxPort* p, RxSink* sink);
+
+  std::unique_ptr<Endpoint> ep_;
+  // Who drains: held from a receive until its datagrams are handed out (they live in the
+  // endpoint's buffers until its next receive). Only ever try_locked.
+  std::mutex rx_mu_;
+  // Every call into ep_ (its receive and transmit paths share counters and error state), held
+  // for the call only, never while datagrams are handed out.
+  std::mutex ep_mu_;
+  std::mutex ports_mu_;
+  std::unordered_map<uint64_t, MuxPort*> ports_;  // by rx token
+  MuxCounters counters_;                          // under rx_mu_ (ports_mu_ to read)
+  uint64_t unreachable_seen_ = 0;                 // ep_'s peer_unreachable already looked at
+  int fatal_ = 0;                                 // first fatal receive errno (under rx_mu_)
+};
+
+}  // namespace optireduce

@@ -1,0 +1,133 @@
+// RxBacklog: a byte ring of records. The producer copies under the lock (a rare path: only a
+// busy connection gets copies); the consumer reads its records outside it, since the producer
+// writes only beyond the tail the consumer saw and never past the head it has not advanced.
+#include "transport/rx_backlog.h"
+
+#include <cstring>
+#include <new>
+
+namespace optireduce {
+
+struct RxBacklog::Record {
+  static constexpr uint32_t kWrap = UINT32_MAX;  // len of a marker: go on at the ring's start
+  uint32_t len = 0;
+  uint32_t reserved = 0;
+  PeerAddress from;
+};
+
+namespace {
+constexpr uint64_t align8(uint64_t n) {
+  return (n + 7) & ~uint64_t{7};
+}
+}  // namespace
+
+int RxBacklog::push(const RxPacket* pkts, int n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ring_) {
+    ring_.reset(new (std::nothrow) uint8_t[kCapacityBytes]);
+    if (!ring_) return n;
+  }
+  int dropped = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t need = align8(sizeof(Record) + pkts[i].len);
+    const uint64_t at = tail_ % kCapacityBytes;
+    // A record never wraps: the rest of the ring is skipped when it does not fit there.
+    const uint64_t skip = at + need > kCapacityBytes ? kCapacityBytes - at : 0;
+    if (tail_ - head_ + skip + need > kCapacityBytes) {
+      ++dropped;
+      continue;
+    }
+    if (skip != 0) {
+      const uint32_t wrap = Record::kWrap;
+      std::memcpy(&ring_[at], &wrap, sizeof(wrap));
+      tail_ += skip;
+    }
+    Record r;
+    r.len = pkts[i].len;
+    r.from = pkts[i].from;
+    uint8_t* p = &ring_[tail_ % kCapacityBytes];
+    std::memcpy(p, &r, sizeof(r));
+    if (pkts[i].len != 0) std::memcpy(p + sizeof(r), pkts[i].data, pkts[i].len);
+    tail_ += need;
+  }
+  if (tail_ != head_) pending_.store(true, std::memory_order_relaxed);
+  return dropped;
+}
+
+static_assert(sizeof(PeerAddress) % 8 == 0, "records stay 8-byte aligned");
+
+uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt) const {
+  uint32_t len;
+  std::memcpy(&len, &ring_[at % kCapacityBytes], sizeof(len));
+  if (len == Record::kWrap) {
+    at += kCapacityBytes - at % kCapacityBytes;
+    std::memcpy(&len, &ring_[at % kCapacityBytes], sizeof(len));
+  }
+  const uint8_t* p = &ring_[at % kCapacityBytes];
+  if (pkt != nullptr) {
+    Record r;
+    std::memcpy(&r, p, sizeof(r));
+    pkt->data = p + sizeof(r);
+    pkt->len = r.len;
+    pkt->from = r.from;
+  }
+  return at + align8(sizeof(Record) + len);
+}
+
+void RxBacklog::advance_head(uint64_t to) {
+  std::lock_guard<std::mutex> lock(mu_);
+  head_ = to;
+  if (head_ == tail_) {
+    ring_.reset();  // empty: an idle connection keeps nothing
+    head_ = tail_ = 0;
+    pending_.store(false, std::memory_order_relaxed);
+  }
+}
+
+int RxBacklog::take(RxHandler& own) {
+  uint64_t at, tail;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    at = head_;
+    tail = tail_;
+  }
+  if (at == tail) return 0;
+  RxPacket burst[32];
+  int n = 0, total = 0;
+  while (at != tail) {
+    at = next_record(at, &burst[n]);
+    if (++n == 32) {
+      own.on_rx(burst, n);
+      total += n;
+      n = 0;
+    }
+  }
+  if (n > 0) own.on_rx(burst, n);
+  advance_head(tail);
+  return total + n;
+}
+
+int RxBacklog::peek(RxPacket* out, int max) {
+  uint64_t at, tail;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    at = head_;
+    tail = tail_;
+  }
+  int n = 0;
+  while (n < max && at != tail) at = next_record(at, &out[n++]);
+  return n;
+}
+
+void RxBacklog::consume(int n) {
+  if (n <= 0) return;
+  uint64_t at;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    at = head_;
+  }
+  for (int i = 0; i < n; ++i) at = next_record(at, nullptr);
+  advance_head(at);
+}
+
+}  // namespace optireduce
