@@ -26,6 +26,7 @@ Conn::Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, 
       tx_token_(side == ConnSide::kSender ? p.token : reply_token(p.token)),
       rx_token_(side == ConnSide::kSender ? reply_token(p.token) : p.token),
       registry_(std::move(registry)),
+      shared_(ep_->shared()),
       liveness_(static_cast<uint64_t>(cfg.peer_timeout_ms) * 1'000'000) {}
 
 Conn::~Conn() { deactivate(); }
@@ -34,6 +35,8 @@ void Conn::activate() {
   ep_->set_rx_sink(this);
   if (registry_) registry_->add(this);
   if (group_) group_->add(this);
+  // Datagrams that came for it during the handshake wait in its port: fetched on the next pass.
+  if (shared_ && registry_ && ep_->rx_pending()) registry_->arm(this);
 }
 
 void Conn::deactivate() {
@@ -74,7 +77,13 @@ void Conn::progress_locked(uint64_t now, bool drain) {
   // The pass's control packets that no DATA took along (a receiver's ACKs, a CTS), in one
   // burst; also what was queued before a failure (a FINAL, say), as it would have left at once.
   flush_locked();
-  next_timer_ns_.store(fatal_.is_ok() ? next_timer_locked() : 0, std::memory_order_relaxed);
+  const uint64_t next = fatal_.is_ok() ? next_timer_locked() : 0;
+  next_timer_ns_.store(next);  // before arm() looks at the flag (registry.h)
+  if (next != 0 && shared_ && registry_) registry_->arm(this);
+}
+
+void Conn::on_kept() {
+  if (registry_) registry_->arm(this);
 }
 
 void Conn::check_liveness_locked(uint64_t now) {
@@ -298,29 +307,10 @@ ConnStats Conn::stats_snapshot() const {
   return stats_;
 }
 
-void Registry::add(Conn* c) {
-  std::lock_guard<std::mutex> lock(mu_);
-  conns_.push_back(c);
-}
-
-void Registry::remove(Conn* c) {
-  std::lock_guard<std::mutex> lock(mu_);
-  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-}
-
 uint64_t Conn::wake_ns() const {
   const uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
   if (timer == 0) return 0;
   return std::max(timer, last_progress_ns_.load(std::memory_order_relaxed) + kOwnerGraceNs);
-}
-
-uint64_t Registry::earliest_timer_ns() {
-  uint64_t next = 0;
-  for_each([&next](Conn* c) {
-    const uint64_t t = c->wake_ns();
-    if (t != 0 && (next == 0 || t < next)) next = t;
-  });
-  return next;
 }
 
 const RecvOutcome& request_outcome(const Request* req) {

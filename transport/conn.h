@@ -17,6 +17,7 @@
 #include "transport/group.h"
 #include "transport/liveness.h"
 #include "transport/params.h"
+#include "transport/registry.h"
 #include "transport/stats.h"
 #include "transport/status.h"
 #include "transport/transport.h"
@@ -25,7 +26,6 @@
 namespace optireduce {
 
 class Conn;
-class Registry;
 
 // A request slot. Lives inside its message slot; never allocated per call.
 struct Request {
@@ -84,6 +84,11 @@ class Conn : private RxHandler, private RxSink {
   // few RTTs, while one whose owner moved on is served within the grace of its timer.
   uint64_t wake_ns() const;
   static constexpr uint64_t kOwnerGraceNs = 50'000;
+
+  // Its endpoint is shared (endpoint_mux.h): the progress thread visits it only when armed.
+  bool shared_endpoint() const { return shared_; }
+  // A timer is armed or datagrams were kept for it: the progress thread should come by.
+  bool wants_visit() const { return next_timer_ns_.load() != 0 || ep_->rx_pending(); }
 
   // Serves the connection now (what the progress thread does for idle connections).
   void poll();
@@ -168,10 +173,14 @@ class Conn : private RxHandler, private RxSink {
   void on_rx(const RxPacket* pkts, int n) override;
   // RxSink: datagrams another caller of the shared endpoint received for this connection.
   bool try_deliver(const RxPacket* pkts, int n) override;
+  void on_kept() override;
   void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
   void check_liveness_locked(uint64_t now);
 
+  friend class Registry;
   std::shared_ptr<Registry> registry_;
+  const bool shared_;
+  std::atomic<bool> armed_{false};  // in the registry's armed list (registry.h)
   ConnGroup* group_ = nullptr;
   PeerLiveness liveness_;
   uint64_t unreachable_seen_ = 0;  // the endpoint's peer_unreachable already counted
@@ -185,28 +194,6 @@ class Conn : private RxHandler, private RxSink {
   uint8_t ctrl_payload_[kCtrlBatch][kSackBytes];
   int ctrl_n_ = 0;
   int batch_n_ = 0;
-};
-
-// The live connections the progress thread serves. Outlives the engine while any connection
-// exists, so a connection closed after finalize never touches freed memory.
-class Registry {
- public:
-  void add(Conn* c);
-  void remove(Conn* c);
-  // Calls fn(conn) for each live connection while holding the registry lock (so a connection
-  // cannot be destroyed under it).
-  template <typename Fn>
-  void for_each(Fn&& fn) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (Conn* c : conns_) fn(c);
-  }
-  // When the progress thread should next visit for a timer (the earliest Conn::wake_ns()),
-  // 0 if no connection has one armed.
-  uint64_t earliest_timer_ns();
-
- private:
-  std::mutex mu_;
-  std::vector<Conn*> conns_;
 };
 
 }  // namespace optireduce

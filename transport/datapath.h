@@ -63,6 +63,9 @@ class RxHandler {
 class RxSink {
  public:
   virtual bool try_deliver(const RxPacket* pkts, int n) = 0;
+  // After a refused try_deliver: the copies are kept now, and the connection should be served
+  // even if nobody polls it.
+  virtual void on_kept() = 0;
 
  protected:
   ~RxSink() = default;

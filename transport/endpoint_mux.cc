@@ -95,7 +95,16 @@ class MuxPort final : public Endpoint {
     return handed_;
   }
 
-  void set_rx_sink(RxSink* sink) override { mux_->set_sink(this, sink); }
+  void set_rx_sink(RxSink* sink) override {
+    // A connection takes the port over from the handshake, which is done with what rx_burst
+    // handed it: forgotten now, or an idle connection would keep the copies (and their ring)
+    // for life, since nobody calls it again.
+    if (sink != nullptr) {
+      backlog_.consume(handed_);
+      handed_ = 0;
+    }
+    mux_->set_sink(this, sink);
+  }
   bool shared() const override { return true; }
   bool rx_pending() const override { return backlog_.pending(); }
 
@@ -237,6 +246,7 @@ void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, Rx
       *mine += k;
     } else if (p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
       counters_.rx_backlog_full += static_cast<uint64_t>(p->backlog_.push(group, k));
+      if (p->sink_ != nullptr) p->sink_->on_kept();  // after the push: see registry.h
     }
   }
 }

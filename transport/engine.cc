@@ -217,13 +217,13 @@ void EngineImpl::progress_loop() {
   // served by that owner; waking again at once would spin.
   constexpr uint64_t kMinSleepNs = 20'000;
   std::unique_lock<std::mutex> lock(thread_mu_);
+  uint64_t next = 0;  // the earliest timer as of the last pass
   while (!stop_) {
     // Sleep a whole period when nothing is armed (idle: no spinning), else until the earliest
     // armed timer, so that a connection nobody polls still meets a timer of tens of
     // microseconds (a lost CTS or tail on a fast fabric). A timer armed during the sleep waits
     // for the next wake-up, at most one period.
     const uint64_t now = clock_.now_ns();
-    const uint64_t next = registry_->earliest_timer_ns();
     uint64_t sleep_ns = period_ns;
     if (next != 0) sleep_ns = std::clamp(next > now ? next - now : 0, kMinSleepNs, period_ns);
     thread_cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns), [this] { return stop_; });
@@ -233,7 +233,7 @@ void EngineImpl::progress_loop() {
     // with a due timer (or datagrams kept while they were busy) need a visit below.
     for (const auto& mux : live_muxes()) mux->serve();
     const uint64_t t = clock_.now_ns();
-    registry_->for_each([&](Conn* c) { c->background_progress(t, idle_ns); });
+    next = registry_->visit([&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();
   }
 }

@@ -50,7 +50,7 @@ int RxBacklog::push(const RxPacket* pkts, int n) {
     if (pkts[i].len != 0) std::memcpy(p + sizeof(r), pkts[i].data, pkts[i].len);
     tail_ += need;
   }
-  if (tail_ != head_) pending_.store(true, std::memory_order_relaxed);
+  if (tail_ != head_) pending_.store(true);
   return dropped;
 }
 
@@ -80,7 +80,7 @@ void RxBacklog::advance_head(uint64_t to) {
   if (head_ == tail_) {
     ring_.reset();  // empty: an idle connection keeps nothing
     head_ = tail_ = 0;
-    pending_.store(false, std::memory_order_relaxed);
+    pending_.store(false);
   }
 }
 

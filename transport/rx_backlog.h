@@ -32,8 +32,8 @@ class RxBacklog {
   // the oldest `n`. For a caller that wants datagrams back rather than handed over.
   int peek(RxPacket* out, int max);
   void consume(int n);
-  // Copies are waiting (read without the lock: a hint for the progress thread).
-  bool pending() const { return pending_.load(std::memory_order_relaxed); }
+  // Copies are waiting (read without the lock, by the progress thread: see registry.h).
+  bool pending() const { return pending_.load(); }
 
  private:
   struct Record;  // a datagram's length, source and bytes, 8-byte aligned
