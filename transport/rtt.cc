@@ -15,7 +15,14 @@ void RttEstimator::sample(uint64_t r) {
     rttvar_ns_ = (3 * rttvar_ns_ + err) / 4;  // beta = 1/4
     srtt_ns_ = (7 * srtt_ns_ + r) / 8;        // alpha = 1/8
   }
-  rto_ns_ = std::clamp(std::max(srtt_ns_ + 4 * rttvar_ns_, 2 * srtt_ns_), rto_min_ns_, rto_max_ns_);
+  cur_max_ = std::max(cur_max_, r);
+  if (++in_cur_ == kMaxWindow) {
+    prev_max_ = cur_max_;
+    cur_max_ = 0;
+    in_cur_ = 0;
+  }
+  const uint64_t rto = std::max({srtt_ns_ + 4 * rttvar_ns_, 2 * srtt_ns_, recent_max_ns() * 5 / 4});
+  rto_ns_ = std::clamp(rto, rto_min_ns_, rto_max_ns_);
 }
 
 void RttEstimator::backoff() { rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_); }

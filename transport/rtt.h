@@ -3,6 +3,7 @@
 // MinRttFilter: the receiver's view, from samples that can only overstate the RTT.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace optireduce {
@@ -17,6 +18,14 @@ class RttEstimator {
   // the receiver's next burst or pass would then time out spuriously, which collapses the
   // window), nor outside [rto_min, rto_max]. So a 10 us fabric gets a timeout of tens of
   // microseconds above rto_min, and a 2 ms one a timeout above 4 ms.
+  //
+  // It also never falls below 5/4 of the largest sample of the last kMaxWindow to 2 x
+  // kMaxWindow: a receiver that stops polling now and then (NCCL's proxy while the GPU, or here
+  // the CPU, works on a slot; a descheduled process) makes the ACKs of every packet in flight
+  // at that moment as late as the pause, once per pause, and the smoothed variation forgets such
+  // a sample within a few dozen quick ones, so each pause used to fire a spurious timeout (on
+  // loopback with NCCL's proxy pattern, one in seven packets went twice). A path without pauses
+  // keeps its small timeout: its largest recent sample is close to its mean.
   void sample(uint64_t rtt_ns);
   // Doubles the timeout after an expiry (exponential backoff), up to the maximum.
   void backoff();
@@ -25,9 +34,15 @@ class RttEstimator {
   uint64_t srtt_ns() const { return srtt_ns_; }
   uint64_t rttvar_ns() const { return rttvar_ns_; }
   uint64_t rto_ns() const { return rto_ns_; }
+  // The largest sample of the recent windows (0 before the first).
+  uint64_t recent_max_ns() const { return std::max(cur_max_, prev_max_); }
+
+  static constexpr uint32_t kMaxWindow = 64;
 
  private:
   uint64_t rto_min_ns_, rto_max_ns_;
+  uint64_t cur_max_ = 0, prev_max_ = 0;  // of the current window and the one before
+  uint32_t in_cur_ = 0;
   uint64_t srtt_ns_ = 0;
   uint64_t rttvar_ns_ = 0;
   uint64_t rto_ns_;

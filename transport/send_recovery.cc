@@ -200,7 +200,8 @@ void SendConn::arm_probe_locked(uint64_t now) {
   // bursts, a descheduled process) also past its variation, so that a late ACK is not taken
   // for a lost tail: a spurious probe is a retransmission the network did not need. Always
   // before the RTO would fire, so a lost burst costs a probe, not a window collapse.
-  const uint64_t pto = std::max(2 * srtt, srtt + 4 * rtt_.rttvar_ns());
+  // And past the largest recent sample (a receiver's pause, see RttEstimator).
+  const uint64_t pto = std::max({2 * srtt, srtt + 4 * rtt_.rttvar_ns(), rtt_.recent_max_ns()});
   probe_deadline_ = now + std::max(kMinProbeNs, std::min(pto, rtt_.rto_ns() * 3 / 4));
 }
 

@@ -1,4 +1,4 @@
-// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor. MinRttFilter: windowed minimum.
+// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor, the recent largest sample. MinRttFilter: windowed minimum.
 #include <gtest/gtest.h>
 
 #include "transport/rtt.h"
@@ -40,6 +40,23 @@ TEST(RttEstimator, SteadyPathKeepsTwiceTheSmoothedRtt) {
     EXPECT_LE(r.rttvar_ns(), rtt / 100);
     EXPECT_EQ(r.rto_ns(), 2 * r.srtt_ns()) << rtt;
   }
+}
+
+// A receiver that pauses for 400 us every 60 packets of a 30 us path: between pauses the
+// smoothed variation decays to almost nothing, and without the recent maximum the timeout fell
+// to ~60 us, so the next pause timed out packets that were only waiting for it.
+TEST(RttEstimator, AReceiversPausesKeepTheTimeoutAboveThem) {
+  RttEstimator r(1'000, 1'000'000'000, 20'000'000);
+  for (int round = 0; round < 5; ++round) {
+    r.sample(400'000);
+    for (int i = 0; i < 59; ++i) r.sample(30'000);
+    EXPECT_GE(r.rto_ns(), 500'000u) << round;  // 5/4 of the pause
+    EXPECT_LT(2 * r.srtt_ns() + 4 * r.rttvar_ns(), 400'000u) << round;  // what RFC 6298 gives
+  }
+  // The pauses stop: within two windows the timeout is the path's again.
+  for (uint32_t i = 0; i < 2 * RttEstimator::kMaxWindow; ++i) r.sample(30'000);
+  EXPECT_LT(r.rto_ns(), 80'000u);
+  EXPECT_EQ(r.recent_max_ns(), 30'000u);
 }
 
 TEST(MinRttFilter, KeepsTheSmallestRecentSampleAndForgetsOldOnes) {
