@@ -1,4 +1,5 @@
-// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor, the recent largest sample. MinRttFilter: windowed minimum.
+// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor, the recent largest sample.
+// MinRttFilter: windowed minimum.
 #include <gtest/gtest.h>
 
 #include "transport/rtt.h"
@@ -50,7 +51,7 @@ TEST(RttEstimator, AReceiversPausesKeepTheTimeoutAboveThem) {
   for (int round = 0; round < 5; ++round) {
     r.sample(400'000);
     for (int i = 0; i < 59; ++i) r.sample(30'000);
-    EXPECT_GE(r.rto_ns(), 500'000u) << round;  // 5/4 of the pause
+    EXPECT_GE(r.rto_ns(), 500'000u) << round;                           // 5/4 of the pause
     EXPECT_LT(2 * r.srtt_ns() + 4 * r.rttvar_ns(), 400'000u) << round;  // what RFC 6298 gives
   }
   // The pauses stop: within two windows the timeout is the path's again.
