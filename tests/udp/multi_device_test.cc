@@ -1,5 +1,6 @@
 // The engine with two UDP devices, as on a host with two NICs: device k's listen handle carries
 // interface k's address, and a connection made on device k sends from interface k's address.
+// Each device has one socket per thread, shared by every connection that thread opens on it.
 // Loopback stands in for the two NICs: 127.0.0.1 and 127.0.0.2 are both on lo, no root needed.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -8,8 +9,10 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -50,6 +53,7 @@ class RecordingDevice final : public Device {
     }
     return s;
   }
+  bool can_share() const override { return inner_->can_share(); }
 
  private:
   int index_;
@@ -135,6 +139,13 @@ TEST(TwoUdpDevices, EachConnectionUsesItsDevicesInterface) {
   ASSERT_TRUE(Engine::acquire(&e, nullptr, &open_two_devices));
   ASSERT_EQ(e->device_count(), 2);
 
+  // A listener on each device holds this thread's socket there open for the whole test (the
+  // last connection of a socket closes it).
+  std::unique_ptr<ListenComm> pins[2];
+  for (int k = 0; k < 2; ++k) {
+    ConnectionHandle h;
+    ASSERT_TRUE(e->listen(k, &h, &pins[k]));
+  }
   // Every pair of devices: a listener's handle names its own device's address, and the
   // connecting side's socket is bound on the device the connect named.
   for (int from = 0; from < 2; ++from) {
@@ -148,14 +159,60 @@ TEST(TwoUdpDevices, EachConnectionUsesItsDevicesInterface) {
       }
       connect_and_send(*e, from, to);
       std::lock_guard<std::mutex> lock(g_mu);
-      // One endpoint for the listener, opened on `to`, one for the connection, on `from`.
-      for (int k = 0; k < 2; ++k)
-        EXPECT_EQ(g_opened[k].size(), before[k] + (k == from) + (k == to)) << "device " << k;
+      // Both devices' sockets are open already: every connection reuses them.
+      for (int k = 0; k < 2; ++k) EXPECT_EQ(g_opened[k].size(), before[k]) << "device " << k;
     }
   }
+  // Another thread's connections get sockets of their own, on the same interfaces.
+  std::thread([&] { connect_and_send(*e, 1, 0); }).join();
   std::lock_guard<std::mutex> lock(g_mu);
-  for (int k = 0; k < 2; ++k)
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(g_opened[k].size(), 2u) << "device " << k;
     for (const std::string& ip : g_opened[k]) EXPECT_EQ(ip, kAddrs[k]) << "device " << k;
+  }
+}
+
+size_t open_fds() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    (void)entry;
+    ++n;
+  }
+  return n;
+}
+
+// NCCL holds channels x peers connections open; they must not cost a socket each.
+TEST(TwoUdpDevices, FiftyConnectionsOfAThreadShareOneSocket) {
+  std::shared_ptr<Engine> e;
+  ASSERT_TRUE(Engine::acquire(&e, nullptr, &open_two_devices));
+  ConnectionHandle pin_handle;
+  std::unique_ptr<ListenComm> pin;  // holds this thread's socket on device 0 open
+  ASSERT_TRUE(e->listen(0, &pin_handle, &pin));
+  const size_t before = open_fds();
+  struct Pair {
+    std::unique_ptr<ListenComm> listen;
+    std::unique_ptr<SendComm> send;
+    std::unique_ptr<RecvComm> recv;
+  };
+  std::vector<Pair> pairs(50);
+  for (Pair& p : pairs) {
+    ConnectionHandle h;
+    ASSERT_TRUE(e->listen(0, &h, &p.listen));
+    void* state = nullptr;
+    const auto until = Clock::now() + kPatience;
+    while ((p.send == nullptr || p.recv == nullptr) && Clock::now() < until) {
+      if (p.send == nullptr) {
+        ASSERT_TRUE(e->connect(0, h, ConnOptions{}, &state, &p.send));
+      }
+      if (p.recv == nullptr) {
+        ASSERT_TRUE(p.listen->accept(&p.recv));
+      }
+    }
+    ASSERT_NE(p.send, nullptr);
+    ASSERT_NE(p.recv, nullptr);
+  }
+  EXPECT_EQ(open_fds(), before);  // a socket per connection would be 100 more
+  connect_and_send(*e, 0, 0);     // and data still crosses beside them
 }
 
 }  // namespace
