@@ -30,6 +30,8 @@
 //   Done      complete; test() reports it and frees the slot
 #pragma once
 
+#include <algorithm>
+
 #include <memory>
 #include <vector>
 
@@ -126,6 +128,11 @@ class SendConn final : public Conn, public SendComm {
   void finish_locked(Msg& m);
   bool may_expire_locked(const Msg& m) const;
   uint32_t pkt_len(const Msg& m, uint32_t i) const;
+  // What a packet counts in flight (inflight_, the path's window): its payload, and 1 for the
+  // only packet of an empty message. Counted as 0, a lost one left nothing in flight, and the
+  // timeout and the probe, which act only on something in flight, never sent it again: a
+  // zero-byte send under loss hung for good.
+  uint32_t flight_len(const Msg& m, uint32_t i) const { return std::max(pkt_len(m, i), 1u); }
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
   // send_recovery.cc: acknowledgements and loss recovery.

@@ -20,7 +20,7 @@ constexpr uint64_t kMinProbeNs = 20'000;
 
 void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
   if (!m.acked.set(i)) return;
-  const uint32_t len = pkt_len(m, i);
+  const uint32_t len = flight_len(m, i);
   t->acked += len;
   // A packet queued for retransmission was already taken out of the bytes in flight.
   if (m.sent_ns[i] != kQueued) {
@@ -117,7 +117,7 @@ void SendConn::on_receiver_done_locked(Msg& m) {
 void SendConn::forget_outstanding_locked(Msg& m) {
   uint64_t bytes = 0;
   for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
-    if (m.sent_ns[i] != kQueued) bytes += pkt_len(m, i);
+    if (m.sent_ns[i] != kQueued) bytes += flight_len(m, i);
   inflight_ -= std::min(inflight_, bytes);
   path_->release(bytes);
 }
@@ -142,7 +142,7 @@ void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
 // waits in the retransmission queue. loss_signal: a SACK hole, which tells the path's controller
 // something; a timeout or a probe has told it already, or tells it nothing.
 void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now) {
-  const uint32_t len = pkt_len(m, i);
+  const uint32_t len = flight_len(m, i);
   inflight_ -= std::min<uint64_t>(inflight_, len);
   if (loss_signal) path_->on_lost(len, now);
   else path_->release(len);
@@ -167,7 +167,7 @@ void SendConn::on_rto_locked(uint64_t now) {
       if (m.sent_ns[i] == kQueued) continue;  // already queued
       if (retx_.size() >= kRetxCap) break;
       mark_lost_locked(m, i, false, now);
-      budget -= std::min<uint64_t>(budget, pkt_len(m, i));
+      budget -= std::min<uint64_t>(budget, flight_len(m, i));
     }
   }
 }

@@ -87,7 +87,7 @@ void SendConn::transmit_locked(uint64_t now) {
     uint64_t sent_bytes = 0;
     for (int k = 0; k < sent; ++k) {
       Msg& m = slot(pend[k].seq);
-      const uint32_t len = pkt_len(m, pend[k].pkt);
+      const uint32_t len = flight_len(m, pend[k].pkt);
       ++stats_.data_pkts;
       if (pend[k].retx) {
         ++stats_.retx_pkts;

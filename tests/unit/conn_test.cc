@@ -95,6 +95,28 @@ TEST(ExactTransfer, EverySizeArrivesByteExact) {
   EXPECT_EQ(rig.r->stats().drop_bounds, 0u);
 }
 
+// An empty message is one DATA packet without payload. Counted as 0 bytes in flight, losing it
+// left nothing for the timeout to resend and the send hung for good (found by the plugin
+// harness's fault-injection run, about one run in ten under load).
+TEST(ExactTransfer, AnEmptyMessagesLostPacketIsSentAgain) {
+  Rig rig;
+  int dropped = 0;
+  rig.tx_ep->policy = testing::drop_first(
+      [](const PacketHeader& h) { return h.type == PacketType::kData; }, 1, &dropped);
+  std::vector<uint8_t> dst(16, 0xEE);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(nullptr, 0, &sr).is_ok());
+  size_t got = 99;
+  ASSERT_TRUE(rig.run(sr, rr, &got, 2000, 100));
+  EXPECT_EQ(dropped, 1);
+  EXPECT_EQ(got, 0u);
+  EXPECT_EQ(rig.s->stats().retx_pkts, 1u);
+  EXPECT_EQ(rig.s->inflight_bytes(), 0u);
+  EXPECT_EQ(rig.s->path()->snapshot().inflight, 0u);
+  for (uint8_t b : dst) ASSERT_EQ(b, 0xEE);
+}
+
 TEST(ExactTransfer, SendBeforeReceiveIsPosted) {
   Rig rig;
   auto src = pattern(5000, 3);
