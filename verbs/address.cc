@@ -75,6 +75,16 @@ std::string format_gid(const UdAddress& a) {
   return ip;
 }
 
+std::string format_peer_address(const PeerAddress& p) {
+  UdAddress a;
+  return decode_address(p, &a) ? format_address(a) : std::string();
+}
+
+std::string format_peer_gid(const PeerAddress& p) {
+  UdAddress a;
+  return decode_address(p, &a) ? format_gid(a) : std::string();
+}
+
 bool gid_is_zero(const uint8_t gid[16]) {
   for (int i = 0; i < 16; i++)
     if (gid[i] != 0) return false;

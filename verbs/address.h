@@ -47,6 +47,10 @@ bool decode_address(const PeerAddress& p, UdAddress* out);
 std::string format_address(const UdAddress& a);
 // The GID alone (the host part of an address: congestion state is shared per host).
 std::string format_gid(const UdAddress& a);
+// The same for a PeerAddress, as Endpoint::address_text/address_host want them: empty when `p`
+// is not a UD address (a shared endpoint may be asked about any address).
+std::string format_peer_address(const PeerAddress& p);
+std::string format_peer_gid(const PeerAddress& p);
 
 bool gid_is_zero(const uint8_t gid[16]);
 bool gid_is_ipv4_mapped(const uint8_t gid[16]);  // ::ffff:a.b.c.d

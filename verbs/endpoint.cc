@@ -60,11 +60,10 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   if (opts.max_datagram_bytes != 0) max_datagram_ = min_u32(max_datagram_, opts.max_datagram_bytes);
   recv_layout_ = recv_slot_layout(max_datagram_);
   send_stride_ = round_up(max_datagram_, kCacheLineBytes);
-  // The receive ring holds the same bytes a UDP socket buffer would: the budget the
-  // transport sizes its window against.
+  // The transport sizes its window against the receive ring (receive_buffer_bytes).
   const uint32_t dev_limit = min_u32(pc.max_qp_wr, pc.max_cqe);
-  recv_slots_ = ring_slots(opts.socket_buffer_bytes, max_datagram_, kMinRecvSlots,
-                           min_u32(kMaxRecvSlots, dev_limit));
+  recv_slots_ = recv_ring_slots(opts.socket_buffer_bytes, max_datagram_, opts.unbound,
+                                kMinRecvSlots, min_u32(kMaxRecvSlots, dev_limit));
   if (recv_slots_ < kMinRecvSlots || dev_limit < kSendSlots) {
     OR_WARN("verbs: %s: device queue limit %u too small", pc.name.c_str(), dev_limit);
     return Status(Errc::kSystem, ENOMEM);
@@ -144,8 +143,9 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   self.qkey = kDefaultQKey;
   self.lid = pc.lid;
   local_ = encode_address(self);
-  OR_INFO("verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u",
-          pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_);
+  OR_INFO("verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u, %s",
+          pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_,
+          opts.unbound ? "unbound (shared by the device's connections)" : "for one peer");
   return Status::ok();
 }
 
@@ -335,6 +335,24 @@ void UdEndpoint::reap_sends() {
 
 int UdEndpoint::tx_burst(const TxPacket* pkts, int n) {
   if (!has_peer_) return -ENOTCONN;
+  return post_sends(peer_ah_, peer_.qpn, peer_.qkey, pkts, n);
+}
+
+int UdEndpoint::tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) {
+  if (to_ah_ == nullptr || !(to == to_)) {
+    UdAddress a;
+    if (!decode_address(to, &a)) return -EINVAL;
+    ibv_ah* ah = nullptr;
+    Status st = port_->address_handle(a, &ah);  // creates the host's AH on its first use only
+    if (!st.is_ok()) return st.sys_errno() > 0 ? -st.sys_errno() : -EIO;
+    to_ = to;
+    to_ud_ = a;
+    to_ah_ = ah;
+  }
+  return post_sends(to_ah_, to_ud_.qpn, to_ud_.qkey, pkts, n);
+}
+
+int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPacket* pkts, int n) {
   if (reset_pending_) reset_qp();
   reap_sends();
   if (error_seen_) check_qp();
@@ -377,9 +395,9 @@ int UdEndpoint::tx_burst(const TxPacket* pkts, int n) {
     if (signal_wr(seq, kSignalEvery)) flags |= IBV_SEND_SIGNALED;
     wr->send_flags = flags;
     wr->wr_id = seq + 1;
-    wr->wr.ud.ah = peer_ah_;
-    wr->wr.ud.remote_qpn = peer_.qpn;
-    wr->wr.ud.remote_qkey = peer_.qkey;
+    wr->wr.ud.ah = ah;
+    wr->wr.ud.remote_qpn = qpn;
+    wr->wr.ud.remote_qkey = qkey;
     wr->next = nullptr;
     if (prev)
       prev->next = wr;

@@ -1,13 +1,24 @@
 // The UD verbs endpoint: one Unreliable Datagram queue pair with its own completion queues, a
-// receive ring registered once and kept posted, a send ring of registered slots, and the
-// peer's address handle from the port's cache.
+// receive ring registered once and kept posted, a send ring of registered slots, and address
+// handles from the port's cache.
 //
-// Design: one QP per endpoint rather than one per device with demultiplexing. An Endpoint
-// serves one connection and is serialised by that connection's lock (datapath.h), so a private
-// QP and CQ pair needs no locking and no demux table, and set_peer filtering is a compare on
-// the completion. The cost is a QP, two CQs and the ring memory per connection; NCCL opens a
-// few connections per peer, far below the device's QP limit. A shared QP would save memory at
-// scale and can come behind the same interface later.
+// Design: the endpoint is used in one of two ways, both behind the same QP code.
+//  - Bound (set_peer): the QP serves one connection, is serialised by that connection's lock
+//    (datapath.h), sends with the peer's address handle and drops datagrams from anyone else
+//    (a compare on the completion). Costs a QP, two CQs and the ring memory per connection.
+//    OPTIREDUCE_SHARED_ENDPOINT=0 makes every connection work this way.
+//  - Unbound (EndpointOptions::unbound): the one QP of a device and thread, shared by all of
+//    its connections through transport/endpoint_mux.h, which serialises every call into it,
+//    tells the connections' datagrams apart by the token in their headers, and drops those
+//    whose `from` is not the connection's peer. Each send names its destination (tx_burst_to);
+//    the endpoint keeps the address handle of the last one, so a burst costs no cache lookup
+//    and the port's cache creates a host's AH once. The receive ring is as large as the endpoint
+//    and the device allow (recv_ring_slots), as every connection's datagrams land in it.
+//    What is shared is shared in full: the 256-slot send ring and the receive ring are first
+//    come, first served between connections, and an error completion (a datagram too large for
+//    a slot, from any peer) resets the QP and discards what every connection had posted. The
+//    protocol recovers the lost datagrams like any other loss. There is no per-destination
+//    error report (UD has no ICMP): a dead peer is found by the keepalive alone.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -73,7 +84,14 @@ class UdEndpoint final : public Endpoint {
   Status set_peer(const PeerAddress& peer) override;
   std::string peer_text() const override { return has_peer_ ? format_address(peer_) : std::string(); }
   std::string peer_host() const override { return has_peer_ ? format_gid(peer_) : std::string(); }
+  std::string address_text(const PeerAddress& a) const override { return format_peer_address(a); }
+  std::string address_host(const PeerAddress& a) const override { return format_peer_gid(a); }
   int tx_burst(const TxPacket* pkts, int n) override;
+  // Works bound or unbound, and leaves the peer (if any) alone. -EINVAL, changing nothing, when
+  // `to` is not a UD address; a negative errno when the port cannot make its address handle.
+  // take_unreachable is not overridden: UD has no ICMP, nothing reports a destination dead, so
+  // it always returns 0 and peer_unreachable stays 0.
+  int tx_burst_to(const PeerAddress& to, const TxPacket* pkts, int n) override;
   int rx_burst(RxPacket* pkts, int max) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
@@ -91,6 +109,8 @@ class UdEndpoint final : public Endpoint {
   void check_qp();    // after an error completion: reset if the QP left RTS
   void repost_recvs();
   void reap_sends();
+  // tx_burst's contract, every datagram to (ah, qpn, qkey).
+  int post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPacket* pkts, int n);
   // Handles one receive completion; true (and pkt filled) when it delivers a datagram.
   bool take_recv(const ibv_wc& wc, RxPacket* pkt);
 
@@ -128,6 +148,11 @@ class UdEndpoint final : public Endpoint {
   bool has_peer_ = false;
   UdAddress peer_{};
   ibv_ah* peer_ah_ = nullptr;                  // owned by the port's cache
+  // tx_burst_to's last destination (to_ah_ == nullptr: none yet): consecutive bursts mostly go
+  // to one connection's peer, and the port's cache takes a lock and a search.
+  PeerAddress to_;
+  UdAddress to_ud_{};
+  ibv_ah* to_ah_ = nullptr;                    // owned by the port's cache
   bool error_seen_ = false;                    // an error completion since the last QP state check
   ibv_wc_status last_error_ = IBV_WC_SUCCESS;  // its status, for the log
   bool reset_pending_ = false;

@@ -47,6 +47,18 @@ constexpr uint32_t ring_slots(uint64_t budget_bytes, uint32_t datagram_bytes, ui
   return slots < cap ? slots : cap;
 }
 
+// An endpoint's receive slots. One connection's endpoint holds what its UDP socket buffer would
+// (`budget_bytes`, OPTIREDUCE_SOCKET_BUFFER). An unbound endpoint is the one QP that receives for
+// every connection of its device and thread, whose bursts add up and whose datagrams wait for
+// whoever drains next: it takes the largest ring within [min_slots, max_slots] whatever the
+// budget, since its memory is paid once per device and thread, not per connection.
+constexpr uint32_t recv_ring_slots(uint64_t budget_bytes, uint32_t datagram_bytes, bool unbound,
+                                   uint32_t min_slots, uint32_t max_slots) {
+  const uint64_t largest = uint64_t{max_slots} * datagram_bytes;
+  return ring_slots(unbound && largest > budget_bytes ? largest : budget_bytes, datagram_bytes,
+                    min_slots, max_slots);
+}
+
 // The slot a free-running sequence number lands in.
 constexpr uint32_t ring_slot(uint64_t seq, uint32_t slots) {
   return static_cast<uint32_t>(seq & (slots - 1));

@@ -1,10 +1,12 @@
 // The UD verbs datapath on a real verbs device: Soft-RoCE (rxe) inside the test VM
 // (run-in-rxe-vm.sh). Discovery, datagram bursts with content checks in both directions,
 // the listen side's `from`, set_peer filtering, wrong Q_Key and unknown QPN, oversize sends,
-// truncation and recovery, and (RXE_TEST_LOSS=<percent>, netem on the veth) loss that is
-// only loss. Skips where no verbs device is present, so it can also run on an RDMA host.
+// truncation and recovery, an unbound endpoint sending to two peers (tx_burst_to), and
+// (RXE_TEST_LOSS=<percent>, netem on the veth) loss that is only loss. Skips where no verbs device
+// is present, so it can also run on an RDMA host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -55,9 +57,11 @@ class RxeTest : public ::testing::Test {
   static Device* dev_a() { return (*g_devices)[0].get(); }
   static Device* dev_b() { return (*g_devices)[g_devices->size() > 1 ? 1 : 0].get(); }
 
-  static std::unique_ptr<UdEndpoint> open(Device* d, uint32_t max_datagram = 0) {
+  static std::unique_ptr<UdEndpoint> open(Device* d, uint32_t max_datagram = 0,
+                                          bool unbound = false) {
     EndpointOptions o;
     o.max_datagram_bytes = max_datagram;
+    o.unbound = unbound;
     std::unique_ptr<Endpoint> ep;
     Status st = d->open_endpoint(o, &ep);
     EXPECT_TRUE(st.is_ok()) << errc_name(st.code()) << " errno " << st.sys_errno();
@@ -421,6 +425,136 @@ TEST_F(RxeTest, ManyEndpointsShareOneAddressHandle) {
   int got = 0;
   for (auto& s : senders) got += send_and_count(s.get(), b.get(), 2);
   EXPECT_EQ(got, 16);  // b has no peer: it accepts everyone
+}
+
+// The QP a device's connections share (EndpointOptions::unbound): it sends to two bound peers
+// with tx_burst_to, burst after burst alternating between them, and each peer receives exactly
+// its own datagrams, in order and byte-exact; what the peers send back arrives with `from`
+// naming each sender, the address the transport's demultiplexer compares against.
+TEST_F(RxeTest, UnboundEndpointSendsToEachPeerAndNamesEachSender) {
+  auto u = open(dev_a(), 0, true);
+  auto p1 = open(dev_b()), p2 = open(dev_a());
+  ASSERT_TRUE(u && p1 && p2);
+  ASSERT_TRUE(p1->set_peer(u->local_address()).is_ok());
+  ASSERT_TRUE(p2->set_peer(u->local_address()).is_ok());
+
+  // One QP receives for every connection: the largest ring the endpoint and the device allow,
+  // and the receive buffering it reports is that ring's.
+  PortContext* port = static_cast<VerbsDevice*>(dev_a())->port().get();
+  const uint32_t dev_limit = std::min(port->max_qp_wr, port->max_cqe);
+  EXPECT_EQ(u->recv_slots(),
+            recv_ring_slots(0, u->max_datagram_bytes(), true, UdEndpoint::kMinRecvSlots,
+                            std::min(UdEndpoint::kMaxRecvSlots, dev_limit)));
+  EXPECT_GE(u->recv_slots(), p2->recv_slots());
+  EXPECT_EQ(u->receive_buffer_bytes() - p2->receive_buffer_bytes(),
+            uint64_t{u->recv_slots() - p2->recv_slots()} * u->max_datagram_bytes());
+  std::printf("  unbound: %u receive slots (%llu bytes); bound: %u\n", u->recv_slots(),
+              static_cast<unsigned long long>(u->receive_buffer_bytes()), p2->recv_slots());
+
+  // Not a UD address: refused, and nothing is left broken.
+  TestDatagram d;
+  make_datagram(9, 64, &d);
+  TxPacket one = d.pkt();
+  EXPECT_EQ(u->tx_burst_to(PeerAddress(), &one, 1), -EINVAL);
+  PeerAddress udp = p1->local_address();
+  udp.kind = 1;
+  EXPECT_EQ(u->tx_burst_to(udp, &one, 1), -EINVAL);
+  EXPECT_EQ(u->tx_burst(&one, 1), -ENOTCONN);  // no peer: every send names its destination
+  EXPECT_EQ(u->counters().tx_datagrams, 0u);
+
+  // Each peer's stream has its own sequence range, so a datagram sent to the wrong peer shows.
+  constexpr uint64_t kBase2 = uint64_t{1} << 20;
+  const uint64_t total = static_cast<uint64_t>(env_int("RXE_TEST_BURST", 1000));
+  struct Leg {
+    UdEndpoint* peer;
+    uint64_t base;
+    uint64_t sent = 0, received = 0, bad = 0, wrong = 0;
+  } legs[2] = {{p1.get(), 0}, {p2.get(), kBase2}};
+  size_t ahs_after_first = 0;
+  auto last_progress = Clock::now();
+  while (Clock::now() - last_progress < kQuiet) {
+    for (Leg& l : legs) {
+      if (l.sent >= total) continue;
+      const int n = static_cast<int>(std::min<uint64_t>(32, total - l.sent));
+      TestDatagram ds[32];
+      TxPacket pkts[32];
+      for (int i = 0; i < n; i++) {
+        const uint64_t seq = l.base + l.sent + static_cast<uint64_t>(i);
+        make_datagram(seq, size_for(seq, u->max_datagram_bytes(), u->max_inline_bytes()), &ds[i]);
+        pkts[i] = ds[i].pkt();
+      }
+      const int took = u->tx_burst_to(l.peer->local_address(), pkts, n);
+      ASSERT_GE(took, 0);
+      l.sent += static_cast<uint64_t>(took);
+    }
+    if (ahs_after_first == 0 && legs[0].sent > 0 && legs[1].sent > 0)
+      ahs_after_first = port->cached_address_handles();
+    int got = 0;
+    for (Leg& l : legs) {
+      RxPacket r[32];
+      const int n = l.peer->rx_burst(r, 32);
+      ASSERT_GE(n, 0);
+      got += n;
+      for (int i = 0; i < n; i++) {
+        const int64_t seq = check_datagram(r[i]);
+        if (seq < 0) {
+          l.bad++;
+        } else if (static_cast<uint64_t>(seq) != l.base + l.received) {
+          l.wrong++;  // another peer's, or out of order
+        } else {
+          l.received++;
+        }
+      }
+    }
+    if (got > 0) last_progress = Clock::now();
+    if (legs[0].received == total && legs[1].received == total) break;
+  }
+  for (const Leg& l : legs) {
+    SCOPED_TRACE(l.base);
+    EXPECT_EQ(l.sent, total);
+    EXPECT_EQ(l.received, total);
+    EXPECT_EQ(l.bad, 0u);
+    EXPECT_EQ(l.wrong, 0u);
+    EXPECT_EQ(l.peer->ud_counters().rx_foreign, 0u);
+    EXPECT_EQ(l.peer->counters().rx_datagrams, total);
+  }
+  EXPECT_EQ(u->counters().tx_datagrams, 2 * total);
+  EXPECT_EQ(u->ud_counters().tx_errors, 0u);
+  // Address handles come from the port's cache: one per host, none per packet or per switch.
+  EXPECT_GT(ahs_after_first, 0u);
+  EXPECT_EQ(port->cached_address_handles(), ahs_after_first);
+
+  // The other way: the unbound endpoint learns each sender from the GRH and the completion.
+  constexpr int kEach = 5;
+  for (UdEndpoint* p : {p1.get(), p2.get()}) {
+    std::vector<TxPacket> pkts(kEach, one);
+    ASSERT_EQ(p->tx_burst(pkts.data(), kEach), kEach);
+  }
+  int from1 = 0, from2 = 0, other = 0;
+  RxPacket r[32];
+  for (auto t0 = Clock::now(); from1 + from2 + other < 2 * kEach && Clock::now() - t0 < kQuiet;) {
+    const int n = u->rx_burst(r, 32);
+    ASSERT_GE(n, 0);
+    for (int i = 0; i < n; i++) {
+      EXPECT_EQ(check_datagram(r[i]), 9);
+      if (r[i].from == p1->local_address()) {
+        from1++;
+      } else if (r[i].from == p2->local_address()) {
+        from2++;
+      } else {
+        other++;
+        ADD_FAILURE() << "from " << u->address_text(r[i].from);
+      }
+    }
+  }
+  EXPECT_EQ(from1, kEach);
+  EXPECT_EQ(from2, kEach);
+  EXPECT_EQ(other, 0);
+  EXPECT_EQ(u->ud_counters().rx_foreign, 0u);
+  // Any address as text, as peer_text and peer_host write a peer's (p1's peer is u).
+  EXPECT_EQ(u->address_text(u->local_address()), p1->peer_text());
+  EXPECT_EQ(u->address_host(u->local_address()), p1->peer_host());
+  EXPECT_FALSE(p1->peer_text().empty());
 }
 
 }  // namespace

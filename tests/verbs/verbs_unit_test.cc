@@ -76,6 +76,22 @@ TEST(FormatAddress, ShowsIpv4MappedGid) {
   EXPECT_EQ(format_address(a), "gid ::ffff:10.77.0.1 qpn 17 qkey 0x10 lid 0");
 }
 
+TEST(FormatPeerAddress, FormatsUdAddressesOnly) {
+  UdAddress a;
+  ASSERT_EQ(inet_pton(AF_INET6, "::ffff:10.77.0.2", a.gid), 1);
+  a.qpn = 0x1a2;
+  a.qkey = kDefaultQKey;
+  const PeerAddress p = encode_address(a);
+  EXPECT_EQ(format_peer_address(p), "gid ::ffff:10.77.0.2 qpn 418 qkey 0x4f525544 lid 0");
+  EXPECT_EQ(format_peer_gid(p), "::ffff:10.77.0.2");
+  PeerAddress udp = p;  // what a shared endpoint may be asked about: not ours, so no text
+  udp.kind = 1;
+  EXPECT_EQ(format_peer_address(udp), "");
+  EXPECT_EQ(format_peer_gid(udp), "");
+  EXPECT_EQ(format_peer_address(PeerAddress()), "");
+  EXPECT_EQ(format_peer_gid(PeerAddress()), "");
+}
+
 TEST(ParseGidType, ReadsSysfsText) {
   EXPECT_EQ(parse_gid_type("RoCE v2\n"), GidType::kRoceV2);
   EXPECT_EQ(parse_gid_type("IB/RoCE v1\n"), GidType::kRoceV1);
@@ -170,6 +186,20 @@ TEST(RingSlots, CoversTheBudgetWithinBounds) {
   EXPECT_EQ(ring_slots(1024, 4096, 256, 16384), 256u);       // clamped low
   EXPECT_EQ(ring_slots(8u << 20, 1024, 256, 5000), 4096u);   // device limit, rounded down
   EXPECT_EQ(ring_slots(3 * 4096, 4096, 1, 1024), 4u);
+}
+
+TEST(RecvRingSlots, UnboundTakesTheLargestRing) {
+  // Bound: the socket-buffer budget, as ring_slots.
+  EXPECT_EQ(recv_ring_slots(8u << 20, 4096, false, 256, 16384), 2048u);
+  EXPECT_EQ(recv_ring_slots(1024, 1024, false, 256, 16384), 256u);
+  // Unbound: the endpoint's maximum whatever the budget, within the device's limit.
+  EXPECT_EQ(recv_ring_slots(8u << 20, 4096, true, 256, 16384), 16384u);
+  EXPECT_EQ(recv_ring_slots(1024, 1024, true, 256, 16384), 16384u);
+  EXPECT_EQ(recv_ring_slots(0, 4096, true, 256, 16384), 16384u);
+  EXPECT_EQ(recv_ring_slots(8u << 20, 4096, true, 256, 5000), 4096u);
+  // A budget beyond the maximum is clamped the same either way.
+  EXPECT_EQ(recv_ring_slots(uint64_t{1} << 40, 4096, true, 256, 16384), 16384u);
+  EXPECT_EQ(recv_ring_slots(uint64_t{1} << 40, 4096, false, 256, 16384), 16384u);
 }
 
 TEST(RingSlot, WrapsFreeRunningSequences) {
