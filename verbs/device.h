@@ -78,6 +78,8 @@ class VerbsDevice final : public Device {
       : port_(std::move(port)), info_(std::move(info)) {}
   const DeviceInfo& info() const override { return info_; }
   Status open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) override;
+  // One unbound UD QP carries every connection of a device and thread (verbs/endpoint.h).
+  bool can_share() const override { return true; }
   const std::shared_ptr<PortContext>& port() const { return port_; }
 
  private:

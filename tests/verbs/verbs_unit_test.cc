@@ -202,6 +202,12 @@ TEST(RecvRingSlots, UnboundTakesTheLargestRing) {
   EXPECT_EQ(recv_ring_slots(uint64_t{1} << 40, 4096, false, 256, 16384), 16384u);
 }
 
+TEST(VerbsDevice, CanShare) {
+  // The engine shares one unbound endpoint per device and thread only where this says so.
+  VerbsDevice d(nullptr, DeviceInfo{});
+  EXPECT_TRUE(d.can_share());
+}
+
 TEST(RingSlot, WrapsFreeRunningSequences) {
   EXPECT_EQ(ring_slot(0, 256), 0u);
   EXPECT_EQ(ring_slot(255, 256), 255u);
