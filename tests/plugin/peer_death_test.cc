@@ -32,13 +32,13 @@ constexpr int kPeer = 1;
 
 // OPTIREDUCE_PEER_TIMEOUT_MS in these tests, and the scheduling slack on top of it: 1 s and
 // 0.5 s on a loaded 2-core host; the rxe VM (software emulation, 10-50x slower) raises both
-// through OPTIREDUCE_TEST_PEER_TIMEOUT_MS and OPTIREDUCE_TEST_SLACK_MS.
+// through PEER_DEATH_TEST_TIMEOUT_MS and PEER_DEATH_TEST_SLACK_MS.
 double env_ms(const char* name, double dflt) {
   const char* s = std::getenv(name);
   return s != nullptr ? std::atof(s) : dflt;
 }
-const double kBoundMs = env_ms("OPTIREDUCE_TEST_PEER_TIMEOUT_MS", 1000);
-double slack_ms() { return env_ms("OPTIREDUCE_TEST_SLACK_MS", 500); }
+const double kBoundMs = env_ms("PEER_DEATH_TEST_TIMEOUT_MS", 1000);
+double slack_ms() { return env_ms("PEER_DEATH_TEST_SLACK_MS", 500); }
 
 const char* plugin_path() {
   const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");

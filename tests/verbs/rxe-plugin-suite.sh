@@ -16,5 +16,5 @@ FILTER='Transfer.ThirtyTwoInFlight*:Lifecycle.*:Concurrency.*:EveryVersion/MiniP
 echo "== plugin harness over verbs (rxe0)"
 OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 "$H" --gtest_brief=1 --gtest_filter="$FILTER"
 echo "== dead peers over verbs (rxe0)"
-OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 OPTIREDUCE_TEST_PEER_TIMEOUT_MS=3000 \
-  OPTIREDUCE_TEST_SLACK_MS=5000 "$D" --gtest_brief=1
+OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 PEER_DEATH_TEST_TIMEOUT_MS=3000 \
+  PEER_DEATH_TEST_SLACK_MS=5000 "$D" --gtest_brief=1
