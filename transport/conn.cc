@@ -52,7 +52,7 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
   // moved on to other requests.
   const uint64_t wake = wake_ns();
   const bool timer_due = wake != 0 && now >= wake;
-  if (ep_->shared()) {
+  if (shared_) {
     if (!timer_due && !ep_->rx_pending()) return;
   } else if (now - last_progress_ns_.load(std::memory_order_relaxed) < idle_ns && !timer_due) {
     return;
@@ -83,7 +83,9 @@ void Conn::progress_locked(uint64_t now, bool drain) {
 }
 
 void Conn::on_kept() {
-  if (registry_) registry_->arm(this);
+  // A connection with an endpoint of its own (behind the fault injector) is on the registry's
+  // polled list already; arming it too would visit it twice per pass.
+  if (shared_ && registry_) registry_->arm(this);
 }
 
 void Conn::check_liveness_locked(uint64_t now) {
@@ -149,8 +151,7 @@ Status Conn::test_request(Request* req, bool* done, size_t* size) {
   // Siblings not polled for a few microseconds get served from here (a caller waiting on one
   // request keeps the rest of its exchange moving); ones their own thread polls are skipped.
   // On a shared endpoint the drain above has handed the siblings their datagrams already.
-  if (group_ != nullptr && !*done && !ep_->shared())
-    group_->serve_siblings(this, now, kSiblingIdleNs);
+  if (group_ != nullptr && !*done && !shared_) group_->serve_siblings(this, now, kSiblingIdleNs);
   return st;
 }
 

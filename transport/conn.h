@@ -179,7 +179,7 @@ class Conn : private RxHandler, private RxSink {
 
   friend class Registry;
   std::shared_ptr<Registry> registry_;
-  const bool shared_;
+  const bool shared_;               // ep_->shared(), fixed at construction
   std::atomic<bool> armed_{false};  // in the registry's armed list (registry.h)
   ConnGroup* group_ = nullptr;
   PeerLiveness liveness_;

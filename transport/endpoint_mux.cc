@@ -66,9 +66,8 @@ class MuxPort final : public Endpoint {
   }
 
   int rx_into(RxHandler& own, int max) override {
-    (void)max;                  // a drain is bounded by itself (kMaxBursts)
-    backlog_.consume(handed_);  // what rx_burst handed out last is done with
-    handed_ = 0;
+    (void)max;  // a drain is bounded by itself (kMaxBursts)
+    forget_handed();
     int got = backlog_.take(own);
     const int r = mux_->drain(this, &own);
     if (r < 0) return r;
@@ -86,8 +85,7 @@ class MuxPort final : public Endpoint {
       void on_rx(const RxPacket* p, int n) override { (void)b->push(p, n); }
     } keep;
     keep.b = &backlog_;
-    backlog_.consume(handed_);
-    handed_ = 0;
+    forget_handed();
     const int r = mux_->drain(this, &keep);
     if (r < 0) return r;
     handed_ = backlog_.peek(pkts, max);
@@ -99,10 +97,7 @@ class MuxPort final : public Endpoint {
     // A connection takes the port over from the handshake, which is done with what rx_burst
     // handed it: forgotten now, or an idle connection would keep the copies (and their ring)
     // for life, since nobody calls it again.
-    if (sink != nullptr) {
-      backlog_.consume(handed_);
-      handed_ = 0;
-    }
+    if (sink != nullptr) forget_handed();
     mux_->set_sink(this, sink);
   }
   bool shared() const override { return true; }
@@ -110,6 +105,12 @@ class MuxPort final : public Endpoint {
 
  private:
   friend class EndpointMux;
+
+  // What rx_burst handed out last is done with once the owner calls again.
+  void forget_handed() {
+    backlog_.consume(handed_);
+    handed_ = 0;
+  }
 
   std::shared_ptr<EndpointMux> mux_;
   const uint64_t rx_token_;

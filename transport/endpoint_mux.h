@@ -78,7 +78,7 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   std::mutex ep_mu_;
   std::mutex ports_mu_;
   std::unordered_map<uint64_t, MuxPort*> ports_;  // by rx token
-  MuxCounters counters_;                          // under rx_mu_ (ports_mu_ to read)
+  MuxCounters counters_;                          // under ports_mu_
   uint64_t unreachable_seen_ = 0;                 // ep_'s peer_unreachable already looked at
   int fatal_ = 0;                                 // first fatal receive errno (under rx_mu_)
 };

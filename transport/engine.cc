@@ -113,13 +113,12 @@ Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
   return Status::ok();
 }
 
-std::vector<std::shared_ptr<EndpointMux>> EngineImpl::live_muxes() {
-  std::vector<std::shared_ptr<EndpointMux>> live;
+void EngineImpl::live_muxes(std::vector<std::shared_ptr<EndpointMux>>* out) {
+  out->clear();
   std::lock_guard<std::mutex> lock(muxes_mu_);
   std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
   for (const MuxEntry& e : muxes_)
-    if (auto m = e.mux.lock()) live.push_back(std::move(m));
-  return live;
+    if (auto m = e.mux.lock()) out->push_back(std::move(m));
 }
 
 Status EngineImpl::open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<Endpoint>* out) {
@@ -218,6 +217,7 @@ void EngineImpl::progress_loop() {
   constexpr uint64_t kMinSleepNs = 20'000;
   std::unique_lock<std::mutex> lock(thread_mu_);
   uint64_t next = 0;  // the earliest timer as of the last pass
+  std::vector<std::shared_ptr<EndpointMux>> muxes;
   while (!stop_) {
     // Sleep a whole period when nothing is armed (idle: no spinning), else until the earliest
     // armed timer, so that a connection nobody polls still meets a timer of tens of
@@ -231,7 +231,9 @@ void EngineImpl::progress_loop() {
     lock.unlock();
     // Shared endpoints first: what waits there goes to its connections, so that only those
     // with a due timer (or datagrams kept while they were busy) need a visit below.
-    for (const auto& mux : live_muxes()) mux->serve();
+    live_muxes(&muxes);
+    for (const auto& mux : muxes) mux->serve();
+    muxes.clear();  // a mux whose last port closed meanwhile is not kept alive by the thread
     const uint64_t t = clock_.now_ns();
     next = registry_->visit([&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();

@@ -56,8 +56,9 @@ class EngineImpl final : public Engine {
   void progress_loop();
   // The calling thread's shared endpoint on `dev`, opened on first use.
   Status mux_for(int dev, std::shared_ptr<EndpointMux>* out);
-  // The shared endpoints alive now (expired ones forgotten).
-  std::vector<std::shared_ptr<EndpointMux>> live_muxes();
+  // The shared endpoints alive now into *out (expired ones forgotten); the progress thread
+  // reuses one vector, so a pass allocates nothing.
+  void live_muxes(std::vector<std::shared_ptr<EndpointMux>>* out);
 
   const Config cfg_;
   const Clock& clock_;

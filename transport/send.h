@@ -31,7 +31,6 @@
 #pragma once
 
 #include <algorithm>
-
 #include <memory>
 #include <vector>
 
