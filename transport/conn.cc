@@ -171,7 +171,8 @@ void Conn::drain_rx_locked(uint64_t now) {
 }
 
 void Conn::on_rx(const RxPacket* pkts, int n) {
-  for (int i = 0; i < n; ++i) handle_datagram_locked(pkts[i].data, pkts[i].len, rx_now_);
+  for (int i = 0; i < n; ++i)
+    handle_datagram_locked(pkts[i].data, pkts[i].len, rx_now_, pkts[i].rest);
   if (n > 0) after_rx_burst_locked(rx_now_);
 }
 
@@ -187,7 +188,8 @@ bool Conn::try_deliver(const RxPacket* pkts, int n) {
   return true;
 }
 
-void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now) {
+void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now,
+                                  const uint8_t* placed) {
   PacketHeader h;
   const DecodeError e = decode(data, len, &h);
   if (e != DecodeError::kNone) {
@@ -216,7 +218,7 @@ void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t no
       }
       return;
     default:
-      on_packet_locked(h, data + kHeaderBytes, now);
+      on_packet_locked(h, placed != nullptr ? placed : data + kHeaderBytes, now);
   }
 }
 

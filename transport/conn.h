@@ -174,7 +174,10 @@ class Conn : private RxHandler, private RxSink {
   // RxSink: datagrams another caller of the shared endpoint received for this connection.
   bool try_deliver(const RxPacket* pkts, int n) override;
   void on_kept() override;
-  void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now);
+  // `placed`: where the payload already lies (a datagram received into a guess, RxGuesses);
+  // null: right after the header in `data`.
+  void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now,
+                              const uint8_t* placed = nullptr);
   void check_liveness_locked(uint64_t now);
 
   friend class Registry;

@@ -45,6 +45,39 @@ struct RxPacket {
   uint32_t len = 0;
   // Filled only while the endpoint has no peer (the listen side of a handshake).
   PeerAddress from;
+  // Set only by rx_burst_guessed, for a datagram received straight into guess `guess`: its
+  // bytes from RxGuesses::split on begin at `rest` (the first `placed` of them; any beyond
+  // lie in `data` where they belong), and `room`, the place in `data` they would have taken,
+  // is kept free, so that restore() makes the datagram whole again wherever the guess was wrong.
+  uint8_t* rest = nullptr;
+  uint8_t* room = nullptr;
+  uint32_t placed = 0;
+  int32_t guess = -1;
+
+  void restore() {
+    if (rest == nullptr) return;
+    std::memcpy(room, rest, placed);
+    rest = room = nullptr;
+    placed = 0;
+    guess = -1;
+  }
+};
+
+// Where the receiving connection expects its next datagrams' payloads to go (the next packets
+// of the receives it has posted), so that a datapath that can scatter may receive them there
+// and skip the copy out of its own buffers. Pure guesses: the caller checks every datagram that
+// used one and restores it where it was wrong. A guessed region must be one the connection may
+// overwrite freely (no packet of it has arrived), and stays so for the whole call.
+struct RxGuesses {
+  static constexpr int kMax = 32;
+  uint32_t split = 0;  // bytes of every datagram kept in the datapath's buffer: the header
+  int n = 0;
+  struct Guess {
+    uint8_t* dst = nullptr;
+    uint32_t len = 0;      // payload bytes expected (the most the region holds)
+    uint32_t msg_seq = 0;  // what the datagram must say to be the one guessed (the caller's
+    uint64_t offset = 0;   // business; a datapath ignores these)
+  } g[kMax];
 };
 
 // Who takes received datagrams from an endpoint's rx_into: the calling connection's handler,
@@ -52,6 +85,12 @@ struct RxPacket {
 class RxHandler {
  public:
   virtual void on_rx(const RxPacket* pkts, int n) = 0;
+  // Fills `out` with guesses for the next datagrams (RxGuesses), called just before a receive
+  // whose datagrams this handler will see first. Returns how many; 0: no guess.
+  virtual int rx_guesses(RxGuesses* out) {
+    (void)out;
+    return 0;
+  }
 
  protected:
   ~RxHandler() = default;
@@ -116,6 +155,14 @@ class Endpoint {
   // Receives up to `max` datagrams into `pkts`. Returns how many (0 when none is waiting);
   // a negative errno on a fatal error. Never blocks.
   virtual int rx_burst(RxPacket* pkts, int max) = 0;
+
+  // rx_burst, but where the datapath can, datagram i of the burst (its first segment, for a
+  // coalesced receive) is received with its bytes from g.split on into g.g[i].dst, and so
+  // marked (RxPacket::rest). Datagrams handed out of an earlier receive are never guessed.
+  virtual int rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) {
+    (void)g;
+    return rx_burst(pkts, max);
+  }
 
   // Largest datagram, header included, that reaches the peer unfragmented.
   virtual uint32_t max_datagram_bytes() const = 0;

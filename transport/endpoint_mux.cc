@@ -23,6 +23,9 @@ namespace {
 // Bursts one drain takes at most: bounds a caller's work when many connections are busy.
 constexpr int kMaxBursts = 8;
 constexpr int kBurst = 32;
+// Drains without guesses after a burst whose guesses mostly missed (EndpointMux::check_guesses).
+constexpr int kGuessPause = 16;
+constexpr int kMaxGuessPause = 1024;
 }  // namespace
 
 class MuxPort final : public Endpoint {
@@ -183,12 +186,26 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own) {
   if (fatal_ != 0) return -fatal_;
   int mine = 0;
   RxPacket pkts[kBurst];
+  RxGuesses guesses;
   for (int b = 0; b < kMaxBursts; ++b) {
+    // The caller's own handler guesses where its next payloads go (its lock is held for the
+    // whole drain, so the regions stay its to overwrite); it is asked again for every burst,
+    // after it has taken the last one.
+    guesses.n = 0;
+    if (own != nullptr && self != nullptr) {
+      if (guess_pause_ > 0)
+        --guess_pause_;
+      else
+        guesses.n = own->rx_guesses(&guesses);
+    }
+    for (RxPacket& p : pkts) p.rest = nullptr;  // an endpoint that never guesses leaves them
     int n;
     {
       std::lock_guard<std::mutex> lock(ep_mu_);
-      n = ep_->rx_burst(pkts, kBurst);
+      n = guesses.n > 0 ? ep_->rx_burst_guessed(pkts, kBurst, guesses)
+                        : ep_->rx_burst(pkts, kBurst);
     }
+    if (n > 0 && guesses.n > 0) check_guesses(pkts, n, self->rx_token_, guesses);
     if (n < 0) {
       fatal_ = -n;
       OR_WARN("shared endpoint %s: receive failed (errno %d): every connection on it fails",
@@ -204,6 +221,42 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own) {
     if (n < kBurst) break;
   }
   return mine;
+}
+
+// Every datagram received into a guess is checked before any is handed out: one the guess got
+// wrong (another packet, another connection's, a stray) is made whole again first, while no
+// other datagram of the burst has been written anywhere, since its bytes sit in a region that
+// another datagram of the burst may be about to fill.
+void EndpointMux::check_guesses(RxPacket* pkts, int n, uint64_t own_token, const RxGuesses& g) {
+  int hits = 0, misses = 0;
+  for (int i = 0; i < n; ++i) {
+    RxPacket& p = pkts[i];
+    if (p.rest == nullptr) continue;
+    PacketHeader h;
+    const RxGuesses::Guess* want = p.guess >= 0 && p.guess < g.n ? &g.g[p.guess] : nullptr;
+    const bool right = want != nullptr && g.split == kHeaderBytes &&
+                       decode(p.data, p.len, &h) == DecodeError::kNone && h.token == own_token &&
+                       h.type == PacketType::kData && h.msg_seq == want->msg_seq &&
+                       h.offset == want->offset && h.payload_len == p.placed && p.rest == want->dst;
+    if (right) {
+      ++hits;
+    } else {
+      p.restore();
+      ++misses;
+    }
+  }
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  counters_.rx_placed += static_cast<uint64_t>(hits);
+  counters_.rx_misplaced += static_cast<uint64_t>(misses);
+  // Guesses that mostly miss cost a copy back and then the usual copy: stop guessing a while,
+  // longer each time in a row (several connections' datagrams interleaved on the endpoint).
+  if (misses > hits) {
+    guess_backoff_ =
+        std::min(guess_backoff_ == 0 ? kGuessPause : 2 * guess_backoff_, kMaxGuessPause);
+    guess_pause_ = guess_backoff_;
+  } else {
+    guess_backoff_ = 0;
+  }
 }
 
 void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own,

@@ -32,6 +32,10 @@ struct MuxCounters {
   uint64_t rx_no_port = 0;       // too short for a header, or a token no port has: stale, stray
   uint64_t rx_backlog_full = 0;  // a busy port's backlog had no room: dropped
   uint64_t drains = 0;           // receive passes over the shared endpoint
+  // Datagrams received straight into their connection's buffer (RxGuesses), and those received
+  // into a guess that was wrong, which cost a copy back.
+  uint64_t rx_placed = 0;
+  uint64_t rx_misplaced = 0;
 };
 
 class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
@@ -64,6 +68,7 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   // side, or a negative errno (sticky: every port fails with it).
   int drain(MuxPort* self, RxHandler* own);
   void dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own, int* mine);
+  void check_guesses(RxPacket* pkts, int n, uint64_t own_token, const RxGuesses& g);
   void attribute_unreachable_locked();
   int send(const PeerAddress& to, const TxPacket* pkts, int n);
   void close_port(MuxPort* p);
@@ -80,6 +85,8 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   std::unordered_map<uint64_t, MuxPort*> ports_;  // by rx token
   MuxCounters counters_;                          // under ports_mu_
   uint64_t unreachable_seen_ = 0;                 // ep_'s peer_unreachable already looked at
+  int guess_pause_ = 0;    // bursts left without guesses (under rx_mu_, as is the next)
+  int guess_backoff_ = 0;  // the last pause; doubles while guesses keep missing
   int fatal_ = 0;                                 // first fatal receive errno (under rx_mu_)
 };
 

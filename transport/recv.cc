@@ -277,6 +277,32 @@ void RecvConn::on_peer_closed_locked(uint64_t now) {
   advance_floor_locked(now);
 }
 
+// The next packets of the posted receives, oldest receive first, each from one past the highest
+// packet that arrived: in order, that is what comes next (repairs of holes below are not
+// guessed). Every region guessed is one no packet has filled yet, within the message's size, so
+// a wrong guess only scribbles where the right packet, or the hole fill, writes later. Not a
+// receive whose first packet has not come: its size is unknown, and the bytes past a message
+// are the caller's (harness_test.cc checks a canary there).
+int RecvConn::rx_guesses(RxGuesses* out) {
+  out->split = kHeaderBytes;
+  out->n = 0;
+  if (!fatal_.is_ok()) return 0;
+  const uint64_t pkt = params_.pkt_payload;
+  for (uint32_t s = floor_; s != next_seq_ && out->n < RxGuesses::kMax; ++s) {
+    const Msg& m = slot(s);
+    if (m.state != State::kPosted || !m.started) continue;
+    for (uint64_t off = uint64_t{m.high} * pkt; off < m.size && out->n < RxGuesses::kMax;
+         off += pkt) {
+      RxGuesses::Guess& g = out->g[out->n++];
+      g.dst = m.buf + off;
+      g.len = static_cast<uint32_t>(std::min(pkt, m.size - off));
+      g.msg_seq = s;
+      g.offset = off;
+    }
+  }
+  return out->n;
+}
+
 void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
   const uint32_t s = h.msg_seq;
   if (static_cast<int32_t>(s - floor_) < 0 ||
@@ -366,7 +392,9 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     return;
   }
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
-  if (h.payload_len) std::memcpy(m.buf + h.offset, payload, h.payload_len);
+  // A payload received into its place (rx_guesses) is there already.
+  if (h.payload_len && payload != m.buf + h.offset)
+    std::memcpy(m.buf + h.offset, payload, h.payload_len);
   // The sender's first packet: the network's part of the step starts here, early or late, and
   // the deadline becomes the transfer's budget from now (until here it was the start
   // allowance). A sender merely behind is waited for, so that this rank falls behind with it

@@ -87,6 +87,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint32_t pkts_since_ack = 0;
   };
 
+  int rx_guesses(RxGuesses* out) override;
   void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) override;
   bool waiting_on_peer_locked() const override;
   void on_peer_closed_locked(uint64_t now) override;

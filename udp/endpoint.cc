@@ -163,7 +163,14 @@ struct UdpEndpoint::Buffers {
   iovec tx_iov[kTxIovecs];
   alignas(cmsghdr) uint8_t tx_ctrl[kTxMsgs][kTxCtrlBytes];
   mmsghdr rx_msgs[kRxSlots];
-  iovec rx_iov[kRxSlots];
+  // A slot's own buffer, or for a guessed receive (rx_burst_guessed) three parts: the header in
+  // the slot, the payload in the guess, the rest in the slot where it would have gone.
+  iovec rx_iov[kRxSlots][3];
+  // Per slot of the last receive: the guess used (-1: none) and its bytes.
+  int rx_guess[kRxSlots];
+  uint8_t* rx_dst[kRxSlots];
+  uint32_t rx_dst_len[kRxSlots];
+  uint32_t rx_split = 0;
   sockaddr_storage rx_from[kRxSlots];
   alignas(cmsghdr) uint8_t rx_ctrl[kRxSlots][kRxCtrlBytes];
   alignas(cmsghdr) uint8_t err_ctrl[kErrCtrlBytes];
@@ -391,9 +398,10 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     c->cmsg_len = CMSG_LEN(sizeof(uint16_t));
   }
   for (int i = 0; i < kRxSlots; ++i) {
-    b.rx_iov[i] = iovec{b.slot(i), rx_slot_bytes_};
+    b.rx_iov[i][0] = iovec{b.slot(i), rx_slot_bytes_};
+    b.rx_guess[i] = -1;
     b.rx_msgs[i] = mmsghdr{};
-    b.rx_msgs[i].msg_hdr.msg_iov = &b.rx_iov[i];
+    b.rx_msgs[i].msg_hdr.msg_iov = b.rx_iov[i];
     b.rx_msgs[i].msg_hdr.msg_iovlen = 1;
     b.rx_msgs[i].msg_hdr.msg_name = &b.rx_from[i];
     b.rx_msgs[i].msg_hdr.msg_control = b.rx_ctrl[i];
@@ -600,6 +608,81 @@ int UdpEndpoint::send_to(const sockaddr_storage* dst, socklen_t dst_len, const T
   return taken;
 }
 
+// Points slot i's receive at its own buffer, or with guess `g` (non-null) split three ways.
+void UdpEndpoint::aim_slot(int i, const RxGuesses::Guess* g, uint32_t split) {
+  Buffers& b = *buf_;
+  msghdr& h = b.rx_msgs[i].msg_hdr;
+  b.rx_guess[i] = -1;
+  if (g == nullptr) {
+    h.msg_iovlen = 1;
+    return;
+  }
+  uint8_t* slot = b.slot(i);
+  b.rx_iov[i][1] = iovec{g->dst, g->len};
+  b.rx_iov[i][2] = iovec{slot + split + g->len, rx_slot_bytes_ - split - g->len};
+  b.rx_iov[i][0].iov_len = split;
+  h.msg_iovlen = 3;
+  b.rx_dst[i] = g->dst;
+  b.rx_dst_len[i] = g->len;
+}
+
+// After a guessed receive: keeps the guess of each slot whose first datagram may be the one
+// guessed; a slot whose bytes landed where no RxPacket can describe (a coalesced receive whose
+// segments are not header + guess long) is made whole at once.
+void UdpEndpoint::settle_guesses(int received, int guessed, uint32_t split) {
+  Buffers& b = *buf_;
+  for (int i = 0; i < guessed; ++i) {
+    msghdr& h = b.rx_msgs[i].msg_hdr;
+    b.rx_iov[i][0].iov_len = rx_slot_bytes_;
+    h.msg_iovlen = 1;
+    if (i >= received) continue;
+    const uint32_t len = b.rx_msgs[i].msg_len;
+    if (len <= split || (h.msg_flags & MSG_TRUNC)) continue;  // nothing went to the guess
+    const uint32_t seg = gro_ ? gro_segment_bytes(h) : 0;
+    const uint32_t placed = std::min(len - split, b.rx_dst_len[i]);
+    if (seg != 0 && seg < len && seg != split + b.rx_dst_len[i]) {
+      std::memcpy(b.slot(i) + split, b.rx_dst[i], placed);
+      ++udp_counters_.rx_unguessed;
+      continue;
+    }
+    b.rx_guess[i] = i;
+  }
+}
+
+int UdpEndpoint::rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) {
+  if (fatal_) return -fatal_;
+  if (max <= 0) return 0;
+  // Datagrams of an earlier receive first, never guessed; a fresh receive only when none is left.
+  if (rx_next_ < rx_count_) return rx_burst(pkts, max);
+  Buffers& b = *buf_;
+  int n = std::min({max, kRxSlots, g.n});
+  // Where the kernel coalesces datagrams (GRO), the first slot likely holds a run of them and
+  // the second starts further on than its guess: guess the first slot alone.
+  if (gro_ && 2 * max_datagram_ <= rx_slot_bytes_) n = std::min(n, 1);
+  int guessed = 0;
+  if (g.split != 0 && g.split <= rx_slot_bytes_) {
+    while (guessed < n && g.g[guessed].dst != nullptr &&
+           g.g[guessed].len <= rx_slot_bytes_ - g.split) {
+      aim_slot(guessed, &g.g[guessed], g.split);
+      ++guessed;
+    }
+  }
+  b.rx_split = g.split;
+  const int r = recv_batch(max);
+  settle_guesses(r > 0 ? r : 0, guessed, g.split);
+  if (r <= 0) return r;
+  const int got = drain_rx(pkts, max);
+  // A slot the caller's array had no room for keeps no guess: the next call, perhaps another
+  // caller's, could not know whose it was.
+  for (int i = rx_next_; i < rx_count_; ++i) {
+    if (b.rx_guess[i] < 0 || (i == rx_next_ && rx_offset_ != 0)) continue;
+    std::memcpy(b.slot(i) + b.rx_split, b.rx_dst[i],
+                std::min(b.rx_msgs[i].msg_len - b.rx_split, b.rx_dst_len[i]));
+    b.rx_guess[i] = -1;
+  }
+  return got;
+}
+
 // One recvmmsg into the slots. Returns the messages received (0: none waiting) or -errno.
 int UdpEndpoint::recv_batch(int max) {
   Buffers& b = *buf_;
@@ -749,14 +832,26 @@ int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
           rx_offset_ += chunk;
           continue;
         }
-        pkts[got].data = data + rx_offset_;
-        pkts[got].len = chunk;
-        pkts[got].from = from;
+        RxPacket& p = pkts[got];
+        p.data = data + rx_offset_;
+        p.len = chunk;
+        p.from = from;
+        p.rest = p.room = nullptr;
+        p.placed = 0;
+        p.guess = -1;
+        if (rx_offset_ == 0 && b.rx_guess[rx_next_] >= 0) {
+          p.room = const_cast<uint8_t*>(data) + b.rx_split;
+          p.rest = b.rx_dst[rx_next_];
+          p.placed = std::min(chunk - b.rx_split, b.rx_dst_len[rx_next_]);
+          p.guess = b.rx_guess[rx_next_];
+          b.rx_guess[rx_next_] = -1;  // handed out: its owner restores it if need be
+        }
         ++got;
         rx_offset_ += chunk;
       } while (got < max && rx_offset_ < len);
       if (rx_offset_ < len) break;  // the caller's array is full; resume here next time
     }
+    b.rx_guess[rx_next_] = -1;
     ++rx_next_;
     rx_offset_ = 0;
   }

@@ -46,6 +46,9 @@ struct UdpCounters {
   // checksum), from SO_RXQ_OVFL: known only when a later datagram arrives, which carries the
   // socket's running count.
   uint64_t rx_kernel_drops = 0;
+  // Guessed receives (rx_burst_guessed) whose bytes had to be copied back at once: a coalesced
+  // receive whose datagrams were not the guessed length.
+  uint64_t rx_unguessed = 0;
 };
 
 // The system calls an endpoint makes to move datagrams. Production uses ::sendmmsg and
@@ -78,6 +81,7 @@ class UdpEndpoint final : public Endpoint {
   std::string address_text(const PeerAddress& addr) const override;
   std::string address_host(const PeerAddress& addr) const override;
   int rx_burst(RxPacket* pkts, int max) override;
+  int rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override { return receive_buffer_; }
@@ -102,6 +106,8 @@ class UdpEndpoint final : public Endpoint {
   int send_to(const sockaddr_storage* dst, socklen_t dst_len, const TxPacket* pkts, int n);
   void count_socket_unreachable();
   int recv_batch(int max);
+  void aim_slot(int i, const RxGuesses::Guess* g, uint32_t split);
+  void settle_guesses(int received, int guessed, uint32_t split);
   int drain_rx(RxPacket* pkts, int max);
   bool from_peer(const sockaddr_storage& src) const;
   void count_kernel_drops(msghdr& h);
