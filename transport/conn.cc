@@ -172,7 +172,7 @@ void Conn::drain_rx_locked(uint64_t now) {
 
 void Conn::on_rx(const RxPacket* pkts, int n) {
   for (int i = 0; i < n; ++i)
-    handle_datagram_locked(pkts[i].data, pkts[i].len, rx_now_, pkts[i].rest);
+    handle_datagram_locked(pkts[i].data, pkts[i].len, rx_now_, pkts[i].rest, pkts[i].age_ns);
   if (n > 0) after_rx_burst_locked(rx_now_);
 }
 
@@ -189,7 +189,9 @@ bool Conn::try_deliver(const RxPacket* pkts, int n) {
 }
 
 void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now,
-                                  const uint8_t* placed) {
+                                  const uint8_t* placed, uint64_t age_ns) {
+  // An age beyond a second is a clock step, not a wait: taken as unknown.
+  rx_arrival_ns_ = age_ns < now && age_ns < kMaxRxAgeNs ? now - age_ns : now;
   PacketHeader h;
   const DecodeError e = decode(data, len, &h);
   if (e != DecodeError::kNone) {

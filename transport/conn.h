@@ -166,6 +166,11 @@ class Conn : private RxHandler, private RxSink {
   Status fatal_;  // sticky: the first fatal error fails every later call
   bool peer_closed_ = false;  // the peer said CLOSE
   uint32_t timeout_hint_us_ = 0;  // tC piggybacked on outgoing packets (bounded mode)
+  // When the datagram being handled reached the host (its kernel timestamp where the datapath
+  // has one, else when it was handled): what the receiver's hold time and the sender's
+  // network-only RTT are measured from.
+  uint64_t rx_arrival_ns_ = 0;
+  static constexpr uint64_t kMaxRxAgeNs = 1'000'000'000;
 
  private:
   void drain_rx_locked(uint64_t now);
@@ -176,8 +181,9 @@ class Conn : private RxHandler, private RxSink {
   void on_kept() override;
   // `placed`: where the payload already lies (a datagram received into a guess, RxGuesses);
   // null: right after the header in `data`.
+  // `age_ns`: how long ago it reached the host (RxPacket::age_ns).
   void handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t now,
-                              const uint8_t* placed = nullptr);
+                              const uint8_t* placed = nullptr, uint64_t age_ns = 0);
   void check_liveness_locked(uint64_t now);
 
   friend class Registry;

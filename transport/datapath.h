@@ -45,6 +45,10 @@ struct RxPacket {
   uint32_t len = 0;
   // Filled only while the endpoint has no peer (the listen side of a handshake).
   PeerAddress from;
+  // How long before the datapath handed it out the datagram reached this host (the kernel's
+  // receive timestamp): the time it waited for a busy or descheduled process. 0 where unknown.
+  // The congestion controller must not take that wait for queueing in the network.
+  uint64_t age_ns = 0;
   // Set only by rx_burst_guessed, for a datagram received straight into guess `guess`: its
   // bytes from RxGuesses::split on begin at `rest` (the first `placed` of them; any beyond
   // lie in `data` where they belong), and `room`, the place in `data` they would have taken,

@@ -304,6 +304,7 @@ int RecvConn::rx_guesses(RxGuesses* out) {
 }
 
 void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) {
+  last_data_arrival_ns_ = std::max(last_data_arrival_ns_, rx_arrival_ns_);
   const uint32_t s = h.msg_seq;
   if (static_cast<int32_t>(s - floor_) < 0 ||
       (s - floor_ < next_seq_ - floor_ && slot(s).state != State::kPosted)) {
@@ -462,9 +463,17 @@ void RecvConn::after_rx_burst_locked(uint64_t now) {
   }
 }
 
+uint32_t RecvConn::hold_ns_locked() const {
+  if (last_data_arrival_ns_ == 0) return 0;
+  const uint64_t now = clock_.now_ns();
+  const uint64_t hold = now > last_data_arrival_ns_ ? now - last_data_arrival_ns_ : 0;
+  return static_cast<uint32_t>(std::min<uint64_t>(hold, UINT32_MAX));
+}
+
 void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   PacketHeader h;
   h.type = PacketType::kAck;
+  h.hold_ns = hold_ns_locked();
   h.msg_seq = m.req.seq;
   h.msg_floor = floor_;
   if (final_ack) {
@@ -489,6 +498,7 @@ void RecvConn::send_final_for_locked(uint32_t seq, bool bounded) {
   h.flags = kFlagFinal | (bounded ? kFlagBounded : 0);
   h.msg_seq = seq;
   h.msg_floor = floor_;
+  h.hold_ns = hold_ns_locked();
   send_ctrl_locked(h);
 }
 

@@ -99,6 +99,8 @@ class RecvConn final : public Conn, public RecvComm {
   void on_data_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now);
   void send_cts_locked(Msg& m, uint64_t now);
   void send_ack_locked(Msg& m, bool final_ack);
+  // An ACK's hold_ns (wire.h): from the newest DATA's arrival at this host to now.
+  uint32_t hold_ns_locked() const;
   void send_final_for_locked(uint32_t seq, bool bounded);
   void complete_locked(Msg& m, End how, uint64_t now);
   void fill_holes_locked(Msg& m);
@@ -119,6 +121,7 @@ class RecvConn final : public Conn, public RecvComm {
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
+  uint64_t last_data_arrival_ns_ = 0;  // the newest DATA's rx_arrival_ns_
   Msg msgs_[kMaxRequests];
   uint32_t next_seq_ = 0;   // sequence of the next irecv
   uint32_t floor_ = 0;      // every message below it is complete

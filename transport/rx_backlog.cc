@@ -13,6 +13,7 @@ struct RxBacklog::Record {
   uint32_t len = 0;
   uint32_t reserved = 0;
   PeerAddress from;
+  uint64_t age_ns = 0;  // RxPacket::age_ns when kept
 };
 
 namespace {
@@ -45,6 +46,7 @@ int RxBacklog::push(const RxPacket* pkts, int n) {
     Record r;
     r.len = pkts[i].len;
     r.from = pkts[i].from;
+    r.age_ns = pkts[i].age_ns;
     uint8_t* p = &ring_[tail_ % kCapacityBytes];
     std::memcpy(p, &r, sizeof(r));
     if (pkts[i].len != 0) std::memcpy(p + sizeof(r), pkts[i].data, pkts[i].len);
@@ -70,6 +72,7 @@ uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt) const {
     pkt->data = p + sizeof(r);
     pkt->len = r.len;
     pkt->from = r.from;
+    pkt->age_ns = r.age_ns;  // its wait in the backlog is not counted: the controller sees more
   }
   return at + align8(sizeof(Record) + len);
 }

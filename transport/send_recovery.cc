@@ -94,8 +94,13 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
   const uint64_t rtt = t.newest_sent != 0 ? now - t.newest_sent : 0;
+  // The timers need the whole round trip, host delays included (a timeout must outwait a busy
+  // receiver); the congestion controller only the network's part of it: without the time the
+  // ACK waited for this process and the receiver's hold. Under CPU contention those are
+  // milliseconds, which a delay-based controller read as a full queue and answered by cutting
+  // the window to its floor (p2p_bench's proxy pattern fell to 0.1x TCP on a loaded host).
   if (rtt != 0) rtt_.sample(rtt);
-  if (t.acked != 0) path_->on_acked(t.left_flight, t.acked, rtt, now);
+  if (t.acked != 0) path_->on_acked(t.left_flight, t.acked, network_rtt(rtt, now, h.hold_ns), now);
   if (m.cum != old_cum) m.progress_ns = now;
   if (m.cum != old_cum || t.newest_sent != 0) {
     rto_deadline_ = now + rtt_.rto_ns();
@@ -106,6 +111,14 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
     return;
   }
   detect_losses_locked(m, now);
+}
+
+uint64_t SendConn::network_rtt(uint64_t rtt, uint64_t now, uint32_t hold_ns) const {
+  if (rtt == 0) return 0;
+  const uint64_t host = (now - std::min(now, rx_arrival_ns_)) + hold_ns;
+  // More host time than the whole round trip: the two clocks' readings disagree (a receiver
+  // that reports no hold, a timestamp from before a clock step). No sample then.
+  return host < rtt ? rtt - host : 0;
 }
 
 void SendConn::on_receiver_done_locked(Msg& m) {

@@ -45,7 +45,7 @@ void encode(const PacketHeader& h, uint8_t* b) {
   put64(b + kOffMsgSize, h.msg_size);
   put64(b + kOffOffset, h.offset);
   put32(b + kOffFloor, h.msg_floor);
-  put32(b + kOffTimeout, h.timeout_us);
+  put32(b + kOffTimeout, h.type == PacketType::kAck ? h.hold_ns : h.timeout_us);
 }
 
 bool peek_token(const uint8_t* b, size_t len, uint64_t* token) {
@@ -70,7 +70,8 @@ DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
   h->msg_size = get64(b + kOffMsgSize);
   h->offset = get64(b + kOffOffset);
   h->msg_floor = get32(b + kOffFloor);
-  h->timeout_us = get32(b + kOffTimeout);
+  h->timeout_us = h->type == PacketType::kAck ? 0 : get32(b + kOffTimeout);
+  h->hold_ns = h->type == PacketType::kAck ? get32(b + kOffTimeout) : 0;
   h->credit = get16(b + kOffCredit);
   if (h->credit != 0 && h->type != PacketType::kCts && h->type != PacketType::kAck)
     return DecodeError::kBadField;

@@ -12,7 +12,8 @@
 namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
-inline constexpr uint8_t kWireVersion = 3;      // 2: credit (was reserved, zero); 3: reply tokens
+// 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs
+inline constexpr uint8_t kWireVersion = 4;
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -67,7 +68,11 @@ inline constexpr uint16_t kKnownFlags = 0x3F;
 //   msg_floor   CTS/ACK: every message below this sequence is complete at the receiver
 //               (repairs lost final ACKs). DATA: the sender's oldest unfinished message.
 //   timeout_us  the sender's current step-time estimate tC in microseconds (bounded mode;
-//               0 = none). Piggybacked so receivers can agree on a median.
+//               0 = none). Piggybacked so receivers can agree on a median. Not in ACKs.
+//   hold_ns     ACK only, in timeout_us's place: nanoseconds from the arrival of the newest
+//               DATA at the receiver's host to this ACK (capped): the time the receiver's
+//               process took to get to it, which the sender subtracts from its RTT sample
+//               before its congestion controller sees it (a busy host is not a full queue).
 //   credit      CTS/ACK of a bounded message: packets the sender may have sent of it beyond
 //               `offset` (the ACK's cumulative point; 0 for a CTS), the receiver's share of its
 //               downlink (credit.h); 0 = no limit. Other types: 0.
@@ -81,6 +86,7 @@ struct PacketHeader {
   uint64_t offset = 0;
   uint32_t msg_floor = 0;
   uint32_t timeout_us = 0;
+  uint32_t hold_ns = 0;
   uint16_t credit = 0;
 };
 

@@ -31,6 +31,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <new>
 #include <string>
 
@@ -66,9 +67,10 @@ constexpr uint32_t kUdpHeaderBytes = 8;
 constexpr uint32_t kMinDatagramBytes = 256;
 
 constexpr size_t kTxCtrlBytes = CMSG_SPACE(sizeof(uint16_t));
-// Room for both control messages a receive may carry: the GRO segment size and the socket's
-// drop count (SO_RXQ_OVFL).
-constexpr size_t kRxCtrlBytes = CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t));
+// Room for the control messages a receive may carry: the GRO segment size, the socket's drop
+// count (SO_RXQ_OVFL) and the receive timestamp (SO_TIMESTAMPNS).
+constexpr size_t kRxCtrlBytes =
+    CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(uint32_t)) + CMSG_SPACE(sizeof(timespec));
 // One error-queue entry's control message: the extended error and the ICMP sender's address
 // (SO_EE_OFFENDER) after it; twice that in case another option adds a message.
 constexpr size_t kErrCtrlBytes = 2 * CMSG_SPACE(sizeof(sock_extended_err) + sizeof(sockaddr_in6));
@@ -169,6 +171,7 @@ struct UdpEndpoint::Buffers {
   // Per slot of the last receive: the guess used (-1: none) and its bytes.
   int rx_guess[kRxSlots];
   uint8_t* rx_dst[kRxSlots];
+  uint64_t rx_age[kRxSlots];  // RxPacket::age_ns of each slot's datagrams
   uint32_t rx_dst_len[kRxSlots];
   uint32_t rx_split = 0;
   sockaddr_storage rx_from[kRxSlots];
@@ -377,6 +380,12 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
   {
     const int one = 1;
     (void)setsockopt(fd_, SOL_SOCKET, SO_RXQ_OVFL, &one, sizeof(one));
+  }
+  // The kernel's receive timestamp on every datagram (RxPacket::age_ns): how long it waited in
+  // the socket for this process. Best effort: without it the age is unknown (0).
+  {
+    const int one = 1;
+    (void)setsockopt(fd_, SOL_SOCKET, SO_TIMESTAMPNS, &one, sizeof(one));
   }
 
   buf_.reset(new (std::nothrow) Buffers());
@@ -700,6 +709,7 @@ int UdpEndpoint::recv_batch(int max) {
       rx_count_ = r;
       rx_next_ = 0;
       rx_offset_ = 0;
+      stamp_ages(r);
       return r;
     }
     const int err = errno;
@@ -796,6 +806,28 @@ void UdpEndpoint::count_kernel_drops(msghdr& h) {
   }
 }
 
+// How long ago each received message reached the socket, from its SO_TIMESTAMPNS (wall clock,
+// as the kernel stamps it; one reading of that clock now serves the whole batch).
+void UdpEndpoint::stamp_ages(int received) {
+  Buffers& b = *buf_;
+  timespec wall{};
+  const bool have_now = clock_gettime(CLOCK_REALTIME, &wall) == 0;
+  const int64_t now_ns = int64_t{wall.tv_sec} * 1'000'000'000 + wall.tv_nsec;
+  for (int i = 0; i < received; ++i) {
+    b.rx_age[i] = 0;
+    if (!have_now) continue;
+    msghdr& h = b.rx_msgs[i].msg_hdr;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
+      timespec ts;
+      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+      const int64_t age = now_ns - (int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec);
+      if (age > 0) b.rx_age[i] = static_cast<uint64_t>(age);
+      break;
+    }
+  }
+}
+
 // Hands out received datagrams not yet handed out, up to `max`.
 int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
   Buffers& b = *buf_;
@@ -836,6 +868,7 @@ int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
         p.data = data + rx_offset_;
         p.len = chunk;
         p.from = from;
+        p.age_ns = b.rx_age[rx_next_];
         p.rest = p.room = nullptr;
         p.placed = 0;
         p.guess = -1;

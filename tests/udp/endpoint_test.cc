@@ -373,6 +373,20 @@ TEST(UdpEndpoint, ACoalescedRunOfAnotherSizeThanGuessedIsMadeWholeAtOnce) {
   EXPECT_GT(b->udp_counters().rx_unguessed, 0u);
 }
 
+TEST(UdpEndpoint, ADatagramsAgeIsHowLongItWaitedInTheSocket) {
+  auto a = open_v4();
+  auto b = open_v4();
+  pair_up(*a, *b);
+  Outbox out;
+  out.add(100);
+  send_all(*a, out.packets());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  RxPacket rx[4];
+  ASSERT_EQ(b->rx_burst(rx, 4), 1);
+  EXPECT_GE(rx[0].age_ns, 25'000'000u);  // it arrived at once and waited the 30 ms
+  EXPECT_LT(rx[0].age_ns, 1'000'000'000u);
+}
+
 // Test doubles for the system calls: sendmmsg that accepts a budget of messages and then
 // reports a full queue, or that refuses GSO. Plain functions, so state lives in globals.
 int g_send_budget = 0;

@@ -12,6 +12,7 @@
 
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
+#include "transport/congestion.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
@@ -953,6 +954,56 @@ TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
 
 // The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
 // other (from, to) pair, self-loops included, is refused (and fails the connection).
+// Records the RTT samples a path's controller is given; never limits anything.
+struct RttRecorder final : CongestionController {
+  std::vector<uint64_t>* samples;
+  explicit RttRecorder(std::vector<uint64_t>* s) : samples(s) {}
+  uint64_t window_bytes() const override { return 64u << 20; }
+  double pacing_rate() const override { return 0; }
+  void on_ack(uint64_t, uint64_t rtt_ns, uint64_t) override {
+    if (rtt_ns != 0) samples->push_back(rtt_ns);
+  }
+  void on_loss(uint64_t) override {}
+  void on_timeout(uint64_t) override {}
+};
+
+// Both processes busy elsewhere: each gets to its datagrams milliseconds after they arrived
+// over a 200 us RTT. The controller must see the 200 us, not the milliseconds: a delay-based
+// window read those as a full queue and cut itself to its floor on every busy host.
+TEST(HostDelay, TheControllerSeesTheNetworksRttNotTheHostsWaits) {
+  FakeClock clock;
+  Config cfg;
+  auto p = make_mem_pair(kDgram, &clock, 100'000);
+  ConnParams cp;
+  cp.token = 0x5151;
+  cp.pkt_payload = payload_for_datagram(kDgram);
+  cp.peer_window = 256 * 1024;
+  std::vector<uint64_t> samples;
+  auto path = std::make_shared<Path>(std::make_unique<RttRecorder>(&samples), cp.pkt_payload, 0);
+  SendConn s(cfg, clock, std::move(p.a), cp, nullptr, path);
+  RecvConn r(cfg, clock, std::move(p.b), cp, nullptr);
+  const auto src = pattern(100'000, 9);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(r.irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(s.isend(src.data(), src.size(), &sr).is_ok());
+  bool sd = false, rd = false;
+  size_t size = 0;
+  for (int i = 0; i < 400 && !(sd && rd); ++i) {
+    clock.advance_us(2500);
+    ASSERT_TRUE(r.test(rr, &rd, &size).is_ok());
+    clock.advance_us(1500);
+    ASSERT_TRUE(s.test(sr, &sd, &size).is_ok());
+  }
+  ASSERT_TRUE(sd && rd);
+  EXPECT_EQ(dst, src);
+  ASSERT_FALSE(samples.empty());
+  for (uint64_t rtt : samples) {
+    EXPECT_GE(rtt, 200'000u);
+    EXPECT_LE(rtt, 250'000u);
+  }
+}
+
 TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
   using S = SendConn::State;
   const S all[] = {S::kFree, S::kWaitCts, S::kSending, S::kDone};

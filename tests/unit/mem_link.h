@@ -24,10 +24,15 @@ struct MemQueue {
   const Clock* clock = nullptr;
   uint64_t delay_ns = 0;
   std::deque<std::pair<uint64_t, std::vector<uint8_t>>> wire;  // (arrival time, datagram)
+  // With a clock, when each datagram of q arrived, so that rx_burst reports its age as a
+  // socket's timestamp would (RxPacket::age_ns). A test that fills q by hand leaves this
+  // behind q, and its datagrams then have no age.
+  std::deque<uint64_t> arrived_ns;
 
   void push(std::vector<uint8_t> d) {
     if (clock == nullptr || delay_ns == 0) {
       q.push_back(std::move(d));
+      if (clock != nullptr) arrived_ns.push_back(clock->now_ns());
       return;
     }
     wire.emplace_back(clock->now_ns() + delay_ns, std::move(d));
@@ -36,6 +41,7 @@ struct MemQueue {
   void arrive() {
     while (!wire.empty() && clock->now_ns() >= wire.front().first) {
       q.push_back(std::move(wire.front().second));
+      arrived_ns.push_back(wire.front().first);
       wire.pop_front();
     }
   }
@@ -101,10 +107,17 @@ class MemEndpoint final : public Endpoint {
   int rx_burst(RxPacket* pkts, int max) override {
     if (rx_->clock != nullptr) rx_->arrive();
     held_.clear();
+    const bool stamped = rx_->clock != nullptr && rx_->arrived_ns.size() == rx_->q.size();
+    if (!stamped) rx_->arrived_ns.clear();
     int n = 0;
     while (n < max && !rx_->q.empty()) {
       held_.push_back(std::move(rx_->q.front()));
       rx_->q.pop_front();
+      pkts[n].age_ns = 0;
+      if (stamped) {
+        pkts[n].age_ns = rx_->clock->now_ns() - rx_->arrived_ns.front();
+        rx_->arrived_ns.pop_front();
+      }
       ++n;
     }
     for (int i = 0; i < n; ++i) {

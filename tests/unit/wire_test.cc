@@ -61,6 +61,26 @@ TEST(Encode, RoundTripsTheCreditOfCtsAndAck) {
   }
 }
 
+TEST(Encode, AnAckCarriesItsHoldWhereOthersCarryTheirTimeout) {
+  PacketHeader h;
+  h.type = PacketType::kAck;
+  h.hold_ns = 0xCAFE1234u;
+  h.timeout_us = 777;  // an ACK does not carry it: the field holds the hold
+  auto d = datagram(h, 0);
+  EXPECT_EQ(d[44], 0x34);  // little-endian, at byte 44
+  EXPECT_EQ(d[47], 0xCA);
+  PacketHeader out;
+  ASSERT_EQ(decode(d.data(), d.size(), &out), DecodeError::kNone);
+  EXPECT_EQ(out.hold_ns, 0xCAFE1234u);
+  EXPECT_EQ(out.timeout_us, 0u);
+  h = data_header();
+  h.hold_ns = 5;  // nor does anything but an ACK carry a hold
+  d = datagram(h, 100);
+  ASSERT_EQ(decode(d.data(), d.size(), &out), DecodeError::kNone);
+  EXPECT_EQ(out.timeout_us, 123456u);
+  EXPECT_EQ(out.hold_ns, 0u);
+}
+
 TEST(Encode, IsLittleEndianOnTheWire) {
   PacketHeader h;
   h.type = PacketType::kCts;
