@@ -71,7 +71,7 @@ class MuxPort final : public Endpoint {
   int rx_into(RxHandler& own, int max) override {
     (void)max;  // a drain is bounded by itself (kMaxBursts)
     forget_handed();
-    int got = backlog_.take(own);
+    int got = backlog_.take(own, mux_->clock_.now_ns());
     const int r = mux_->drain(this, &own);
     if (r < 0) return r;
     got += r;
@@ -85,13 +85,15 @@ class MuxPort final : public Endpoint {
   int rx_burst(RxPacket* pkts, int max) override {
     struct Keep final : RxHandler {
       RxBacklog* b = nullptr;
-      void on_rx(const RxPacket* p, int n) override { (void)b->push(p, n); }
+      uint64_t now = 0;
+      void on_rx(const RxPacket* p, int n) override { (void)b->push(p, n, now); }
     } keep;
     keep.b = &backlog_;
+    keep.now = mux_->clock_.now_ns();
     forget_handed();
     const int r = mux_->drain(this, &keep);
     if (r < 0) return r;
-    handed_ = backlog_.peek(pkts, max);
+    handed_ = backlog_.peek(pkts, max, keep.now);
     own_.rx_datagrams += static_cast<uint64_t>(handed_);
     return handed_;
   }
@@ -128,7 +130,8 @@ class MuxPort final : public Endpoint {
 
 // ---------------------------------------------------------------------------------------------
 
-EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep) : ep_(std::move(ep)) {}
+EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock)
+    : ep_(std::move(ep)), clock_(clock) {}
 
 EndpointMux::~EndpointMux() = default;  // every port holds the mux: none is left
 
@@ -299,7 +302,8 @@ void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, Rx
       if (own != nullptr) own->on_rx(group, k);
       *mine += k;
     } else if (p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
-      counters_.rx_backlog_full += static_cast<uint64_t>(p->backlog_.push(group, k));
+      counters_.rx_backlog_full +=
+          static_cast<uint64_t>(p->backlog_.push(group, k, clock_.now_ns()));
       if (p->sink_ != nullptr) p->sink_->on_kept();  // after the push: see registry.h
     }
   }

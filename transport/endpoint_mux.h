@@ -20,6 +20,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "transport/clock.h"
 #include "transport/datapath.h"
 
 namespace optireduce {
@@ -40,8 +41,10 @@ struct MuxCounters {
 
 class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
  public:
-  // `ep` must have been opened unbound (EndpointOptions::unbound).
-  explicit EndpointMux(std::unique_ptr<Endpoint> ep);
+  // `ep` must have been opened unbound (EndpointOptions::unbound). `clock` times the copies a
+  // busy connection is kept (their age, RxPacket::age_ns, counts the wait); it must outlive
+  // the mux.
+  explicit EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock = SteadyClock::instance());
   ~EndpointMux();
   EndpointMux(const EndpointMux&) = delete;
   EndpointMux& operator=(const EndpointMux&) = delete;
@@ -75,6 +78,7 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   void set_sink(MuxPort* p, RxSink* sink);
 
   std::unique_ptr<Endpoint> ep_;
+  const Clock& clock_;
   // Who drains: held from a receive until its datagrams are handed out (they live in the
   // endpoint's buffers until its next receive). Only ever try_locked.
   std::mutex rx_mu_;

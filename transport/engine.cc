@@ -107,7 +107,7 @@ Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
   std::unique_ptr<Endpoint> ep;
   Status st = devices_[dev]->open_endpoint(opts, &ep);
   if (!st) return st;
-  *out = std::make_shared<EndpointMux>(std::move(ep));
+  *out = std::make_shared<EndpointMux>(std::move(ep), clock_);
   std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
   muxes_.push_back(MuxEntry{dev, me, *out});
   return Status::ok();

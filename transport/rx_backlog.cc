@@ -13,7 +13,7 @@ struct RxBacklog::Record {
   uint32_t len = 0;
   uint32_t reserved = 0;
   PeerAddress from;
-  uint64_t age_ns = 0;  // RxPacket::age_ns when kept
+  uint64_t arrived_ns = 0;  // when it reached the host, from its age when kept
 };
 
 namespace {
@@ -22,7 +22,7 @@ constexpr uint64_t align8(uint64_t n) {
 }
 }  // namespace
 
-int RxBacklog::push(const RxPacket* pkts, int n) {
+int RxBacklog::push(const RxPacket* pkts, int n, uint64_t now) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!ring_) {
     ring_.reset(new (std::nothrow) uint8_t[kCapacityBytes]);
@@ -46,7 +46,7 @@ int RxBacklog::push(const RxPacket* pkts, int n) {
     Record r;
     r.len = pkts[i].len;
     r.from = pkts[i].from;
-    r.age_ns = pkts[i].age_ns;
+    r.arrived_ns = pkts[i].age_ns < now ? now - pkts[i].age_ns : now;
     uint8_t* p = &ring_[tail_ % kCapacityBytes];
     std::memcpy(p, &r, sizeof(r));
     if (pkts[i].len != 0) std::memcpy(p + sizeof(r), pkts[i].data, pkts[i].len);
@@ -72,7 +72,7 @@ uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt) const {
     pkt->data = p + sizeof(r);
     pkt->len = r.len;
     pkt->from = r.from;
-    pkt->age_ns = r.age_ns;  // its wait in the backlog is not counted: the controller sees more
+    pkt->age_ns = r.arrived_ns;  // absolute here; take() and peek() make it an age again
   }
   return at + align8(sizeof(Record) + len);
 }
@@ -87,7 +87,15 @@ void RxBacklog::advance_head(uint64_t to) {
   }
 }
 
-int RxBacklog::take(RxHandler& own) {
+namespace {
+// A kept datagram's age counts its wait here too: the congestion controller must not take it
+// for queueing in the network (RxPacket::age_ns).
+void age_from(RxPacket* p, uint64_t now) {
+  p->age_ns = now > p->age_ns ? now - p->age_ns : 0;
+}
+}  // namespace
+
+int RxBacklog::take(RxHandler& own, uint64_t now) {
   uint64_t at, tail;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -99,6 +107,7 @@ int RxBacklog::take(RxHandler& own) {
   int n = 0, total = 0;
   while (at != tail) {
     at = next_record(at, &burst[n]);
+    age_from(&burst[n], now);
     if (++n == 32) {
       own.on_rx(burst, n);
       total += n;
@@ -110,7 +119,7 @@ int RxBacklog::take(RxHandler& own) {
   return total + n;
 }
 
-int RxBacklog::peek(RxPacket* out, int max) {
+int RxBacklog::peek(RxPacket* out, int max, uint64_t now) {
   uint64_t at, tail;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -118,7 +127,10 @@ int RxBacklog::peek(RxPacket* out, int max) {
     tail = tail_;
   }
   int n = 0;
-  while (n < max && at != tail) at = next_record(at, &out[n++]);
+  while (n < max && at != tail) {
+    at = next_record(at, &out[n]);
+    age_from(&out[n++], now);
+  }
   return n;
 }
 

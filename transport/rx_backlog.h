@@ -23,14 +23,15 @@ class RxBacklog {
   // (64 KiB each) fits. Beyond it datagrams are dropped and counted, as a full socket would.
   static constexpr uint32_t kCapacityBytes = 2u << 20;
 
-  // Copies pkts[0, n) in. Returns how many did not fit (dropped).
-  int push(const RxPacket* pkts, int n);
+  // Copies pkts[0, n) in at time `now`. Returns how many did not fit (dropped).
+  int push(const RxPacket* pkts, int n, uint64_t now);
   // Hands everything kept so far to `own`, in bursts of at most 32, oldest first, and forgets
-  // it; returns how many. Datagrams pushed meanwhile wait for the next call.
-  int take(RxHandler& own);
+  // it; returns how many. Datagrams pushed meanwhile wait for the next call. Their ages
+  // (RxPacket::age_ns) are as of `now`, the time in the backlog included.
+  int take(RxHandler& own, uint64_t now);
   // The oldest `max` at most, left in place (valid until consume() passes them); and forgetting
   // the oldest `n`. For a caller that wants datagrams back rather than handed over.
-  int peek(RxPacket* out, int max);
+  int peek(RxPacket* out, int max, uint64_t now);
   void consume(int n);
   // Copies are waiting (read without the lock, by the progress thread: see registry.h).
   bool pending() const { return pending_.load(); }
