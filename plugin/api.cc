@@ -390,6 +390,7 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
 
     auto w = std::make_unique<SendWrap>(c);
     w->comm = std::move(out);
+    w->dev = dev;
     w->p2p_only = c->p2p_only || by_class;
     {
       std::lock_guard<std::mutex> lock(c->mu);
@@ -420,6 +421,7 @@ ncclResult_t accept(void* listen_comm, void** recv_comm,
     // The sender chose the delivery; the transport's handshake brought its choice here.
     auto w = std::make_unique<RecvWrap>(l->ctx);
     w->comm = std::move(out);
+    w->dev = l->dev;
     {
       std::lock_guard<std::mutex> lock(l->ctx->mu);
       l->ctx->live_recv.push_back(w.get());
@@ -431,35 +433,74 @@ ncclResult_t accept(void* listen_comm, void** recv_comm,
   });
 }
 
-ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) noexcept {
-  return guarded("regMr", [&] {
+namespace {
+
+// Registers with the datapath of the comm's device (verbs: ibv_reg_mr, or the dmabuf when
+// `dmabuf_fd` >= 0). A failed registration does not fail NCCL: the handle carries no region and
+// sends from the buffer are copied, as over UDP; said once per process.
+ncclResult_t register_buffer(const char* what, void* comm, void* data, size_t size, int type,
+                             int dmabuf_fd, uint64_t dmabuf_offset, void** mhandle) {
+  return guarded(what, [&] {
     if (comm == nullptr || mhandle == nullptr) return misuse("regMr: NULL argument");
     *mhandle = nullptr;
     if (type != nccl::NCCL_PTR_HOST) {
       // ptrSupport says HOST only; NCCL asking for anything else is a contract breach.
-      OR_WARN("regMr: memory type 0x%x is not supported (host memory only)", type);
+      OR_WARN("%s: memory type 0x%x is not supported (host memory only)", what, type);
       return nccl::ncclInternalError;
     }
-    // Overlapping registrations of one pool by many comms are normal: each gets its own handle.
-    *mhandle = new MemHandle{data, size, type};
+    CommBase* base = as_send(comm);
+    int dev = 0;
+    if (SendWrap* s = as_send(comm)) {
+      dev = s->dev;
+    } else if (RecvWrap* r = as_recv(comm)) {
+      dev = r->dev;
+      base = r;
+    }
+    if (base == nullptr) return misuse("regMr: not a send or recv comm");
+    // Overlapping registrations of one pool by many comms are normal: each gets its own handle
+    // (and, over verbs, its own registration; the device pins the pages once).
+    auto h = std::make_unique<MemHandle>();
+    h->data = data;
+    h->size = size;
+    h->type = type;
+    if (data != nullptr && size != 0) {
+      const Status s =
+          base->ctx->engine->register_memory(dev, data, size, &h->region, dmabuf_fd, dmabuf_offset);
+      if (!s) {
+        static std::atomic<bool> told{false};
+        if (!told.exchange(true)) {
+          OR_INFO(
+              "%s: registering %zu bytes with device %d failed (%s, errno %d): sends from "
+              "such buffers are copied (said once per process)",
+              what, size, dev, errc_name(s.code()), s.sys_errno());
+        }
+        h->region.reset();
+      }
+    }
+    *mhandle = h.release();
     return nccl::ncclSuccess;
   });
 }
 
-ncclResult_t reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t /*offset*/,
-                           int /*fd*/, void** mhandle) noexcept {
-  // Host memory needs nothing from the dmabuf; other types are rejected by reg_mr.
-  return reg_mr(comm, data, size, type, mhandle);
+}  // namespace
+
+ncclResult_t reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) noexcept {
+  return register_buffer("regMr", comm, data, size, type, -1, 0, mhandle);
+}
+
+ncclResult_t reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                           void** mhandle) noexcept {
+  return register_buffer("regMrDmaBuf", comm, data, size, type, fd, offset, mhandle);
 }
 
 ncclResult_t dereg_mr(void* /*comm*/, void* mhandle) noexcept {
   return guarded("deregMr", [&] {
-    delete static_cast<MemHandle*>(mhandle);
+    delete static_cast<MemHandle*>(mhandle);  // and with it the registration
     return nccl::ncclSuccess;
   });
 }
 
-ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* /*mhandle*/,
+ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* mhandle,
                    void** request) noexcept {
   return guarded("isend", [&] {
     if (request == nullptr) return misuse("isend: request is NULL");
@@ -472,8 +513,11 @@ ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* 
     TransferFacts facts = facts_of(*w->ctx);
     facts.p2p_only = w->p2p_only;
     const MsgDelivery how = choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, true);
+    // The registration, where the datapath made one: the payload leaves from it (zero copy).
+    const MemoryRegion* mr =
+        mhandle != nullptr ? static_cast<const MemHandle*>(mhandle)->region.get() : nullptr;
     Request* r = nullptr;  // stays null on back-pressure: NCCL retries
-    if (Status s = w->comm->isend(data, size, how, &r); !s) return fail(w, s, "isend");
+    if (Status s = w->comm->isend(data, size, how, mr, &r); !s) return fail(w, s, "isend");
     *request = r;
     return nccl::ncclSuccess;
   });

@@ -70,12 +70,14 @@ struct CommBase {
 struct SendWrap final : CommBase {
   explicit SendWrap(std::shared_ptr<Context> c) : CommBase(kSendMagic, std::move(c)) {}
   std::unique_ptr<SendComm> comm;
+  int dev = 0;            // the device regMr registers this comm's buffers with
   bool p2p_only = false;  // bounded by the traffic class (v10 names it per connection)
 };
 
 struct RecvWrap final : CommBase {
   explicit RecvWrap(std::shared_ptr<Context> c) : CommBase(kRecvMagic, std::move(c)) {}
   std::unique_ptr<RecvComm> comm;
+  int dev = 0;        // the device regMr registers this comm's buffers with
   RecvEvents events;  // NCCL profiler events of its outstanding bounded receives
 };
 
@@ -85,11 +87,16 @@ struct ListenWrap {
   int dev = 0;
 };
 
-// Host memory needs no registration over UDP; the handle only records what NCCL asked for.
+// What regMr returns: the buffer NCCL named and, where the comm's datapath registers memory
+// (verbs), its registration, through which sends leave without a copy. Null over UDP (sendmmsg
+// gathers from any buffer) and where the registration failed (sends are then copied). The
+// region lives until deregMr; NCCL deregisters a buffer only once its requests are done, and a
+// send is done only when the device no longer reads it (transport.h).
 struct MemHandle {
-  void* data;
-  size_t size;
-  int type;
+  void* data = nullptr;
+  size_t size = 0;
+  int type = 0;
+  std::unique_ptr<MemoryRegion> region;
 };
 
 }  // namespace optireduce::plugin

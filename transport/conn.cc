@@ -267,6 +267,8 @@ void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
   p.hdr_len = kHeaderBytes;
   p.payload = len != 0 ? ctrl_payload_[k] : nullptr;
   p.payload_len = len;
+  p.payload_mr = nullptr;  // the entry may have carried DATA before
+  p.payload_fence = nullptr;
 }
 
 TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len) {
@@ -282,6 +284,8 @@ TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, ui
   p.hdr_len = kHeaderBytes;
   p.payload = payload;
   p.payload_len = len;
+  p.payload_mr = nullptr;  // the side names a registration itself (send_tx.cc)
+  p.payload_fence = nullptr;
   return &p;
 }
 

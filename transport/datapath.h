@@ -3,7 +3,9 @@
 // datagrams, and a datapath is chosen once at connection set-up, never per packet.
 #pragma once
 
+#include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -29,6 +31,59 @@ struct PeerAddress {
 };
 static_assert(sizeof(PeerAddress) == 40);
 
+// A caller's buffer registered with a device (Device::register_memory), so that the datapath
+// may send from it without copying it first (verbs: the device reads it by DMA). Covers
+// [base, base + bytes). The protocol never looks inside: it carries the pointer from a send
+// request to each of its TxPackets. Owned by whoever registered it (the plugin's memory
+// handle), which keeps it until no send from the buffer is outstanding.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  MemoryRegion(const MemoryRegion&) = delete;
+  MemoryRegion& operator=(const MemoryRegion&) = delete;
+
+  const uint8_t* base() const { return base_; }
+  size_t bytes() const { return bytes_; }
+  // Where the registration is valid (verbs: its protection domain), as an identity only: an
+  // endpoint sends from a region whose domain is its own and copies from any other (a region of
+  // another device or datapath), so no region is ever taken for something it is not.
+  const void* domain() const { return domain_; }
+  // [p, p + len) lies inside the region (written to be free of overflow for any p).
+  bool contains(const void* p, size_t len) const {
+    const auto* b = static_cast<const uint8_t*>(p);
+    return b >= base_ && static_cast<size_t>(b - base_) <= bytes_ &&
+           len <= bytes_ - static_cast<size_t>(b - base_);
+  }
+
+ protected:
+  MemoryRegion(const void* base, size_t bytes, const void* domain)
+      : base_(static_cast<const uint8_t*>(base)), bytes_(bytes), domain_(domain) {}
+
+ private:
+  const uint8_t* base_;
+  size_t bytes_;
+  const void* domain_;
+};
+
+// How a datapath that still reads a payload after tx_burst returned (a zero-copy post) tells
+// the payload's owner when it has stopped. The owner puts the same fence in every TxPacket of a
+// buffer it must not hand back before then; the datapath holds it once per datagram it posts
+// from the payload itself and releases it when the device is done reading (the send completed,
+// or was discarded). A datapath that copies the payload, or sends it before tx_burst returns
+// (UDP's sendmmsg), never touches it. Atomic: the owner reads it under its connection's lock,
+// the datapath writes it under the endpoint's, which a shared endpoint's other connections take.
+class TxFence {
+ public:
+  void hold() { pending_.fetch_add(1, std::memory_order_relaxed); }
+  // Release order: whoever sees the fence idle sees the device's reads as finished.
+  void release() { pending_.fetch_sub(1, std::memory_order_release); }
+  bool idle() const { return pending_.load(std::memory_order_acquire) == 0; }
+  uint32_t pending() const { return pending_.load(std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint32_t> pending_{0};
+};
+
 // One datagram to send, as a gather list of two parts so that payload is never copied to
 // prepend a header.
 struct TxPacket {
@@ -36,6 +91,11 @@ struct TxPacket {
   uint32_t hdr_len = 0;
   uint32_t payload_len = 0;
   const void* payload = nullptr;
+  // The registration the payload lies in (null: none; the datapath copies where it must) and
+  // the fence the datapath holds while the device reads it (null only with no region). A
+  // datapath that cannot send from the region, or finds the payload outside it, copies.
+  const MemoryRegion* payload_mr = nullptr;
+  TxFence* payload_fence = nullptr;
 };
 
 // One received datagram. `data` points into memory owned by the endpoint and stays valid
@@ -138,6 +198,11 @@ struct DatapathCounters {
   // The network said the peer's address has no listener (ICMP port or host unreachable): the
   // peer process is gone. The protocol counts these towards declaring it dead (liveness.h).
   uint64_t peer_unreachable = 0;
+  // DATA whose payload carried a registration (TxPacket::payload_mr): posted straight from the
+  // caller's buffer, or copied all the same (the payload outside the region, a datapath that
+  // cannot). Datagrams without one are in neither.
+  uint64_t tx_zero_copy = 0;
+  uint64_t tx_copied = 0;
 };
 
 // A local end of a datagram exchange with one peer. Not thread-safe: the owning connection
@@ -251,6 +316,21 @@ class Device {
   // Whether its endpoints can be opened unbound (EndpointOptions::unbound) and shared by many
   // connections (transport/endpoint_mux.h).
   virtual bool can_share() const { return false; }
+  // Registers host memory [data, data + bytes) so that its endpoints may send from it without a
+  // copy. *out stays null, with ok, where the datapath needs no registration (UDP gathers from
+  // any buffer); an error means the registration failed, and sends from the buffer are copied.
+  virtual Status register_memory(void* data, size_t bytes, std::unique_ptr<MemoryRegion>* out) {
+    (void)data, (void)bytes;
+    out->reset();
+    return Status::ok();
+  }
+  // The same for memory a dmabuf file descriptor describes (`offset` into it), where the
+  // datapath can register one; otherwise the host path above.
+  virtual Status register_dmabuf(void* data, size_t bytes, uint64_t offset, int fd,
+                                 std::unique_ptr<MemoryRegion>* out) {
+    (void)offset, (void)fd;
+    return register_memory(data, bytes, out);
+  }
 };
 
 }  // namespace optireduce

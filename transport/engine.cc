@@ -166,6 +166,16 @@ Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<Lis
   return Status::ok();
 }
 
+Status EngineImpl::register_memory(int dev, void* data, size_t bytes,
+                                   std::unique_ptr<MemoryRegion>* out, int dmabuf_fd,
+                                   uint64_t dmabuf_offset) {
+  out->reset();
+  if (dev < 0 || dev >= device_count()) return Status(Errc::kInternal);
+  if (dmabuf_fd >= 0)
+    return devices_[dev]->register_dmabuf(data, bytes, dmabuf_offset, dmabuf_fd, out);
+  return devices_[dev]->register_memory(data, bytes, out);
+}
+
 std::shared_ptr<Path> EngineImpl::path_to(int dev, const Endpoint& ep, uint32_t pkt_payload) {
   const double ceiling = cfg_.rate_gbps / 8.0;  // Gbit/s to bytes per ns
   const std::string host = ep.peer_host();

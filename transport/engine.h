@@ -34,6 +34,8 @@ class EngineImpl final : public Engine {
                 BoundedGroup* group) override;
   Status connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts, void** state,
                  std::unique_ptr<SendComm>* out) override;
+  Status register_memory(int dev, void* data, size_t bytes, std::unique_ptr<MemoryRegion>* out,
+                         int dmabuf_fd, uint64_t dmabuf_offset) override;
 
   const std::shared_ptr<Registry>& registry() const { return registry_; }
   EndpointOptions endpoint_options() const;

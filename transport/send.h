@@ -53,7 +53,8 @@ class SendConn final : public Conn, public SendComm {
   ~SendConn() override;
 
   using SendComm::isend;
-  Status isend(const void* data, size_t size, MsgDelivery how, Request** req) override;
+  Status isend(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
+               Request** req) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
@@ -82,6 +83,7 @@ class SendConn final : public Conn, public SendComm {
     bool expired = false;
     Status error;
     const uint8_t* data = nullptr;
+    const MemoryRegion* mr = nullptr;  // data's registration (zero-copy sends), or null
     uint64_t size = 0;
     uint32_t npkts = 0;
     uint32_t next_new = 0;  // packets below it have left at least once
@@ -133,6 +135,9 @@ class SendConn final : public Conn, public SendComm {
   // zero-byte send under loss hung for good.
   uint32_t flight_len(const Msg& m, uint32_t i) const { return std::max(pkt_len(m, i), 1u); }
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
+  TxFence& fence(uint32_t seq) { return fences_[seq % kMaxRequests]; }
+  // Sets what a DATA packet of `m` needs for a zero-copy send (none without a registration).
+  void name_payload(TxPacket* p, const Msg& m, uint32_t seq);
 
   // send_recovery.cc: acknowledgements and loss recovery.
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
@@ -166,6 +171,12 @@ class SendConn final : public Conn, public SendComm {
   bool expire_unstarted_locked(Msg& m);
 
   Msg msgs_[kMaxRequests];
+  // One per message slot: the datapath holds it while the device still reads the message's
+  // buffer (datapath.h), and test() does not report a send done, nor frees its slot, before it
+  // is idle. Apart from msgs_ and on the heap: a connection destroyed while the device reads
+  // leaves them behind, never freed, since the endpoint (shared: it outlives us; our own:
+  // destroyed after our members) releases them later (see ~SendConn).
+  std::unique_ptr<TxFence[]> fences_;
   uint32_t next_seq_ = 0;  // sequence of the next isend
   uint32_t oldest_ = 0;    // oldest sequence not yet reported done
   CtsRecord cts_[kCtsRing];

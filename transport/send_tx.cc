@@ -8,6 +8,16 @@
 
 namespace optireduce {
 
+// A packet goes out from the caller's buffer itself where the datapath can (verbs: a work
+// request whose payload SGE points into the registered buffer), so it carries the message's
+// registration and the fence that keeps test() from handing the buffer back too early.
+// Retransmissions post from the same buffer again, under the same fence.
+void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq) {
+  if (p == nullptr || m.mr == nullptr) return;
+  p->payload_mr = m.mr;
+  p->payload_fence = &fence(seq);
+}
+
 void SendConn::transmit_locked(uint64_t now) {
   // Exactly one of these records what a batch entry is, so that a short send (the datapath's
   // queue full) can be rolled back precisely.
@@ -35,7 +45,7 @@ void SendConn::transmit_locked(uint64_t now) {
       h.msg_size = m.size;
       h.offset = uint64_t{r.pkt} * params_.pkt_payload;
       h.msg_floor = oldest_;
-      batch_slot_locked(h, m.data + h.offset, len);
+      name_payload(batch_slot_locked(h, m.data + h.offset, len), m, r.seq);
       pend[n++] = {r.seq, r.pkt, true, retx_head_};
       tokens -= len;
       ++retx_head_;
@@ -65,7 +75,7 @@ void SendConn::transmit_locked(uint64_t now) {
         h.msg_size = m.size;
         h.offset = uint64_t{i} * params_.pkt_payload;
         h.msg_floor = oldest_;
-        batch_slot_locked(h, m.data + h.offset, len);
+        name_payload(batch_slot_locked(h, m.data + h.offset, len), m, s);
         pend[n++] = {s, i, false, 0};
         room -= len;
         flow -= len;

@@ -109,10 +109,17 @@ class ListenComm {
 class SendComm {
  public:
   virtual ~SendComm() = default;
-  // Queues a message. *req = nullptr means "not now, retry" (too many in flight).
-  virtual Status isend(const void* data, size_t size, MsgDelivery how, Request** req) = 0;
+  // Queues a message. *req = nullptr means "not now, retry" (too many in flight). `mr`: the
+  // registration `data` lies in (Engine::register_memory), or null; the datapath then sends
+  // the payload straight from it where it can, and test() reports the send done only once the
+  // device no longer reads it. The region must stay registered until then.
+  virtual Status isend(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
+                       Request** req) = 0;
+  Status isend(const void* data, size_t size, MsgDelivery how, Request** req) {
+    return isend(data, size, how, nullptr, req);
+  }
   Status isend(const void* data, size_t size, Request** req) {
-    return isend(data, size, MsgDelivery::kAsConnection, req);
+    return isend(data, size, MsgDelivery::kAsConnection, nullptr, req);
   }
   // *done = true once the buffer is no longer read. *size gets the bytes sent.
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
@@ -161,6 +168,12 @@ class Engine {
   // as nullptr and is owned by the engine (freed when the connect completes or the engine ends).
   virtual Status connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts,
                          void** state, std::unique_ptr<SendComm>* out) = 0;
+  // Registers host memory with device `dev` (Device::register_memory): *out stays null where
+  // the datapath needs none. `dmabuf_fd` >= 0: the memory as that dmabuf describes it, at
+  // `dmabuf_offset`, where the datapath can register one. A failure costs only the zero copy.
+  virtual Status register_memory(int dev, void* data, size_t bytes,
+                                 std::unique_ptr<MemoryRegion>* out, int dmabuf_fd = -1,
+                                 uint64_t dmabuf_offset = 0) = 0;
 };
 
 // Stops and joins the live engine's progress thread, if any, for good, and makes every later

@@ -232,6 +232,37 @@ size_t PortContext::cached_address_handles() {
   return ahs_.size();
 }
 
+VerbsRegion::~VerbsRegion() {
+  port_->ibv().dereg_mr(mr_);
+}
+
+Status VerbsDevice::register_memory(void* data, size_t bytes, std::unique_ptr<MemoryRegion>* out) {
+  out->reset();
+  if (data == nullptr || bytes == 0) return Status::ok();  // nothing to send from
+  const IbvSymbols& ibv = port_->ibv();
+  ibv_mr* mr = ibv.reg_mr(port_->pd(), data, bytes, IBV_ACCESS_LOCAL_WRITE);
+  int err = errno;
+  // Read-only pages refuse local write; sending needs only read.
+  if (mr == nullptr) mr = ibv.reg_mr(port_->pd(), data, bytes, 0);
+  if (mr == nullptr) return Status(Errc::kSystem, err != 0 ? err : EINVAL);
+  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes);
+  return Status::ok();
+}
+
+Status VerbsDevice::register_dmabuf(void* data, size_t bytes, uint64_t offset, int fd,
+                                    std::unique_ptr<MemoryRegion>* out) {
+  out->reset();
+  const IbvSymbols& ibv = port_->ibv();
+  if (fd < 0 || ibv.reg_dmabuf_mr == nullptr || data == nullptr || bytes == 0)
+    return register_memory(data, bytes, out);
+  // The iova is the buffer's address, so that SGEs name it as they would a host registration.
+  ibv_mr* mr = ibv.reg_dmabuf_mr(port_->pd(), offset, bytes, reinterpret_cast<uintptr_t>(data), fd,
+                                 IBV_ACCESS_LOCAL_WRITE);
+  if (mr == nullptr) return register_memory(data, bytes, out);  // the pages are host memory
+  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes);
+  return Status::ok();
+}
+
 Status VerbsDevice::open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) {
   std::unique_ptr<UdEndpoint> ep;
   Status st = UdEndpoint::open(port_, opts, &ep);

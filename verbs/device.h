@@ -72,6 +72,22 @@ class PortContext {
   std::vector<AhEntry> ahs_;  // guarded by mu_; a handful of entries, one per peer host
 };
 
+// A caller's buffer registered with a port's protection domain (VerbsDevice::register_memory).
+// Its domain() is the PD, which is how an endpoint knows the lkey below is valid for its QP.
+// Holds the port, so the PD outlives the registration whatever order things close in.
+class VerbsRegion final : public MemoryRegion {
+ public:
+  VerbsRegion(std::shared_ptr<PortContext> port, ibv_mr* mr, const void* data, size_t bytes)
+      : MemoryRegion(data, bytes, port->pd()), port_(std::move(port)), mr_(mr), lkey_(mr->lkey) {}
+  ~VerbsRegion() override;
+  uint32_t lkey() const { return lkey_; }
+
+ private:
+  std::shared_ptr<PortContext> port_;
+  ibv_mr* mr_;
+  uint32_t lkey_;  // mr_->lkey, read once: the send path takes it per datagram
+};
+
 class VerbsDevice final : public Device {
  public:
   VerbsDevice(std::shared_ptr<PortContext> port, DeviceInfo info)
@@ -80,6 +96,12 @@ class VerbsDevice final : public Device {
   Status open_endpoint(const EndpointOptions& opts, std::unique_ptr<Endpoint>* out) override;
   // One unbound UD QP carries every connection of a device and thread (verbs/endpoint.h).
   bool can_share() const override { return true; }
+  // ibv_reg_mr on the port's PD, with local write access where the pages allow it (a receive
+  // posted into the buffer needs it; a send does not).
+  Status register_memory(void* data, size_t bytes, std::unique_ptr<MemoryRegion>* out) override;
+  // ibv_reg_dmabuf_mr where libibverbs has it (rdma-core 34 on), else register_memory.
+  Status register_dmabuf(void* data, size_t bytes, uint64_t offset, int fd,
+                         std::unique_ptr<MemoryRegion>* out) override;
   const std::shared_ptr<PortContext>& port() const { return port_; }
 
  private:

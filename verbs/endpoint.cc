@@ -30,6 +30,8 @@ uint32_t min_u32(uint32_t a, uint32_t b) {
 
 // A device too small for the asked ring is the same for every endpoint: said once per process.
 std::atomic<bool> g_short_ring_warned{false};
+// The first zero-copy send of the process, said once (count_payloads).
+std::atomic<bool> g_zero_copy_said{false};
 
 }  // namespace
 
@@ -42,7 +44,20 @@ Status UdEndpoint::open(std::shared_ptr<PortContext> port, const EndpointOptions
 }
 
 UdEndpoint::~UdEndpoint() {
+  // Once per endpoint (per connection at most): whether sends left without a copy is what a
+  // user of regMr wants to see, and the counters are otherwise out of the plugin's reach.
+  if (qp_ && (counters_.tx_zero_copy != 0 || counters_.tx_copied != 0)) {
+    OR_INFO(
+        "verbs: %s qpn %u closed: %llu datagrams sent, %llu of them from registered "
+        "buffers without a copy, %llu copied though registered",
+        port_->name.c_str(), qp_->qp_num, static_cast<unsigned long long>(counters_.tx_datagrams),
+        static_cast<unsigned long long>(counters_.tx_zero_copy),
+        static_cast<unsigned long long>(counters_.tx_copied));
+  }
   if (qp_) ibv_->destroy_qp(qp_);
+  // The device reads nothing of a destroyed QP's: whoever still waits on a fence may go on (a
+  // connection that closed meanwhile left its fences behind for this; send.h).
+  if (send_fence_) retire_sends(tx_posted_);
   if (send_cq_) ibv_->destroy_cq(send_cq_);
   if (recv_cq_) ibv_->destroy_cq(recv_cq_);
   if (recv_mr_) ibv_->dereg_mr(recv_mr_);
@@ -127,6 +142,7 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   }
   send_wr_.reset(new ibv_send_wr[kSendSlots]());
   send_sge_.reset(new ibv_sge[2 * kSendSlots]());
+  send_fence_.reset(new TxFence*[kSendSlots]());
   for (uint32_t i = 0; i < kSendSlots; i++) {
     send_wr_[i].sg_list = &send_sge_[2 * i];
     send_wr_[i].opcode = IBV_WR_SEND;
@@ -143,9 +159,12 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   self.qkey = kDefaultQKey;
   self.lid = pc.lid;
   local_ = encode_address(self);
-  OR_INFO("verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u, %s",
-          pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_,
-          opts.unbound ? "unbound (shared by the device's connections)" : "for one peer");
+  OR_INFO(
+      "verbs: %s endpoint %s, %u-byte datagrams, %u receive slots, inline <= %u, %s, "
+      "%zu bytes registered",
+      pc.name.c_str(), format_address(self).c_str(), max_datagram_, recv_slots_, max_inline_,
+      opts.unbound ? "unbound (shared by the device's connections)" : "for one peer",
+      recv_bytes + send_bytes);
   return Status::ok();
 }
 
@@ -191,7 +210,7 @@ void UdEndpoint::reset_qp() {
   while (ibv_poll_cq(send_cq_, kPollBatch, wc_) > 0) {
   }
   rx_done_ = rx_posted_;  // nothing is posted any more; rx_burst reposts every slot
-  tx_done_ = tx_posted_;
+  retire_sends(tx_posted_);
   reset_pending_ = !bring_up().is_ok();
   ud_.qp_resets++;
   OR_WARN("verbs: %s qpn %u: queue pair reset after an error completion (%s)%s",
@@ -300,6 +319,10 @@ bool UdEndpoint::take_recv(const ibv_wc& wc, RxPacket* pkt) {
 
 int UdEndpoint::rx_burst(RxPacket* pkts, int max) {
   if (reset_pending_) reset_qp();
+  // Sends posted from a caller's buffer keep its request from completing until they are
+  // reaped (datapath.h, TxFence); a connection that only polls, its last packets sent, would
+  // otherwise wait for the next send of anyone on this QP.
+  if (fenced_ != 0) reap_sends();
   repost_recvs();
   int got = 0;
   while (got < max) {
@@ -321,7 +344,7 @@ void UdEndpoint::reap_sends() {
     if (n <= 0) return;
     for (int i = 0; i < n; i++) {
       const ibv_wc& wc = wc_[i];
-      if (wc.wr_id > tx_done_ && wc.wr_id <= tx_posted_) tx_done_ = wc.wr_id;
+      if (wc.wr_id > tx_done_ && wc.wr_id <= tx_posted_) retire_sends(wc.wr_id);
       if (wc.status != IBV_WC_SUCCESS && wc.status != IBV_WC_WR_FLUSH_ERR) {
         counters_.rx_errors++;
         ud_.tx_errors++;
@@ -330,6 +353,44 @@ void UdEndpoint::reap_sends() {
       }
     }
     if (n < kPollBatch) return;
+  }
+}
+
+void UdEndpoint::retire_sends(uint64_t upto) {
+  for (uint64_t s = tx_done_; fenced_ != 0 && s < upto; s++) {
+    TxFence*& f = send_fence_[ring_slot(s, kSendSlots)];
+    if (f == nullptr) continue;
+    f->release();
+    f = nullptr;
+    fenced_--;
+  }
+  tx_done_ = upto;
+}
+
+const VerbsRegion* UdEndpoint::zero_copy_region(const TxPacket& p) const {
+  if (p.payload_mr == nullptr || p.payload_fence == nullptr || p.payload_len == 0) return nullptr;
+  // Another port's or datapath's region has no lkey valid here (its domain is not our PD).
+  if (p.payload_mr->domain() != static_cast<const void*>(port_->pd())) return nullptr;
+  if (!p.payload_mr->contains(p.payload, p.payload_len)) return nullptr;
+  return static_cast<const VerbsRegion*>(p.payload_mr);
+}
+
+void UdEndpoint::count_payloads(const TxPacket* pkts, int n) {
+  for (int i = 0; i < n; i++) {
+    if (pkts[i].payload_mr == nullptr) continue;
+    const uint32_t len = pkts[i].hdr_len + pkts[i].payload_len;
+    if (len > max_inline_ && zero_copy_region(pkts[i]) != nullptr)
+      counters_.tx_zero_copy++;
+    else
+      counters_.tx_copied++;
+  }
+  // The proof a user (and the VM test) can see that regMr paid off: the counters stay inside
+  // the endpoint, which a shared one keeps until the process ends.
+  if (counters_.tx_zero_copy != 0 && !g_zero_copy_said.exchange(true)) {
+    OR_INFO(
+        "verbs: %s: sends leave from registered buffers without a copy (said once per "
+        "process)",
+        port_->name.c_str());
   }
 }
 
@@ -366,6 +427,7 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
   }
   ibv_send_wr* first = nullptr;
   ibv_send_wr* prev = nullptr;
+  bool fenced = false;  // the chain holds a zero-copy post
   for (int i = 0; i < m; i++) {
     const TxPacket& p = pkts[i];
     const uint64_t seq = tx_posted_ + static_cast<uint64_t>(i);
@@ -373,9 +435,12 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
     ibv_send_wr* wr = &send_wr_[slot];
     ibv_sge* sge = wr->sg_list;
     const uint32_t len = p.hdr_len + p.payload_len;
+    uint8_t* dst = send_mem_ + size_t{slot} * send_stride_;
     unsigned flags = 0;
+    const VerbsRegion* mr = nullptr;
     if (len <= max_inline_) {
-      // Inline: the post copies straight from the caller's memory, which needs no lkey.
+      // Inline: the post copies straight from the caller's memory, which needs no lkey, and
+      // costs less than a DMA read of a small payload.
       int k = 0;
       if (p.hdr_len) sge[k++] = ibv_sge{reinterpret_cast<uintptr_t>(p.hdr), p.hdr_len, 0};
       if (p.payload_len)
@@ -383,10 +448,23 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
       wr->num_sge = k;
       flags = IBV_SEND_INLINE;
       ud_.tx_inline++;
+    } else if ((mr = zero_copy_region(p)) != nullptr) {
+      // Zero copy: the header (ours, on the caller's stack or batch) from its slot, the payload
+      // straight from the caller's registered buffer, which the device reads until the send
+      // completes: the packet's fence says so to the buffer's owner until then.
+      if (p.hdr_len) std::memcpy(dst, p.hdr, p.hdr_len);
+      int k = 0;
+      if (p.hdr_len)
+        sge[k++] = ibv_sge{reinterpret_cast<uintptr_t>(dst), p.hdr_len, send_mr_->lkey};
+      sge[k++] = ibv_sge{reinterpret_cast<uintptr_t>(p.payload), p.payload_len, mr->lkey()};
+      wr->num_sge = k;
+      p.payload_fence->hold();
+      send_fence_[slot] = p.payload_fence;
+      fenced_++;
+      fenced = true;
     } else {
-      // The transport hands arbitrary host pointers that are not registered (and may be
-      // freed as soon as we return), so the datagram is copied into its registered slot.
-      uint8_t* dst = send_mem_ + size_t{slot} * send_stride_;
+      // No registration, or the payload outside it: the transport may reuse the memory as
+      // soon as we return, so the datagram is copied into its registered slot.
       if (p.hdr_len) std::memcpy(dst, p.hdr, p.hdr_len);
       if (p.payload_len) std::memcpy(dst + p.hdr_len, p.payload, p.payload_len);
       sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(dst), len, send_mr_->lkey};
@@ -405,6 +483,10 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
       first = wr;
     prev = wr;
   }
+  // A zero-copy post's fence is released only by a completion at or after it; unsignaled
+  // groups complete only when a later send is signaled, which may never be posted if this was
+  // the last burst for a while. One more completion per such chain: the CQ holds one per slot.
+  if (fenced) prev->send_flags |= IBV_SEND_SIGNALED;
   int posted = 0;
   if (m > 0) {
     ibv_send_wr* bad = nullptr;
@@ -414,9 +496,29 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
     if (rc != 0) {
       posted = 0;
       for (ibv_send_wr* w = first; w != nullptr && w != bad; w = w->next) posted++;
+      // What was not posted is not read by the device.
+      for (int i = posted; i < m; i++) {
+        TxFence*& f = send_fence_[ring_slot(tx_posted_ + static_cast<uint64_t>(i), kSendSlots)];
+        if (f == nullptr) continue;
+        f->release();
+        f = nullptr;
+        fenced_--;
+      }
+      // The signaled last request may be among them, leaving posted zero-copy sends with no
+      // completion to come: a reset discards them (lost datagrams, which the protocol repairs)
+      // and releases their fences, rather than leave their requests waiting for good.
+      if (posted > 0 && fenced) {
+        tx_posted_ += static_cast<uint64_t>(posted);
+        counters_.tx_datagrams += static_cast<uint64_t>(posted);
+        count_payloads(pkts, posted);
+        counters_.tx_would_block++;
+        reset_qp();
+        return posted;
+      }
       if (posted == 0 && rc != ENOMEM) return -rc;  // ENOMEM: the send queue is full
     }
   }
+  count_payloads(pkts, posted);
   tx_posted_ += static_cast<uint64_t>(posted);
   counters_.tx_datagrams += static_cast<uint64_t>(posted);
   if (posted < n) counters_.tx_would_block++;

@@ -2,6 +2,12 @@
 // receive ring registered once and kept posted, a send ring of registered slots, and address
 // handles from the port's cache.
 //
+// Sends: a datagram whose payload lies in a registration of this port (TxPacket::payload_mr,
+// the plugin's regMr) is posted as two SGEs, the header from its slot and the payload straight
+// from the caller's buffer (zero copy); the packet's fence is held until the send completes, and
+// a chain holding such a post ends signaled so that the completion comes. Small datagrams go
+// inline, the others are copied into their slot.
+//
 // Design: the endpoint is used in one of two ways, both behind the same QP code.
 //  - Bound (set_peer): the QP serves one connection, is serialised by that connection's lock
 //    (datapath.h), sends with the peer's address handle and drops datagrams from anyone else
@@ -109,6 +115,14 @@ class UdEndpoint final : public Endpoint {
   void check_qp();    // after an error completion: reset if the QP left RTS
   void repost_recvs();
   void reap_sends();
+  // The device is done with every send below `upto` (a completion, a reset, the QP's end):
+  // tx_done_ moves there and the fences of zero-copy posts among them are released.
+  void retire_sends(uint64_t upto);
+  // The registration a zero-copy post of `p` reads from, or null: none, another domain's, the
+  // payload outside it.
+  const VerbsRegion* zero_copy_region(const TxPacket& p) const;
+  // DatapathCounters::tx_zero_copy / tx_copied for the first `n` datagrams of a burst.
+  void count_payloads(const TxPacket* pkts, int n);
   // tx_burst's contract, every datagram to (ah, qpn, qkey).
   int post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPacket* pkts, int n);
   // Handles one receive completion; true (and pkt filled) when it delivers a datagram.
@@ -143,7 +157,11 @@ class UdEndpoint final : public Endpoint {
   uint64_t tx_posted_ = 0;
   uint64_t tx_done_ = 0;
   std::unique_ptr<ibv_send_wr[]> send_wr_;  // one per slot
-  std::unique_ptr<ibv_sge[]> send_sge_;     // two per slot (header, payload) for inline posts
+  std::unique_ptr<ibv_sge[]> send_sge_;     // two per slot (header, payload): inline, zero copy
+  // Per slot, the fence a zero-copy post holds (null: none), released by retire_sends; fenced_
+  // counts the non-null ones, so that rx_burst reaps sends only while someone waits on one.
+  std::unique_ptr<TxFence*[]> send_fence_;
+  uint64_t fenced_ = 0;
 
   bool has_peer_ = false;
   UdAddress peer_{};

@@ -101,6 +101,7 @@ Status load_ibv_symbols(const char* library, IbvSymbols* out, std::string* error
   need("ibv_destroy_ah", &s.destroy_ah);
   need("ibv_wc_status_str", &s.wc_status_str);
   resolve(lib, "_ibv_query_gid_ex", "IBVERBS_1.11", &s.query_gid_ex);  // optional
+  resolve(lib, "ibv_reg_dmabuf_mr", "IBVERBS_1.12", &s.reg_dmabuf_mr);  // optional
   if (missing != nullptr) {
     if (error) *error = std::string(library) + " lacks " + missing;
     dlclose(lib);

@@ -35,6 +35,10 @@ struct IbvSymbols {
   int (*dealloc_pd)(ibv_pd* pd) = nullptr;
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t length, int access) = nullptr;
   int (*dereg_mr)(ibv_mr* mr) = nullptr;
+  // Optional (rdma-core >= 34, IBVERBS_1.12): nullptr when absent, and a dmabuf registration
+  // then takes the host path (VerbsDevice::register_dmabuf).
+  ibv_mr* (*reg_dmabuf_mr)(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                           int access) = nullptr;
   ibv_cq* (*create_cq)(ibv_context* context, int cqe, void* cq_context, ibv_comp_channel* channel,
                        int comp_vector) = nullptr;
   int (*destroy_cq)(ibv_cq* cq) = nullptr;

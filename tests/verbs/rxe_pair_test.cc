@@ -1,6 +1,7 @@
 // The plugin across two real verbs devices (rxe0, rxe1 in the rxe VM), one process on each, so
 // netem on the veth between them really drops datagrams: exact transfers byte-exact, bounded
-// transfers ended by their deadline with holes filled on the packet grid and counted.
+// transfers ended by their deadline with holes filled on the packet grid and counted, and sends
+// from regMr-registered buffers leaving without a copy (exact and bounded, retransmissions too).
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -335,6 +336,91 @@ TEST_F(RxePair, BoundedTransfersKeepDeadlinesAndCountHoles) {
                       kRankTimeoutS),
             "");
   expect_crossed_veth(1);
+}
+
+// ---- Zero copy (issue 16): NCCL registers its buffers (regMr) and passes the handle to every
+// isend; sends then post the payload straight from the buffer. Exact messages arrive byte-exact
+// (under loss: their retransmissions post from the buffer again), a bounded step keeps its
+// deadline and never reports a send done while the device reads its buffer (the sender rewrites
+// a slot as soon as its send is done, and the receiver checks every packet that arrived), and
+// the sender's endpoint reports that datagrams left without a copy.
+TEST_F(RxePair, RegisteredBuffersAreSentWithoutACopy) {
+  constexpr int kRing = 4;
+  constexpr size_t kSize = 64 * kPkt + 40;  // a short tail: the last packet may go inline
+  constexpr int kSteps = 24;
+  const int loss = loss_percent();
+  for (const bool bounded : {false, true}) {
+    auto rank = [&](Mesh& m) {
+      pick_device(m);
+      Node node = open_node(m, plugin_path(), 11, 0x2C0F, -1);
+      check_device(node, m);
+      std::vector<uint8_t> pool(kRing * kSize);
+      void* comm = m.rank == 0 ? node.peer[1].send : node.peer[0].recv;
+      void* mh = nullptr;
+      HCHECK_OK(node.net->reg_mr(comm, pool.data(), pool.size(), nccl::NCCL_PTR_HOST, &mh));
+      void* reqs[kRing] = {};
+      int posted = 0, done = 0;
+      uint64_t holed = 0;
+      const double t0 = mono_s();
+      while (done < kSteps) {
+        if (posted < kSteps && posted - done < kRing) {
+          uint8_t* b = pool.data() + (posted % kRing) * kSize;
+          void* req = nullptr;
+          if (m.rank == 0) {
+            fill_pattern(b, kSize, 11, static_cast<uint64_t>(posted));
+            HCHECK_OK(node.net->isend(comm, b, kSize, 0, mh, &req));
+          } else {
+            std::memset(b, 0, kSize);
+            HCHECK_OK(node.net->irecv(comm, b, kSize, 0, mh, &req));
+          }
+          if (req != nullptr) reqs[posted++ % kRing] = req;
+        }
+        if (posted == done) continue;
+        int d = 0, size = 0;
+        HCHECK_OK(node.net->test(reqs[done % kRing], &d, &size));
+        HCHECK(mono_s() - t0 < 120, "rank %d: step %d stuck", m.rank, done);
+        if (!d) continue;
+        uint8_t* b = pool.data() + (done % kRing) * kSize;
+        if (m.rank == 0) {
+          // Done means the device no longer reads it: rewrite it at once, as NCCL may.
+          std::memset(b, 0xA5, kSize);
+        } else {
+          std::vector<uint8_t> want(kSize);
+          fill_pattern(want.data(), kSize, 11, static_cast<uint64_t>(done));
+          const GridCount g = classify(b, want.data(), kSize, kPkt, HoleFill::kZero);
+          HCHECK(g.bad < 0, "rank 1: step %d: byte %lld is neither the data nor the fill", done,
+                 g.bad);
+          HCHECK(bounded || g.missing == 0, "rank 1: exact step %d misses %zu bytes", done,
+                 g.missing);
+          holed += g.missing;
+        }
+        ++done;
+      }
+      m.barrier();
+      HCHECK_OK(node.net->dereg_mr(comm, mh));
+      close_node(node);
+      if (m.rank == 0) {
+        // The sender's endpoint says so at its first send from a registered buffer (its
+        // counters stay inside it: a shared endpoint lives as long as the process).
+        const bool said = log_capture().contains("without a copy");
+        std::fprintf(stderr, "%s over %s, netem loss %d%%: zero-copy sends %s\n",
+                     bounded ? "bounded" : "exact", hcas_[0].c_str(), loss,
+                     said ? "reported" : "NOT reported");
+        HCHECK(said, "no send left from the registered buffer without a copy");
+      } else {
+        std::fprintf(stderr, "%s: %llu bytes missing at the deadlines\n",
+                     bounded ? "bounded" : "exact", static_cast<unsigned long long>(holed));
+      }
+    };
+    // NCCL_DEBUG=INFO: the plugin formats INFO lines (the zero-copy one) only when NCCL prints
+    // them.
+    Env env = {{"OPTIREDUCE_MAX_DATAGRAM", std::to_string(kMaxDatagram)}, {"NCCL_DEBUG", "INFO"}};
+    if (bounded) {
+      env.push_back({"OPTIREDUCE_MODE", "bounded"});
+      env.push_back({"OPTIREDUCE_TIMEOUT_MS", std::to_string(kTimeoutMs)});
+    }
+    EXPECT_EQ(run_ranks(2, rank, env, kRankTimeoutS), "") << (bounded ? "bounded" : "exact");
+  }
 }
 
 }  // namespace
