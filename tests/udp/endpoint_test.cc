@@ -320,14 +320,23 @@ TEST(UdpEndpoint, AGuessOfTheWrongSizeIsMadeWholeByRestore) {
   expect_intact({std::vector<uint8_t>(rx[0].data, rx[0].data + rx[0].len)}, 1);
 }
 
-TEST(UdpEndpoint, ACoalescedRunHandedOutOverSeveralCallsStaysIntact) {
-  auto a = open_v4();  // GSO on
-  auto b = open_v4();  // GRO on
-  pair_up(*a, *b);
-  if (!a->gso_active() || !b->gro_active()) GTEST_SKIP() << "kernel without UDP GSO/GRO";
+// 16 datagrams of 1016 bytes sent in one GSO burst, so that the receiver's GRO coalesces them;
+// skipped on a kernel without UDP GSO/GRO.
+class UdpCoalescedRun : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a = open_v4();  // GSO on
+    b = open_v4();  // GRO on
+    pair_up(*a, *b);
+    if (!a->gso_active() || !b->gro_active()) GTEST_SKIP() << "kernel without UDP GSO/GRO";
+    for (int i = 0; i < 16; ++i) out.add(1016);
+    send_all(*a, out.packets());
+  }
+  std::unique_ptr<UdpEndpoint> a, b;
   Outbox out;
-  for (int i = 0; i < 16; ++i) out.add(1016);
-  send_all(*a, out.packets());
+};
+
+TEST_F(UdpCoalescedRun, ACoalescedRunHandedOutOverSeveralCallsStaysIntact) {
   std::vector<uint8_t> dst;
   const RxGuesses g = guesses_into(dst, 16, 1000);
   // One datagram per call: a receive's first datagram may go to the guess of that call; the
@@ -339,14 +348,7 @@ TEST(UdpEndpoint, ACoalescedRunHandedOutOverSeveralCallsStaysIntact) {
   EXPECT_GT(b->udp_counters().gro_receives, 0u);
 }
 
-TEST(UdpEndpoint, UnderGroOnlyTheFirstDatagramOfAReceiveIsGuessed) {
-  auto a = open_v4();  // GSO on
-  auto b = open_v4();  // GRO on
-  pair_up(*a, *b);
-  if (!a->gso_active() || !b->gro_active()) GTEST_SKIP() << "kernel without UDP GSO/GRO";
-  Outbox out;
-  for (int i = 0; i < 16; ++i) out.add(1016);
-  send_all(*a, out.packets());
+TEST_F(UdpCoalescedRun, UnderGroOnlyTheFirstDatagramOfAReceiveIsGuessed) {
   std::vector<uint8_t> dst;
   const RxGuesses g = guesses_into(dst, 16, 1000);
   int placed = 0;
@@ -356,14 +358,7 @@ TEST(UdpEndpoint, UnderGroOnlyTheFirstDatagramOfAReceiveIsGuessed) {
   EXPECT_LT(placed, 16);  // one per receive: the rest of a coalesced run is where it lands
 }
 
-TEST(UdpEndpoint, ACoalescedRunOfAnotherSizeThanGuessedIsMadeWholeAtOnce) {
-  auto a = open_v4();  // GSO on
-  auto b = open_v4();  // GRO on
-  pair_up(*a, *b);
-  if (!a->gso_active() || !b->gro_active()) GTEST_SKIP() << "kernel without UDP GSO/GRO";
-  Outbox out;
-  for (int i = 0; i < 16; ++i) out.add(1016);
-  send_all(*a, out.packets());
+TEST_F(UdpCoalescedRun, ACoalescedRunOfAnotherSizeThanGuessedIsMadeWholeAtOnce) {
   std::vector<uint8_t> dst;
   // 600-byte guesses: the run's datagrams straddle them, so no RxPacket could describe the
   // split; the endpoint copies the bytes back before handing anything out.
