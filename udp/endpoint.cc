@@ -141,18 +141,6 @@ int set_socket_buffer(int fd, int force_opt, int opt, uint32_t bytes) {
   return got;
 }
 
-// The GRO segment size of a received message, or 0 when it holds one datagram.
-uint32_t gro_segment_bytes(msghdr& h) {
-  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-    if (c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
-      int seg = 0;
-      std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
-      return seg > 0 ? static_cast<uint32_t>(seg) : 0;
-    }
-  }
-  return 0;
-}
-
 uint32_t datagram_bytes(const TxPacket& p) {
   return p.hdr_len + p.payload_len;
 }
@@ -172,6 +160,7 @@ struct UdpEndpoint::Buffers {
   int rx_guess[kRxSlots];
   uint8_t* rx_dst[kRxSlots];
   uint64_t rx_age[kRxSlots];  // RxPacket::age_ns of each slot's datagrams
+  uint32_t rx_seg[kRxSlots];  // GRO segment size of each slot's receive (0: one datagram)
   uint32_t rx_dst_len[kRxSlots];
   uint32_t rx_split = 0;
   sockaddr_storage rx_from[kRxSlots];
@@ -617,22 +606,27 @@ int UdpEndpoint::send_to(const sockaddr_storage* dst, socklen_t dst_len, const T
   return taken;
 }
 
-// Points slot i's receive at its own buffer, or with guess `g` (non-null) split three ways.
-void UdpEndpoint::aim_slot(int i, const RxGuesses::Guess* g, uint32_t split) {
+// Points slot i's receive three ways for guess `g`: the header into the slot, the payload into
+// the guess, the rest into the slot where it would have gone. settle_guesses() undoes it.
+void UdpEndpoint::aim_slot(int i, const RxGuesses::Guess& g, uint32_t split) {
   Buffers& b = *buf_;
-  msghdr& h = b.rx_msgs[i].msg_hdr;
-  b.rx_guess[i] = -1;
-  if (g == nullptr) {
-    h.msg_iovlen = 1;
-    return;
-  }
   uint8_t* slot = b.slot(i);
-  b.rx_iov[i][1] = iovec{g->dst, g->len};
-  b.rx_iov[i][2] = iovec{slot + split + g->len, rx_slot_bytes_ - split - g->len};
+  b.rx_iov[i][1] = iovec{g.dst, g.len};
+  b.rx_iov[i][2] = iovec{slot + split + g.len, rx_slot_bytes_ - split - g.len};
   b.rx_iov[i][0].iov_len = split;
-  h.msg_iovlen = 3;
-  b.rx_dst[i] = g->dst;
-  b.rx_dst_len[i] = g->len;
+  b.rx_msgs[i].msg_hdr.msg_iovlen = 3;
+  b.rx_guess[i] = -1;
+  b.rx_dst[i] = g.dst;
+  b.rx_dst_len[i] = g.len;
+}
+
+// Copies back what slot i's receive put into its guess, so that the slot holds the datagrams
+// whole, and forgets the guess.
+void UdpEndpoint::unguess_slot(int i) {
+  Buffers& b = *buf_;
+  std::memcpy(b.slot(i) + b.rx_split, b.rx_dst[i],
+              std::min(b.rx_msgs[i].msg_len - b.rx_split, b.rx_dst_len[i]));
+  b.rx_guess[i] = -1;
 }
 
 // After a guessed receive: keeps the guess of each slot whose first datagram may be the one
@@ -647,10 +641,9 @@ void UdpEndpoint::settle_guesses(int received, int guessed, uint32_t split) {
     if (i >= received) continue;
     const uint32_t len = b.rx_msgs[i].msg_len;
     if (len <= split || (h.msg_flags & MSG_TRUNC)) continue;  // nothing went to the guess
-    const uint32_t seg = gro_ ? gro_segment_bytes(h) : 0;
-    const uint32_t placed = std::min(len - split, b.rx_dst_len[i]);
+    const uint32_t seg = b.rx_seg[i];
     if (seg != 0 && seg < len && seg != split + b.rx_dst_len[i]) {
-      std::memcpy(b.slot(i) + split, b.rx_dst[i], placed);
+      unguess_slot(i);
       ++udp_counters_.rx_unguessed;
       continue;
     }
@@ -672,7 +665,7 @@ int UdpEndpoint::rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) {
   if (g.split != 0 && g.split <= rx_slot_bytes_) {
     while (guessed < n && g.g[guessed].dst != nullptr &&
            g.g[guessed].len <= rx_slot_bytes_ - g.split) {
-      aim_slot(guessed, &g.g[guessed], g.split);
+      aim_slot(guessed, g.g[guessed], g.split);
       ++guessed;
     }
   }
@@ -684,10 +677,7 @@ int UdpEndpoint::rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) {
   // A slot the caller's array had no room for keeps no guess: the next call, perhaps another
   // caller's, could not know whose it was.
   for (int i = rx_next_; i < rx_count_; ++i) {
-    if (b.rx_guess[i] < 0 || (i == rx_next_ && rx_offset_ != 0)) continue;
-    std::memcpy(b.slot(i) + b.rx_split, b.rx_dst[i],
-                std::min(b.rx_msgs[i].msg_len - b.rx_split, b.rx_dst_len[i]));
-    b.rx_guess[i] = -1;
+    if (b.rx_guess[i] >= 0 && !(i == rx_next_ && rx_offset_ != 0)) unguess_slot(i);
   }
   return got;
 }
@@ -709,7 +699,7 @@ int UdpEndpoint::recv_batch(int max) {
       rx_count_ = r;
       rx_next_ = 0;
       rx_offset_ = 0;
-      stamp_ages(r);
+      read_control(r);
       return r;
     }
     const int err = errno;
@@ -791,39 +781,38 @@ bool UdpEndpoint::from_peer(const sockaddr_storage& src) const {
          std::memcmp(&a->sin6_addr, &p->sin6_addr, sizeof(in6_addr)) == 0;
 }
 
-// Takes the socket's running drop count from a received message's SO_RXQ_OVFL, if it has one.
-// The kernel stamps it at enqueue time and only once the socket has dropped something.
-void UdpEndpoint::count_kernel_drops(msghdr& h) {
-  for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
-      uint32_t total = 0;
-      std::memcpy(&total, CMSG_DATA(c), sizeof(total));
-      // The kernel's count is 32 bits wide and may wrap; the difference does not mind.
-      udp_counters_.rx_kernel_drops += static_cast<uint32_t>(total - kernel_drops_seen_);
-      kernel_drops_seen_ = total;
-      return;
-    }
-  }
-}
-
-// How long ago each received message reached the socket, from its SO_TIMESTAMPNS (wall clock,
-// as the kernel stamps it; one reading of that clock now serves the whole batch).
-void UdpEndpoint::stamp_ages(int received) {
+// Reads each received message's control messages once, right after the receive:
+//  - UDP_GRO: the segment size of a coalesced receive (rx_seg; 0: one datagram);
+//  - SCM_TIMESTAMPNS: when it reached the socket, as an age (rx_age; wall clock, as the kernel
+//    stamps it, one reading of which serves the whole batch; 0: unknown);
+//  - SO_RXQ_OVFL: the socket's running drop count, which the kernel stamps at enqueue time and
+//    only once the socket has dropped something.
+void UdpEndpoint::read_control(int received) {
   Buffers& b = *buf_;
   timespec wall{};
   const bool have_now = clock_gettime(CLOCK_REALTIME, &wall) == 0;
   const int64_t now_ns = int64_t{wall.tv_sec} * 1'000'000'000 + wall.tv_nsec;
   for (int i = 0; i < received; ++i) {
+    b.rx_seg[i] = 0;
     b.rx_age[i] = 0;
-    if (!have_now) continue;
     msghdr& h = b.rx_msgs[i].msg_hdr;
     for (cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(&h, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_TIMESTAMPNS) continue;
-      timespec ts;
-      std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
-      const int64_t age = now_ns - (int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec);
-      if (age > 0) b.rx_age[i] = static_cast<uint64_t>(age);
-      break;
+      if (gro_ && c->cmsg_level == IPPROTO_UDP && c->cmsg_type == UDP_GRO) {
+        int seg = 0;
+        std::memcpy(&seg, CMSG_DATA(c), sizeof(seg));
+        b.rx_seg[i] = seg > 0 ? static_cast<uint32_t>(seg) : 0;
+      } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_TIMESTAMPNS && have_now) {
+        timespec ts;
+        std::memcpy(&ts, CMSG_DATA(c), sizeof(ts));
+        const int64_t age = now_ns - (int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec);
+        if (age > 0) b.rx_age[i] = static_cast<uint64_t>(age);
+      } else if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_RXQ_OVFL) {
+        uint32_t total = 0;
+        std::memcpy(&total, CMSG_DATA(c), sizeof(total));
+        // The kernel's count is 32 bits wide and may wrap; the difference does not mind.
+        udp_counters_.rx_kernel_drops += static_cast<uint32_t>(total - kernel_drops_seen_);
+        kernel_drops_seen_ = total;
+      }
     }
   }
 }
@@ -836,11 +825,10 @@ int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
     mmsghdr& m = b.rx_msgs[rx_next_];
     const uint32_t len = m.msg_len;
     const uint8_t* data = b.slot(rx_next_);
-    uint32_t seg = gro_ ? gro_segment_bytes(m.msg_hdr) : 0;
+    uint32_t seg = b.rx_seg[rx_next_];
     if (seg == 0 || seg > len) seg = len;
     bool drop = false;
     if (rx_offset_ == 0) {
-      count_kernel_drops(m.msg_hdr);
       if (m.msg_hdr.msg_flags & MSG_TRUNC) {
         ++counters_.rx_truncated;
         drop = true;

@@ -106,12 +106,12 @@ class UdpEndpoint final : public Endpoint {
   int send_to(const sockaddr_storage* dst, socklen_t dst_len, const TxPacket* pkts, int n);
   void count_socket_unreachable();
   int recv_batch(int max);
-  void stamp_ages(int received);
-  void aim_slot(int i, const RxGuesses::Guess* g, uint32_t split);
+  void read_control(int received);
+  void aim_slot(int i, const RxGuesses::Guess& g, uint32_t split);
+  void unguess_slot(int i);
   void settle_guesses(int received, int guessed, uint32_t split);
   int drain_rx(RxPacket* pkts, int max);
   bool from_peer(const sockaddr_storage& src) const;
-  void count_kernel_drops(msghdr& h);
 
   int fd_ = -1;
   int family_ = 0;
