@@ -58,7 +58,7 @@ int RxBacklog::push(const RxPacket* pkts, int n, uint64_t now) {
 
 static_assert(sizeof(PeerAddress) % 8 == 0, "records stay 8-byte aligned");
 
-uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt) const {
+uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt, uint64_t now) const {
   uint32_t len;
   std::memcpy(&len, &ring_[at % kCapacityBytes], sizeof(len));
   if (len == Record::kWrap) {
@@ -72,7 +72,9 @@ uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt) const {
     pkt->data = p + sizeof(r);
     pkt->len = r.len;
     pkt->from = r.from;
-    pkt->age_ns = r.arrived_ns;  // absolute here; take() and peek() make it an age again
+    // Its age counts its wait here too: the congestion controller must not take that for
+    // queueing in the network (RxPacket::age_ns).
+    pkt->age_ns = now > r.arrived_ns ? now - r.arrived_ns : 0;
   }
   return at + align8(sizeof(Record) + len);
 }
@@ -87,14 +89,6 @@ void RxBacklog::advance_head(uint64_t to) {
   }
 }
 
-namespace {
-// A kept datagram's age counts its wait here too: the congestion controller must not take it
-// for queueing in the network (RxPacket::age_ns).
-void age_from(RxPacket* p, uint64_t now) {
-  p->age_ns = now > p->age_ns ? now - p->age_ns : 0;
-}
-}  // namespace
-
 int RxBacklog::take(RxHandler& own, uint64_t now) {
   uint64_t at, tail;
   {
@@ -106,8 +100,7 @@ int RxBacklog::take(RxHandler& own, uint64_t now) {
   RxPacket burst[32];
   int n = 0, total = 0;
   while (at != tail) {
-    at = next_record(at, &burst[n]);
-    age_from(&burst[n], now);
+    at = next_record(at, &burst[n], now);
     if (++n == 32) {
       own.on_rx(burst, n);
       total += n;
@@ -127,10 +120,7 @@ int RxBacklog::peek(RxPacket* out, int max, uint64_t now) {
     tail = tail_;
   }
   int n = 0;
-  while (n < max && at != tail) {
-    at = next_record(at, &out[n]);
-    age_from(&out[n++], now);
-  }
+  while (n < max && at != tail) at = next_record(at, &out[n++], now);
   return n;
 }
 
@@ -141,7 +131,7 @@ void RxBacklog::consume(int n) {
     std::lock_guard<std::mutex> lock(mu_);
     at = head_;
   }
-  for (int i = 0; i < n; ++i) at = next_record(at, nullptr);
+  for (int i = 0; i < n; ++i) at = next_record(at, nullptr, 0);
   advance_head(at);
 }
 

@@ -39,9 +39,9 @@ class RxBacklog {
  private:
   struct Record;  // a datagram's length, source and bytes, 8-byte aligned
 
-  // Walks records from `at` (< tail): fills *pkt (when not null) and returns where the next one
-  // starts. Wrap markers are stepped over.
-  uint64_t next_record(uint64_t at, RxPacket* pkt) const;
+  // Walks records from `at` (< tail): fills *pkt (when not null; its age as of `now`) and
+  // returns where the next one starts. Wrap markers are stepped over.
+  uint64_t next_record(uint64_t at, RxPacket* pkt, uint64_t now) const;
   void advance_head(uint64_t to);
 
   std::mutex mu_;
