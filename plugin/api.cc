@@ -449,14 +449,9 @@ ncclResult_t register_buffer(const char* what, void* comm, void* data, size_t si
       return nccl::ncclInternalError;
     }
     CommBase* base = as_send(comm);
-    int dev = 0;
-    if (SendWrap* s = as_send(comm)) {
-      dev = s->dev;
-    } else if (RecvWrap* r = as_recv(comm)) {
-      dev = r->dev;
-      base = r;
-    }
+    if (base == nullptr) base = as_recv(comm);
     if (base == nullptr) return misuse("regMr: not a send or recv comm");
+    const int dev = base->dev;
     // Overlapping registrations of one pool by many comms are normal: each gets its own handle
     // (and, over verbs, its own registration; the device pins the pages once).
     auto h = std::make_unique<MemHandle>();

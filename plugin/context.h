@@ -65,19 +65,18 @@ struct CommBase {
   // half-failed connection must not report success later. Touched only by the comm's progress
   // thread (isend/irecv).
   nccl::ncclResult_t sticky = nccl::ncclSuccess;
+  int dev = 0;  // the device regMr registers this comm's buffers with
 };
 
 struct SendWrap final : CommBase {
   explicit SendWrap(std::shared_ptr<Context> c) : CommBase(kSendMagic, std::move(c)) {}
   std::unique_ptr<SendComm> comm;
-  int dev = 0;            // the device regMr registers this comm's buffers with
   bool p2p_only = false;  // bounded by the traffic class (v10 names it per connection)
 };
 
 struct RecvWrap final : CommBase {
   explicit RecvWrap(std::shared_ptr<Context> c) : CommBase(kRecvMagic, std::move(c)) {}
   std::unique_ptr<RecvComm> comm;
-  int dev = 0;        // the device regMr registers this comm's buffers with
   RecvEvents events;  // NCCL profiler events of its outstanding bounded receives
 };
 
