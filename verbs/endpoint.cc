@@ -357,14 +357,16 @@ void UdEndpoint::reap_sends() {
 }
 
 void UdEndpoint::retire_sends(uint64_t upto) {
-  for (uint64_t s = tx_done_; fenced_ != 0 && s < upto; s++) {
-    TxFence*& f = send_fence_[ring_slot(s, kSendSlots)];
-    if (f == nullptr) continue;
-    f->release();
-    f = nullptr;
-    fenced_--;
-  }
+  for (uint64_t s = tx_done_; fenced_ != 0 && s < upto; s++) release_fence(s);
   tx_done_ = upto;
+}
+
+void UdEndpoint::release_fence(uint64_t send) {
+  TxFence*& f = send_fence_[ring_slot(send, kSendSlots)];
+  if (f == nullptr) return;
+  f->release();
+  f = nullptr;
+  fenced_--;
 }
 
 const VerbsRegion* UdEndpoint::zero_copy_region(const TxPacket& p) const {
@@ -497,13 +499,7 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
       posted = 0;
       for (ibv_send_wr* w = first; w != nullptr && w != bad; w = w->next) posted++;
       // What was not posted is not read by the device.
-      for (int i = posted; i < m; i++) {
-        TxFence*& f = send_fence_[ring_slot(tx_posted_ + static_cast<uint64_t>(i), kSendSlots)];
-        if (f == nullptr) continue;
-        f->release();
-        f = nullptr;
-        fenced_--;
-      }
+      for (int i = posted; i < m; i++) release_fence(tx_posted_ + static_cast<uint64_t>(i));
       // The signaled last request may be among them, leaving posted zero-copy sends with no
       // completion to come: a reset discards them (lost datagrams, which the protocol repairs)
       // and releases their fences, rather than leave their requests waiting for good.

@@ -118,6 +118,8 @@ class UdEndpoint final : public Endpoint {
   // The device is done with every send below `upto` (a completion, a reset, the QP's end):
   // tx_done_ moves there and the fences of zero-copy posts among them are released.
   void retire_sends(uint64_t upto);
+  // Releases the fence send number `send` holds, if any.
+  void release_fence(uint64_t send);
   // The registration a zero-copy post of `p` reads from, or null: none, another domain's, the
   // payload outside it.
   const VerbsRegion* zero_copy_region(const TxPacket& p) const;
