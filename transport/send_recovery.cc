@@ -116,8 +116,8 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
 uint64_t SendConn::network_rtt(uint64_t rtt, uint64_t now, uint32_t hold_ns) const {
   if (rtt == 0) return 0;
   const uint64_t host = (now - std::min(now, rx_arrival_ns_)) + hold_ns;
-  // More host time than the whole round trip: the two clocks' readings disagree (a receiver
-  // that reports no hold, a timestamp from before a clock step). No sample then.
+  // More host time than the whole round trip can only be readings that disagree (a kernel
+  // timestamp, taken on the wall clock, from before that clock stepped). No sample then.
   return host < rtt ? rtt - host : 0;
 }
 
