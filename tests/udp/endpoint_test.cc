@@ -16,6 +16,7 @@
 #include <cstring>
 #include <map>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -273,12 +274,18 @@ RxGuesses guesses_into(std::vector<uint8_t>& dst, int n, uint32_t payload) {
   return g;
 }
 
-TEST(UdpEndpoint, GuessedPayloadsAreReceivedInPlace) {
+// A sender and a receiver without GRO, so that each datagram is a receive of its own.
+std::pair<std::unique_ptr<UdpEndpoint>, std::unique_ptr<UdpEndpoint>> pair_without_gro() {
   EndpointOptions no_gro;
   no_gro.gro = false;
   auto a = open_v4();
   auto b = open_v4(no_gro);
   pair_up(*a, *b);
+  return {std::move(a), std::move(b)};
+}
+
+TEST(UdpEndpoint, GuessedPayloadsAreReceivedInPlace) {
+  auto [a, b] = pair_without_gro();
   Outbox out;
   for (int i = 0; i < 3; ++i) out.add(1016);  // 1000 payload bytes after the test header
   send_all(*a, out.packets());
@@ -293,11 +300,7 @@ TEST(UdpEndpoint, GuessedPayloadsAreReceivedInPlace) {
 }
 
 TEST(UdpEndpoint, AGuessOfTheWrongSizeIsMadeWholeByRestore) {
-  EndpointOptions no_gro;
-  no_gro.gro = false;
-  auto a = open_v4();
-  auto b = open_v4(no_gro);
-  pair_up(*a, *b);
+  auto [a, b] = pair_without_gro();
   Outbox out;
   out.add(1016);
   send_all(*a, out.packets());
