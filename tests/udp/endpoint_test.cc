@@ -114,13 +114,17 @@ void send_all_to(UdpEndpoint& ep, const PeerAddress& to, const std::vector<TxPac
   ASSERT_EQ(done, pkts.size());
 }
 
-// Receives until `want` datagrams arrived or a second passed; copies them out.
-std::vector<std::vector<uint8_t>> receive(UdpEndpoint& ep, size_t want, int max_per_call = 64) {
+// Receives until `want` datagrams arrived or a second passed; copies them out. With guesses
+// (rx_burst_guessed), each datagram is reassembled from its header and where its payload went,
+// and *placed counts those whose payload went to their guess.
+std::vector<std::vector<uint8_t>> receive(UdpEndpoint& ep, size_t want, int max_per_call = 64,
+                                          const RxGuesses* g = nullptr, int* placed = nullptr) {
   std::vector<std::vector<uint8_t>> got;
   std::vector<RxPacket> rx(static_cast<size_t>(max_per_call));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
   while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
-    const int r = ep.rx_burst(rx.data(), max_per_call);
+    const int r = g != nullptr ? ep.rx_burst_guessed(rx.data(), max_per_call, *g)
+                               : ep.rx_burst(rx.data(), max_per_call);
     EXPECT_GE(r, 0) << std::strerror(-r);
     if (r < 0) break;
     if (r == 0) {
@@ -128,7 +132,20 @@ std::vector<std::vector<uint8_t>> receive(UdpEndpoint& ep, size_t want, int max_
       (void)::poll(&p, 1, 10);
       continue;
     }
-    for (int i = 0; i < r; ++i) got.emplace_back(rx[i].data, rx[i].data + rx[i].len);
+    for (int i = 0; i < r; ++i) {
+      const RxPacket& p = rx[i];
+      std::vector<uint8_t> d(p.data, p.data + p.len);
+      if (p.rest != nullptr) {
+        EXPECT_NE(g, nullptr);
+        if (g == nullptr) break;
+        EXPECT_EQ(p.room, p.data + g->split);
+        EXPECT_LE(p.placed, p.len - g->split);
+        EXPECT_EQ(p.rest, g->g[p.guess].dst);
+        std::memcpy(d.data() + g->split, p.rest, p.placed);
+        ++*placed;
+      }
+      got.push_back(std::move(d));
+    }
   }
   return got;
 }
@@ -231,39 +248,6 @@ TEST(UdpEndpoint, GroReceivesAreSplitIntoDatagrams) {
   EXPECT_LT(b->counters().rx_syscalls, out.size());
 }
 
-// Receives with guesses until `want` datagrams arrived or a second passed. Each datagram is
-// reassembled from its header and where its payload went; `placed` counts those whose payload
-// went to their guess.
-std::vector<std::vector<uint8_t>> receive_guessed(UdpEndpoint& ep, size_t want, const RxGuesses& g,
-                                                  int* placed, int max_per_call = 64) {
-  std::vector<std::vector<uint8_t>> got;
-  std::vector<RxPacket> rx(static_cast<size_t>(max_per_call));
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  while (got.size() < want && std::chrono::steady_clock::now() < deadline) {
-    const int r = ep.rx_burst_guessed(rx.data(), max_per_call, g);
-    EXPECT_GE(r, 0) << std::strerror(-r);
-    if (r < 0) break;
-    if (r == 0) {
-      pollfd p{ep.fd(), POLLIN, 0};
-      (void)::poll(&p, 1, 10);
-      continue;
-    }
-    for (int i = 0; i < r; ++i) {
-      const RxPacket& p = rx[i];
-      std::vector<uint8_t> d(p.data, p.data + p.len);
-      if (p.rest != nullptr) {
-        EXPECT_EQ(p.room, p.data + g.split);
-        EXPECT_LE(p.placed, p.len - g.split);
-        EXPECT_EQ(p.rest, g.g[p.guess].dst);
-        std::memcpy(d.data() + g.split, p.rest, p.placed);
-        ++*placed;
-      }
-      got.push_back(std::move(d));
-    }
-  }
-  return got;
-}
-
 // Guesses for `n` datagrams of `payload` bytes each, one after another in `dst`.
 RxGuesses guesses_into(std::vector<uint8_t>& dst, int n, uint32_t payload) {
   RxGuesses g;
@@ -292,7 +276,7 @@ TEST(UdpEndpoint, GuessedPayloadsAreReceivedInPlace) {
   std::vector<uint8_t> dst;
   const RxGuesses g = guesses_into(dst, 3, 1000);
   int placed = 0;
-  expect_intact(receive_guessed(*b, 3, g, &placed), 3);
+  expect_intact(receive(*b, 3, 64, &g, &placed), 3);
   EXPECT_EQ(placed, 3);
   // The payloads are where they were guessed, and nowhere else was written.
   for (uint32_t k = 0; k < 3; ++k)
@@ -345,7 +329,7 @@ TEST_F(UdpCoalescedRun, ACoalescedRunHandedOutOverSeveralCallsStaysIntact) {
   // One datagram per call: a receive's first datagram may go to the guess of that call; the
   // rest of its run is handed out by later calls from where it landed, never guessed again.
   int placed = 0;
-  expect_intact(receive_guessed(*b, 16, g, &placed, 1), 16);
+  expect_intact(receive(*b, 16, 1, &g, &placed), 16);
   EXPECT_GE(placed, 1);
   EXPECT_LE(static_cast<uint64_t>(placed), b->counters().rx_syscalls);
   EXPECT_GT(b->udp_counters().gro_receives, 0u);
@@ -355,7 +339,7 @@ TEST_F(UdpCoalescedRun, UnderGroOnlyTheFirstDatagramOfAReceiveIsGuessed) {
   std::vector<uint8_t> dst;
   const RxGuesses g = guesses_into(dst, 16, 1000);
   int placed = 0;
-  expect_intact(receive_guessed(*b, 16, g, &placed), 16);
+  expect_intact(receive(*b, 16, 64, &g, &placed), 16);
   EXPECT_GE(placed, 1);
   EXPECT_GT(b->udp_counters().gro_receives, 0u);
   EXPECT_LT(placed, 16);  // one per receive: the rest of a coalesced run is where it lands
@@ -367,7 +351,7 @@ TEST_F(UdpCoalescedRun, ACoalescedRunOfAnotherSizeThanGuessedIsMadeWholeAtOnce) 
   // split; the endpoint copies the bytes back before handing anything out.
   const RxGuesses g = guesses_into(dst, 16, 600);
   int placed = 0;
-  expect_intact(receive_guessed(*b, 16, g, &placed), 16);
+  expect_intact(receive(*b, 16, 64, &g, &placed), 16);
   EXPECT_GT(b->udp_counters().rx_unguessed, 0u);
 }
 
