@@ -38,6 +38,14 @@ struct GpuState;  // owned by the GPU part
 }  // namespace optireduce::coll
 
 struct optiComm {
+  // The exchange goes first: until its connections are closed the transport may still write
+  // into the scratch the kernels own (receives a failed or aborted call left posted).
+  ~optiComm() {
+    tar.reset();
+    exchange.reset();
+    kernels.reset();
+  }
+
   int rank = 0;
   int nranks = 1;
   bool gpu = false;

@@ -52,7 +52,8 @@ struct RecvOp {
 //  - `sends` start at once, in the given order (the order of the receivers' rounds).
 //  - end_phase returns when every send and receive is done. In bounded mode a receive that
 //    ended with holes is not an error: lost_bytes/deadline_hit say so. A non-ok Status is a
-//    hard failure (peer gone, OS error); error() then holds a message.
+//    hard failure (peer gone, OS error); error() then holds a message, and nothing the phase
+//    was given is read or written any more (the caller may free it at once).
 class Exchange {
  public:
   virtual ~Exchange() = default;

@@ -175,13 +175,36 @@ Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
 
 Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
                                  std::span<const uint32_t> round_end) {
+  if (abandoned_) return failed_earlier();
   mode_ = mode == Mode::kBounded ? 1 : 0;
   recvs_ = recvs;
   round_end_ = round_end;
   sends_ = {};
   recv_reqs_.assign(recvs.size(), nullptr);
   recv_before_.resize(recvs.size());
-  return round_end.empty() ? Status::ok() : post_round(0);
+  return round_end.empty() ? Status::ok() : abandon_unless_ok(post_round(0));
+}
+
+Status HostExchange::failed_earlier() {
+  error_ = "the exchange failed earlier and closed its connections";
+  return Status(Errc::kInternal);
+}
+
+Status HostExchange::abandon_unless_ok(Status s) {
+  if (s) return s;
+  // Requests still posted would go on reading and writing the phase's buffers after the caller
+  // got the error, and the caller may free them (the scratch of a communicator being aborted, a
+  // tensor DDP drops): closing every connection ends them all now. The peers see the close and
+  // fail at once instead of waiting for this rank; the ranks are out of step anyway.
+  for (int m = 0; m < 2; ++m) {
+    send_[m].clear();
+    recv_[m].clear();
+    listen_[m].clear();
+  }
+  send_reqs_.clear();
+  recv_reqs_.clear();
+  abandoned_ = true;
+  return s;
 }
 
 Status HostExchange::post_round(size_t q) {
@@ -210,6 +233,11 @@ Status HostExchange::post_round(size_t q) {
 }
 
 Status HostExchange::post_sends(std::span<const SendOp> sends) {
+  if (abandoned_) return failed_earlier();
+  return abandon_unless_ok(post_sends_now(sends));
+}
+
+Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
   sends_ = sends;
   send_reqs_.assign(sends.size(), nullptr);
   for (size_t i = 0; i < sends.size(); ++i) {
@@ -235,6 +263,11 @@ Status HostExchange::post_sends(std::span<const SendOp> sends) {
 }
 
 Status HostExchange::end_phase() {
+  if (abandoned_) return failed_earlier();
+  return abandon_unless_ok(wait_phase());
+}
+
+Status HostExchange::wait_phase() {
   uint32_t begin = 0;
   for (size_t q = 0; q < round_end_.size(); ++q) {
     if (q > 0) {

@@ -37,9 +37,16 @@ class HostExchange final : public Exchange {
   Status connect_all(Store* store, const std::string& prefix, int timeout_ms);
   Status wait(Request* req, size_t* size, bool is_send, int peer);
   Status post_round(size_t q);
+  Status post_sends_now(std::span<const SendOp> sends);
+  Status wait_phase();
+  // A failed phase closes every connection (no request outlives the call that failed) and
+  // later phases fail at once.
+  Status abandon_unless_ok(Status s);
+  Status failed_earlier();
 
   int rank_ = 0;
   int nranks_ = 1;
+  bool abandoned_ = false;
   std::shared_ptr<Engine> engine_;
   std::unique_ptr<BoundedGroup> group_;
   // [mode][peer]; null at [*][rank_].

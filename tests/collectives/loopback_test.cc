@@ -20,6 +20,7 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/forked_ranks.h"
 #include "tests/collectives/loss_audit.h"
 #include "tests/collectives/nonfinite_case.h"
 #include "tests/collectives/typed_buffer.h"
@@ -33,52 +34,13 @@ using optireduce::testing::audit_input;
 using optireduce::testing::esize;
 using optireduce::testing::get;
 using optireduce::testing::kAuditCount;
+using optireduce::testing::run_ranks;
 using optireduce::testing::set;
 using optireduce::testing::shard_of;
+using optireduce::testing::temp_dir;
 using optireduce::testing::value;
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/optireduce-coll-XXXXXX";
-  const char* d = ::mkdtemp(tmpl);
-  return d ? d : "/tmp";
-}
-
-// Runs body(rank) in `n` forked processes (each process its own transport engine, as in real
-// use) and reports how many failed. `env` is applied in the children only.
-int run_ranks(int n, const std::vector<std::pair<std::string, std::string>>& env,
-              const std::function<int(int)>& body, int timeout_s = 240) {
-  std::vector<pid_t> pids;
-  for (int r = 0; r < n; ++r) {
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::alarm(unsigned(timeout_s));  // a hung rank must not hang the suite
-      ::setenv("OPTIREDUCE_IFNAME", "lo", 1);
-      for (const auto& [k, v] : env) ::setenv(k.c_str(), v.c_str(), 1);
-      const int rc = body(r);
-      std::fflush(stdout);
-      std::fflush(stderr);
-      ::_exit(rc);
-    }
-    pids.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t p : pids) {
-    int status = 0;
-    ::waitpid(p, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-  }
-  return failed;
-}
-
-#define CHILD_CHECK(cond, ...)                                            \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
-      std::fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__); \
-      std::fprintf(stderr, __VA_ARGS__);                                  \
-      std::fprintf(stderr, " [%s]\n", optiGetLastError());                \
-      return 1;                                                           \
-    }                                                                     \
-  } while (0)
+#define CHILD_CHECK(cond, ...) FORKED_CHECK(cond, optiGetLastError(), __VA_ARGS__)
 
 // --- Exact mode: bit-exact against an exact reference ---------------------------------------
 //
@@ -601,8 +563,7 @@ int drift_rank(int rank, int n, const std::string& dir, bool hadamard) {
                 "allreduce %d", c);
   optiStats_t total{};
   CHILD_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, "stats");
-  std::printf("rank %d: lost fraction %.4f over %d calls\n", rank, total.lostFraction,
-              kDriftCalls);
+  std::printf("rank %d: lost fraction %.4f over %d calls\n", rank, total.lostFraction, kDriftCalls);
   FILE* f = std::fopen((dir + "/drift." + std::to_string(rank)).c_str(), "wb");
   CHILD_CHECK(f != nullptr, "drift file");
   for (const auto& b : buf) CHILD_CHECK(std::fwrite(b.data(), 4, b.size(), f) == b.size(), "write");
@@ -619,7 +580,8 @@ void measure_drift(bool hadamard) {
   for (int r = 0; r < n; ++r) {
     FILE* f = std::fopen((dir + "/drift." + std::to_string(r)).c_str(), "rb");
     ASSERT_NE(f, nullptr);
-    ASSERT_EQ(std::fread(out[size_t(r)].data(), 4, out[size_t(r)].size(), f), out[size_t(r)].size());
+    ASSERT_EQ(std::fread(out[size_t(r)].data(), 4, out[size_t(r)].size(), f),
+              out[size_t(r)].size());
     std::fclose(f);
   }
   double worst = 0;

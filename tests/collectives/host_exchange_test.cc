@@ -1,0 +1,83 @@
+// HostExchange (collectives/host_exchange.h) across processes on loopback: what a phase that
+// fails leaves behind.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/host_exchange.h"
+#include "collectives/store.h"
+#include "tests/collectives/forked_ranks.h"
+
+namespace optireduce::coll {
+namespace {
+
+using testing::mark;
+using testing::run_ranks;
+using testing::temp_dir;
+using testing::wait_mark;
+
+#define CHECK(cond, ...) FORKED_CHECK(cond, ex ? ex->error().c_str() : "", __VA_ARGS__)
+
+constexpr size_t kBytes = 256 << 10;
+constexpr uint8_t kCanary = 0xC3;
+
+// Rank 0 posts receives from ranks 1 and 2; rank 2 goes away, so the phase fails. The caller
+// then owns its buffers again (it may free them: an aborted communicator's scratch, a tensor the
+// training loop drops), so rank 1's message, sent only after the failure, must not land in
+// them. Before the fix the receive from rank 1 stayed posted and the progress thread wrote
+// rank 1's bytes into the buffer after end_phase had returned its error.
+TEST(HostExchange, AFailedPhaseLeavesNoBufferInUse) {
+  const std::string dir = temp_dir();
+  const int failed = run_ranks(3, {}, [&](int rank) {
+    FileStore store(dir);
+    std::unique_ptr<HostExchange> ex;
+    std::string err;
+    CHECK(HostExchange::create(&store, "x", rank, 3, 60'000, &ex, &err), "create: %s", err.c_str());
+    if (rank == 2) {
+      CHECK(wait_mark(dir, "posted"), "rank 0 never posted");
+      ex.reset();  // closes its connections: rank 0's receive from it fails
+      CHECK(wait_mark(dir, "checked"), "rank 0 never checked");
+      return 0;
+    }
+    if (rank == 1) {
+      CHECK(wait_mark(dir, "failed"), "rank 0's phase never failed");
+      std::vector<uint8_t> data(kBytes, 0x11);
+      const SendOp send{0, data.data(), data.size()};
+      // Whether this send completes or fails (rank 0 closed) is not the point: where its
+      // bytes go is.
+      Status s = ex->begin_phase(Mode::kExact, 1, {}, {});
+      if (s) s = ex->post_sends({&send, 1});
+      if (s) s = ex->end_phase();
+      mark(dir, "sender-done");
+      CHECK(wait_mark(dir, "checked"), "rank 0 never checked");
+      return 0;
+    }
+    std::vector<uint8_t> from1(kBytes, 0), from2(kBytes, 0);
+    // Rank 2's receive first: end_phase waits in order, and that one fails.
+    RecvOp recvs[2] = {{2, from2.data(), kBytes}, {1, from1.data(), kBytes}};
+    const uint32_t round_end[1] = {2};
+    CHECK(ex->begin_phase(Mode::kExact, 1, recvs, round_end), "begin_phase");
+    CHECK(ex->post_sends({}), "post_sends");
+    mark(dir, "posted");
+    const Status s = ex->end_phase();
+    CHECK(!s, "the phase succeeded without rank 2");
+    std::memset(from1.data(), kCanary, kBytes);  // the caller's again
+    mark(dir, "failed");
+    CHECK(wait_mark(dir, "sender-done"), "rank 1 never finished its send");
+    ::usleep(200'000);  // time for stray bytes to land, were the receive still posted
+    size_t changed = 0;
+    for (uint8_t b : from1) changed += b != kCanary;
+    mark(dir, "checked");
+    CHECK(changed == 0, "%zu bytes of a buffer written after its phase failed", changed);
+    // And the exchange says so when used again, rather than touching closed connections.
+    CHECK(!ex->begin_phase(Mode::kExact, 1, recvs, round_end), "a phase after the failure");
+    return 0;
+  });
+  EXPECT_EQ(failed, 0);
+}
+
+}  // namespace
+}  // namespace optireduce::coll
