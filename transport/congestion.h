@@ -16,6 +16,18 @@
 // the window only when the RTT says the queue was full: random loss on an idle link is not
 // congestion, and cutting for it starves the step that needs the link most.
 //
+// Why it sometimes competes on loss instead: traffic that backs off only on loss (TCP cubic or
+// Reno, the usual background in a cloud) fills a drop-tail queue to the brim whatever a
+// delay-based sender does. Obeying the delay then leaves the window at its floor for as long as
+// that traffic lasts (a few percent of the link: every step starves). So a deep queue that
+// outlasts several RTTs while the window sits at its floor and leaves the device's paths a
+// small fraction of the rate they had (delivery_meter.h) is taken for someone else's, and the path
+// competes on their terms (Copa and Compound TCP switch the same way): the window returns to its
+// size at the last RTT on target, before the queue built, and then grows by a packet per RTT and
+// shrinks by 30% per loss episode, ignoring the delay. It goes back to the delay rule as soon as
+// the RTT comes down to target (the queue drained) or the path's delivery rate is back to what it
+// reached under the delay rule (whoever held the queue is gone, and the queue is ours).
+//
 // Bounded and exact traffic share the same window: bounded packets are acknowledged too (see
 // send.h), so the rate follows the network during bounded steps instead of freezing at a
 // figure measured during calibration.
@@ -27,6 +39,7 @@
 #include <mutex>
 #include <string>
 
+#include "transport/delivery_meter.h"
 #include "transport/pacer.h"
 
 namespace optireduce {
@@ -54,14 +67,19 @@ class CongestionController {
   virtual void on_loss(uint64_t now) = 0;
   // The retransmission timer fired: nothing came back for a whole RTO.
   virtual void on_timeout(uint64_t now) = 0;
+  // Whether it competes on loss right now, ignoring the delay (a statistic).
+  virtual bool competing() const { return false; }
 };
 
 struct DelayControlOptions {
-  uint32_t mss = 8192;                // payload bytes per packet
-  uint64_t max_window = 64u << 20;    // never more in flight than this
+  uint32_t mss = 8192;              // payload bytes per packet
+  uint64_t max_window = 64u << 20;  // never more in flight than this
   // Queueing allowed above the base RTT before the window shrinks. A floor, not a fraction of
   // the base RTT alone: on a host path the RTT includes scheduling noise of a few hundred us.
   uint64_t target_floor_ns = kQueueTargetFloorNs;
+  // What the device's paths deliver together (delivery_meter.h), shared by them; null: a meter
+  // of the controller's own.
+  std::shared_ptr<DeliveryMeter> meter;
 };
 
 // Swift-like delay-based window with a pacing rate derived from it.
@@ -80,11 +98,21 @@ class DelayController final : public CongestionController {
   uint64_t srtt_ns() const { return srtt_; }
   uint64_t target_ns() const;
   uint64_t decreases() const { return decreases_; }
+  bool competing() const override { return competing_; }
+  uint64_t compete_episodes() const { return compete_episodes_; }
 
  private:
   void decrease(double factor, uint64_t now);
+  double floor_bytes() const;
+  // The deep-queue bookkeeping behind the switch to competing.
+  void track_queue(uint64_t rtt, uint64_t now);
+  bool starved(uint64_t now) const;
+  double compete_cap() const;
+  void start_competing(uint64_t now);
+  void stop_competing();
 
   DelayControlOptions o_;
+  std::shared_ptr<DeliveryMeter> meter_;
   double cwnd_;
   bool slow_start_ = true;  // multiplicative growth until the first decrease
   // Base RTT: the smallest sample of the current and the previous window of kBaseWindowNs, so
@@ -95,6 +123,13 @@ class DelayController final : public CongestionController {
   uint64_t last_rtt_ = 0;
   uint64_t last_decrease_ns_ = 0;
   uint64_t decreases_ = 0;
+  // Competing with loss-based traffic (see the top of this file).
+  bool competing_ = false;
+  uint64_t compete_episodes_ = 0;
+  uint64_t deep_since_ns_ = 0;  // every RTT sample since then found a deep queue (0: none)
+  // The window at the last RTT sample on target: what the path had before a competitor's queue
+  // made the delay rule cut it, and where competing starts from.
+  double window_on_target_ = 0;
 };
 
 // What a path's state looks like from outside (tests, statistics).
@@ -103,6 +138,8 @@ struct PathSnapshot {
   uint64_t inflight = 0;
   double rate = 0;  // bytes per ns
   uint64_t senders = 0;
+  bool competing = false;  // competing on loss (CongestionController::competing)
+  uint64_t srtt_ns = 0;
 };
 
 // One path: the controller, the bytes its connections have in flight, the pacer. Connections
@@ -129,8 +166,14 @@ class Path {
   // a connection closed with packets outstanding).
   void release(uint64_t bytes);
 
-  void attach() { std::lock_guard<std::mutex> l(mu_); ++senders_; }
-  void detach() { std::lock_guard<std::mutex> l(mu_); --senders_; }
+  void attach() {
+    std::lock_guard<std::mutex> l(mu_);
+    ++senders_;
+  }
+  void detach() {
+    std::lock_guard<std::mutex> l(mu_);
+    --senders_;
+  }
   PathSnapshot snapshot() const;
 
  private:
@@ -150,14 +193,20 @@ class Path {
 // afresh (the network may have changed meanwhile).
 class PathTable {
  public:
-  std::shared_ptr<Path> get(const std::string& key, uint32_t mss, double ceiling_bytes_per_ns);
+  // The path from local device `device` to host `host`; the paths of one device share its
+  // DeliveryMeter.
+  std::shared_ptr<Path> get(const std::string& device, const std::string& host, uint32_t mss,
+                            double ceiling_bytes_per_ns);
 
  private:
   std::mutex mu_;
   std::map<std::string, std::weak_ptr<Path>> paths_;
+  std::map<std::string, std::weak_ptr<DeliveryMeter>> meters_;
 };
 
-// The controller every path gets: DelayController with the defaults above.
-std::unique_ptr<CongestionController> make_default_controller(uint32_t mss);
+// The controller every path gets: DelayController with the defaults above. `meter`: its
+// device's (null: one of its own).
+std::unique_ptr<CongestionController> make_default_controller(
+    uint32_t mss, std::shared_ptr<DeliveryMeter> meter = nullptr);
 
 }  // namespace optireduce

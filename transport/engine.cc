@@ -181,7 +181,7 @@ std::shared_ptr<Path> EngineImpl::path_to(int dev, const Endpoint& ep, uint32_t 
   const std::string host = ep.peer_host();
   if (host.empty())
     return std::make_shared<Path>(make_default_controller(pkt_payload), pkt_payload, ceiling);
-  return paths_.get(std::to_string(dev) + "/" + host, pkt_payload, ceiling);
+  return paths_.get(std::to_string(dev), host, pkt_payload, ceiling);
 }
 
 Status EngineImpl::connect(int dev, const ConnectionHandle& handle, const ConnOptions& opts,

@@ -31,11 +31,11 @@ namespace {
 
 using testing::Dir;
 using testing::HostLink;
+using testing::link_at;
 using testing::LinkConfig;
 using testing::LinkMode;
-using testing::SimNet;
-using testing::link_at;
 using testing::pattern;
+using testing::SimNet;
 
 constexpr uint64_t kGbps = 1'000'000'000;
 constexpr uint64_t kUs = 1000;
@@ -310,6 +310,59 @@ TEST(CcSim, WindowShrinksWithCrossTrafficAndRecovers) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 2b. Beside loss-based traffic the flow holds a share, and takes the short queue back when it
+// leaves. The same bottleneck; from 20 to 420 ms a Reno bulk transfer from a third host (what
+// background TCP in a cloud is) shares it. Reno backs off only on loss, so it fills the 1 MB
+// queue to the brim: the RTT sits near 8 ms whatever the delay-based window does, and a window
+// that kept obeying the delay would sit at its floor (36 KB per 8 ms RTT: 4% of the link) for
+// as long as Reno runs. The path must notice that the queue is not its own and compete on
+// Reno's terms (a window that grows until loss), then return to the short queue once Reno is
+// gone.
+TEST(CcSim, HoldsAShareBesideLossBasedTrafficAndTakesTheShortQueueBack) {
+  Rig rig;
+  const int tx = rig.net.add_host(host_at(10 * kGbps, 10 * kGbps));
+  const int rx = rig.net.add_host(host_at(10 * kGbps, kGbps));
+  const int other = rig.net.add_host(host_at(10 * kGbps, 10 * kGbps));
+  Flow& f = rig.add_flow(tx, rx, nullptr);
+  rig.post(f, 96 * kMiB, 3);
+  int reno = -1;
+  uint64_t rx_at[4] = {}, reno_at[4] = {};  // at 220, 420, 520 and 620 ms
+  const uint64_t marks[4] = {220 * kMs, 420 * kMs, 520 * kMs, 620 * kMs};
+  uint64_t max_q_late = 0;  // queue in [520, 620) ms
+  ASSERT_TRUE(rig.run(3000 * kMs, [&] {
+    const uint64_t t = rig.elapsed();
+    if (reno < 0 && t >= 20 * kMs) reno = rig.net.add_elastic_traffic(other, rx, 2 * kProp, 9000);
+    if (reno >= 0 && t >= 420 * kMs) rig.net.stop_cross_traffic(reno);
+    const uint64_t delivered = rig.net.endpoint_stats(f.rx_ep).delivered_bytes;
+    for (int i = 0; i < 4; ++i) {
+      if (t >= marks[i] && rx_at[i] == 0) {
+        rx_at[i] = delivered;
+        reno_at[i] = rig.net.cross_stats(reno).delivered_bytes;
+      }
+    }
+    if (t >= 520 * kMs && t < 620 * kMs)
+      max_q_late = std::max(max_q_late, rig.net.queued_bytes(rx, Dir::kDown));
+    ASSERT_TRUE(t < 620 * kMs || rx_at[3] != 0);
+  }));
+  EXPECT_EQ(f.src, f.dst);
+  ASSERT_NE(rx_at[3], 0u) << "the transfer must outlast the measured phases";
+  const double ours = gbps(rx_at[1] - rx_at[0], 200 * kMs);
+  const double theirs = gbps(reno_at[1] - reno_at[0], 200 * kMs);
+  const double after = gbps(rx_at[3] - rx_at[2], 100 * kMs);
+  std::printf(
+      "beside Reno (220..420 ms): ours %.3f Gbit/s, Reno %.3f; alone again (520..620 ms): "
+      "%.3f Gbit/s, max queue delay %.0f us\n",
+      ours, theirs, after, double(queue_ns_at_1g(max_q_late)) / 1e3);
+  // A share, not the floor's 4%; and Reno keeps one too (neither starves the other).
+  EXPECT_GE(ours, 0.25);
+  EXPECT_GE(theirs, 0.25);
+  EXPECT_GE(ours + theirs, 0.9);
+  // Reno gone, the flow has the link and the queue is short again.
+  EXPECT_GE(after, 0.9);
+  EXPECT_LT(queue_ns_at_1g(max_q_late), 2 * kMs);
+}
+
+// ---------------------------------------------------------------------------------------------
 // 3. Connections to the same host share one window. Two SendConns from host A to host B (two
 // NCCL channels) on one Path never have more in flight together than the path's window, plus
 // one transmit batch (32 packets: a connection checks the room once per batch), and their own
@@ -327,7 +380,7 @@ TEST(CcSim, ConnectionsToOneHostShareThePathWindow) {
     const int rx = rig.net.add_host(host_at(10 * kGbps, kGbps));
     PathTable table;
     auto path_for = [&]() -> std::shared_ptr<Path> {
-      return shared ? table.get("0/host1", kPayload, 0) : nullptr;
+      return shared ? table.get("0", "host1", kPayload, 0) : nullptr;
     };
     Flow& a = rig.add_flow(tx, rx, path_for());
     Flow& b = rig.add_flow(tx, rx, path_for());
@@ -497,9 +550,8 @@ TEST(CcSim, CreditDividesTheDownlinkFromTheSecondStepOn) {
   Incast in(Delivery::kBounded, 400, true);
   Rig& rig = in.rig;
   auto max_queue = [&](uint64_t* peak) {
-    return rig.run(2000 * kMs, [&] {
-      *peak = std::max(*peak, rig.net.queued_bytes(in.rx, Dir::kDown));
-    });
+    return rig.run(2000 * kMs,
+                   [&] { *peak = std::max(*peak, rig.net.queued_bytes(in.rx, Dir::kDown)); });
   };
   uint64_t first = 0, second = 0;
   ASSERT_TRUE(max_queue(&first));
@@ -552,12 +604,15 @@ TEST(CcSim, TheSenderKeepsToTheCreditOfTheCtsAndTheAcks) {
   const std::vector<double> acks = line_times(log, "h1->h0 ACK");
   const std::vector<double> data = line_times(log, "h0->h1 DATA");
   ASSERT_FALSE(acks.empty());
-  const auto before = size_t(std::lower_bound(data.begin(), data.end(), acks.front() + ms(kProp)) -
-                             data.begin());
+  const auto before =
+      size_t(std::lower_bound(data.begin(), data.end(), acks.front() + ms(kProp)) - data.begin());
   EXPECT_EQ(before, size_t(initial));
   // Replay: the grant the sender held when each DATA left (ACKs reach it kProp after the log
   // shows them leaving; the sender's own serialization is ~7 us per packet here).
-  struct Grant { double at; uint64_t upto; };
+  struct Grant {
+    double at;
+    uint64_t upto;
+  };
   std::vector<Grant> grants{{0, initial}};
   std::vector<std::pair<double, uint64_t>> sent;  // (time, packet index)
   size_t pos = 0;
@@ -572,7 +627,8 @@ TEST(CcSim, TheSenderKeepsToTheCreditOfTheCtsAndTheAcks) {
         line.find("credit=") != std::string::npos &&
         std::sscanf(line.c_str() + line.find("credit="), "credit=%u", &credit) == 1)
       grants.push_back({t + ms(kProp), base + credit});
-    if (line.find("h0->h1 DATA") != std::string::npos && line.find("flags=B,R") == std::string::npos &&
+    if (line.find("h0->h1 DATA") != std::string::npos &&
+        line.find("flags=B,R") == std::string::npos &&
         std::sscanf(line.c_str() + line.find("off="), "off=%llu", &off) == 1)
       sent.emplace_back(t, off / kPayload);
   }
@@ -695,11 +751,12 @@ TEST(CcSim, ALateSenderIsWaitedForAndANeverStartingOneIsCut) {
   ASSERT_TRUE(late.s->isend(late.src.data(), late.src.size(), &late.sr).is_ok());
   ASSERT_TRUE(rig.run(500 * kMs));
   const ConnStats lr = late.r->stats(), nr = never.r->stats();
-  std::printf("late sender: receive done at %.2f ms (armed deadline 50 ms), %llu bytes lost; "
-              "never-starting sender: done at %.2f ms, %llu of %llu bytes lost\n",
-              ms(late.recv_done_ns), static_cast<unsigned long long>(lr.bytes_lost),
-              ms(never.recv_done_ns), static_cast<unsigned long long>(nr.bytes_lost),
-              static_cast<unsigned long long>(nr.bytes_expected));
+  std::printf(
+      "late sender: receive done at %.2f ms (armed deadline 50 ms), %llu bytes lost; "
+      "never-starting sender: done at %.2f ms, %llu of %llu bytes lost\n",
+      ms(late.recv_done_ns), static_cast<unsigned long long>(lr.bytes_lost), ms(never.recv_done_ns),
+      static_cast<unsigned long long>(nr.bytes_lost),
+      static_cast<unsigned long long>(nr.bytes_expected));
   EXPECT_EQ(late.src, late.dst);
   EXPECT_EQ(lr.bytes_lost, 0u);
   EXPECT_EQ(lr.deadline_hits, 0u);
@@ -778,10 +835,11 @@ TEST(CcSim, SkewBetweenRanksCostsNoDataAndAStragglerOneAllowance) {
   ASSERT_TRUE(rig.run(500 * kMs));
   EXPECT_EQ(f.src, f.dst);
   const ConnStats rs = f.r->stats(), ss = f.s->stats();
-  std::printf("skew 45 ms, budget 10 ms: late sender done at %.2f ms, late receiver's sender at "
-              "%.2f ms, %llu bytes lost; never-starting sender cut at %.2f ms\n",
-              ms(f.recv_done_ns), ms(f.send_done_ns),
-              static_cast<unsigned long long>(rs.bytes_lost), ms(never.recv_done_ns));
+  std::printf(
+      "skew 45 ms, budget 10 ms: late sender done at %.2f ms, late receiver's sender at "
+      "%.2f ms, %llu bytes lost; never-starting sender cut at %.2f ms\n",
+      ms(f.recv_done_ns), ms(f.send_done_ns), static_cast<unsigned long long>(rs.bytes_lost),
+      ms(never.recv_done_ns));
   EXPECT_EQ(rs.bytes_lost, 0u);
   EXPECT_EQ(rs.deadline_hits, 0u);
   EXPECT_EQ(ss.expired_sends, 0u);
@@ -881,7 +939,7 @@ TEST(CcSim, FreshPathSendsItsInitialWindowBeforeTheFirstAck) {
   const int tx = rig.net.add_host(sender);
   const int rx = rig.net.add_host(receiver);
   PathTable table;
-  std::shared_ptr<Path> path = table.get("0/host1", kPayload, 0);
+  std::shared_ptr<Path> path = table.get("0", "host1", kPayload, 0);
   ASSERT_EQ(path->snapshot().window, 16u * kPayload);
   Flow& f = rig.add_flow(tx, rx, path);
   rig.net.set_log(true);

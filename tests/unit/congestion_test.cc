@@ -1,6 +1,7 @@
 // The path's congestion control: DelayController's rules (slow start, a decrease in proportion
 // to the delay's excess once per RTT, random loss ignored and queue-full loss obeyed, a timeout
-// halving, the floor, the base-RTT filter forgetting), and Path/PathTable's sharing of one
+// halving, the floor, the base-RTT filter forgetting, competing on loss beside traffic that
+// holds the queue and going back), and Path/PathTable's sharing of one
 // window by every connection to the same host.
 #include <gtest/gtest.h>
 
@@ -129,6 +130,111 @@ TEST(DelayController, PacesAtAQuarterAboveWindowPerRtt) {
   EXPECT_NEAR(c.pacing_rate(), 1.25 * 16 * kMss / (100.0 * kUs), 1e-9);
 }
 
+// Feeds `ms` milliseconds of ACKs, one per 100 us, delivering `rate` bytes per ns at RTT `rtt`,
+// from `*now` on (advanced).
+void feed(DelayController* c, double rate, uint64_t rtt, uint64_t ms, uint64_t* now) {
+  const auto per_ack = static_cast<uint64_t>(rate * 100.0 * kUs);
+  for (uint64_t t = 0; t < ms * 10; ++t) c->on_ack(per_ack, rtt, *now += 100 * kUs);
+}
+
+// A path that ran at 1 Gbit/s (0.125 B/ns) on target, then finds a queue it cannot drain (8 ms
+// RTT) and only a few percent of that rate at its floor: someone who backs off only on loss
+// holds the queue. It competes, from the window it had before that queue.
+DelayController starved_path(uint64_t* now, uint64_t* window_before) {
+  DelayController c = fresh();
+  feed(&c, 0.125, 200 * kUs, 5, now);          // slow start and its end
+  c.on_ack(kMss, 2 * kMs, *now += 100 * kUs);  // leave slow start
+  feed(&c, 0.125, 200 * kUs, 20, now);         // the delay rule's best rate: 0.125
+  *window_before = c.window_bytes();
+  feed(&c, 0.004, 8 * kMs, 40, now);  // the queue stands; the window falls to its floor
+  return c;
+}
+
+TEST(DelayController, CompetesWhenAStandingQueueStarvesItAtItsFloor) {
+  uint64_t now = kMs, before = 0;
+  DelayController c = starved_path(&now, &before);
+  EXPECT_TRUE(c.competing());
+  EXPECT_EQ(c.compete_episodes(), 1u);
+  // The window is back to what it was before the queue built, and grows by about a packet per
+  // RTT although the RTT stays far above target.
+  EXPECT_GE(c.window_bytes(), before);
+  const uint64_t w = c.window_bytes();
+  for (uint64_t acked = 0; acked < w; acked += kMss) c.on_ack(kMss, 8 * kMs, now += 50 * kUs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w + kMss), kMss * 0.2);
+  // Loss is now the signal: one episode per RTT cuts 30%, whatever the RTT.
+  const uint64_t w2 = c.window_bytes();
+  c.on_loss(now += 9 * kMs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w2) * 0.7, 1.0);
+  c.on_loss(now += 10 * kUs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w2) * 0.7, 1.0);
+}
+
+TEST(DelayController, StopsCompetingWhenTheQueueDrains) {
+  uint64_t now = kMs, before = 0;
+  DelayController c = starved_path(&now, &before);
+  ASSERT_TRUE(c.competing());
+  c.on_ack(kMss, 300 * kUs, now += 100 * kUs);  // on target again
+  EXPECT_FALSE(c.competing());
+  // The delay rule governs again: a high RTT cuts the window once more.
+  const uint64_t w = c.window_bytes();
+  c.on_ack(kMss, 8 * kMs, now += 10 * kMs);
+  EXPECT_LT(c.window_bytes(), w);
+}
+
+TEST(DelayController, StopsCompetingWhenItsRateIsBack) {
+  uint64_t now = kMs, before = 0;
+  DelayController c = starved_path(&now, &before);
+  ASSERT_TRUE(c.competing());
+  // Still a standing queue, but the path delivers at its old rate: the queue is its own now.
+  feed(&c, 0.12, 8 * kMs, 40, &now);
+  EXPECT_FALSE(c.competing());
+}
+
+// Unresponsive traffic that leaves the path half the link, or a queue of its own making at an
+// unchanged rate, is no reason to compete: the delay rule keeps the queue short.
+TEST(DelayController, AHalfShareIsNoReasonToCompete) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  feed(&c, 0.125, 200 * kUs, 5, &now);
+  c.on_ack(kMss, 2 * kMs, now += 100 * kUs);
+  feed(&c, 0.125, 200 * kUs, 20, &now);
+  feed(&c, 0.06, 2 * kMs, 100, &now);
+  EXPECT_FALSE(c.competing());
+  EXPECT_EQ(c.compete_episodes(), 0u);
+}
+
+// A queue that stands at little more than the target, with the path starved (many of our own
+// paths at their floors into one downlink): no reason to compete, the delay rule keeps it.
+TEST(DelayController, AShallowStandingQueueIsNoReasonToCompete) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  feed(&c, 0.125, 200 * kUs, 5, &now);
+  c.on_ack(kMss, 2 * kMs, now += 100 * kUs);
+  feed(&c, 0.125, 200 * kUs, 20, &now);
+  feed(&c, 0.004, 1100 * kUs, 100, &now);  // 900 us above the base: under twice the 500 us
+  EXPECT_FALSE(c.competing());
+  c.on_ack(kMss, 300 * kUs, now += 100 * kUs);  // it drained once; then a deep one stands
+  feed(&c, 0.004, 1300 * kUs, 100, &now);       // 1100 us above: deep
+  EXPECT_TRUE(c.competing());
+}
+
+// The paths of one device share its meter: it measures what they deliver together, epoch by
+// epoch, and leaves out the time the device had nothing to send.
+TEST(DeliveryMeter, AddsUpADevicesPathsAndSkipsIdleSpells) {
+  DeliveryMeter m;
+  uint64_t now = kMs;
+  for (int i = 0; i < 250; ++i) {  // 25 ms: two paths, 6250 bytes each per 100 us
+    m.on_acked(6250, now += 50 * kUs);
+    m.on_acked(6250, now += 50 * kUs);
+  }
+  EXPECT_NEAR(m.last_rate(), 0.125, 0.01);
+  EXPECT_NEAR(m.best_rate(), 0.125, 0.01);
+  now += 50 * kMs;  // idle
+  for (int i = 0; i < 250; ++i) m.on_acked(1250, now += 100 * kUs);
+  EXPECT_NEAR(m.last_rate(), 0.0125, 0.002);  // not diluted by the idle 50 ms
+  EXPECT_NEAR(m.best_rate(), 0.125, 0.01);
+}
+
 std::unique_ptr<CongestionController> controller() {
   DelayControlOptions o;
   o.mss = kMss;
@@ -142,9 +248,9 @@ TEST(Path, ConnectionsShareOneWindow) {
   p.on_sent(w / 2);  // connection A
   p.on_sent(w / 2);  // connection B
   EXPECT_EQ(p.room(kMs), 0u);
-  p.on_acked(w / 4, w / 4, 0, kMs);  // A's ACK opens room for B as well
+  p.on_acked(w / 4, w / 4, 0, kMs);       // A's ACK opens room for B as well
   EXPECT_EQ(p.room(kMs), w / 4 + w / 4);  // (slow start also grew the window by as much)
-  p.release(w);  // everything leaves flight: never below zero
+  p.release(w);                           // everything leaves flight: never below zero
   EXPECT_EQ(p.snapshot().inflight, 0u);
 }
 
@@ -165,9 +271,9 @@ TEST(Path, TheRateCeilingCapsPacing) {
 
 TEST(PathTable, OnePathPerHostWhileAnyConnectionUsesIt) {
   PathTable t;
-  auto a = t.get("0/10.0.0.2", kMss, 0);
-  auto b = t.get("0/10.0.0.2", kMss, 0);
-  auto c = t.get("0/10.0.0.3", kMss, 0);
+  auto a = t.get("0", "10.0.0.2", kMss, 0);
+  auto b = t.get("0", "10.0.0.2", kMss, 0);
+  auto c = t.get("0", "10.0.0.3", kMss, 0);
   EXPECT_EQ(a.get(), b.get());
   EXPECT_NE(a.get(), c.get());
   a->on_sent(1000);
@@ -175,7 +281,7 @@ TEST(PathTable, OnePathPerHostWhileAnyConnectionUsesIt) {
   a.reset();
   b.reset();
   // Nobody uses it any more: a later connection starts afresh.
-  auto d = t.get("0/10.0.0.2", kMss, 0);
+  auto d = t.get("0", "10.0.0.2", kMss, 0);
   EXPECT_EQ(d->snapshot().inflight, 0u);
 }
 

@@ -370,7 +370,37 @@ class SimNet {
     schedule(now_, EvKind::kCross, id, nullptr);
     return id;
   }
+  // A loss-based elastic source (a TCP Reno bulk transfer, as background traffic in a cloud
+  // is): it keeps a window of packets in flight, grows it by one packet per window acknowledged
+  // (doubling per RTT until its first loss), and halves it at most once per window on a drop.
+  // Each delivered packet is acknowledged between `ack_delay_ns` and twice that later (the
+  // return path, which carries nothing else and never queues; the spread is its jitter, which
+  // breaks the perfect ACK clock that would let it dodge every drop of a full queue). Unlike the
+  // constant-rate source it backs off only on loss, so it fills a drop-tail queue to the brim: what
+  // a delay-based sender must hold its own against. The same CrossStats count it;
+  // stop_cross_traffic ends it.
+  int add_elastic_traffic(int host_from, int host_to, uint64_t ack_delay_ns,
+                          uint32_t packet_bytes = 1500) {
+    check_host(host_from);
+    check_host(host_to);
+    if (packet_bytes == 0) throw std::invalid_argument("elastic traffic needs a packet size");
+    Cross c;
+    c.from = host_from;
+    c.to = host_to;
+    c.packet_bytes = packet_bytes;
+    c.elastic = true;
+    c.ack_delay_ns = ack_delay_ns;
+    c.cwnd = 10.0 * packet_bytes;
+    c.ssthresh = 1e18;
+    c.rng.seed(seed_ * 0xD1B54A32D192ED03ull + cross_.size() + 1);
+    cross_.push_back(c);
+    const int id = int(cross_.size()) - 1;
+    schedule(now_, EvKind::kCross, id, nullptr);
+    return id;
+  }
   void stop_cross_traffic(int id) { cross_.at(size_t(id)).stopped = true; }
+  // The elastic source's window, in bytes (0 for a constant-rate one).
+  double cross_window(int id) const { return cross_.at(size_t(id)).cwnd; }
   const CrossStats& cross_stats(int id) const { return cross_.at(size_t(id)).stats; }
 
   // Changes a link from now on (a straggler's link slows down, a queue shrinks): the packet
@@ -404,6 +434,7 @@ class SimNet {
     int src_host = 0, dst_host = 0;
     int src_ep = -1, dst_ep = -1;  // -1: filler
     int cross = -1;                // the source of filler
+    uint64_t cross_seq = 0;        // elastic filler: the packet's number in its source
     bool on_downlink = false;      // past the uplink
     bool reserved = false;         // holds room in a lossless downlink it has not reached yet
     uint64_t enq_ns = 0;
@@ -442,14 +473,23 @@ class SimNet {
     uint64_t left = 0;  // bytes of the current burst still to emit
     uint64_t burst_start = 0;
     uint64_t rate_rem = 0;
+    // Elastic (add_elastic_traffic) only.
+    bool elastic = false;
+    uint64_t ack_delay_ns = 0;
+    double cwnd = 0, ssthresh = 0;
+    uint64_t inflight = 0;
+    uint64_t sent_pkts = 0;    // packets emitted so far: numbers each packet
+    uint64_t recover_pkt = 0;  // a drop of a packet numbered below this is the same episode
+    std::mt19937_64 rng;       // the ACKs' jitter
     CrossStats stats;
   };
 
   enum class EvKind : uint8_t {
-    kTxDone,   // index: link; its head packet finished serialization
-    kArrive,   // index: downlink; pkt arrives after the uplink's propagation
-    kDeliver,  // pkt reaches the end of its downlink's propagation
-    kCross,    // index: cross source; emit its next packet
+    kTxDone,    // index: link; its head packet finished serialization
+    kArrive,    // index: downlink; pkt arrives after the uplink's propagation
+    kDeliver,   // pkt reaches the end of its downlink's propagation
+    kCross,     // index: cross source; emit its next packet
+    kCrossAck,  // index: elastic cross source; pkt was delivered ack_delay_ns ago
   };
   struct Event {
     uint64_t t = 0;
@@ -507,6 +547,9 @@ class SimNet {
         break;
       case EvKind::kCross:
         cross_emit(ev.index);
+        break;
+      case EvKind::kCrossAck:
+        elastic_ack(ev.index, ev.pkt);
         break;
     }
   }
@@ -633,9 +676,10 @@ class SimNet {
 
   void lost(const Link& l, const PacketPtr& p, const char* why) {
     if (p->cross >= 0) {
-      CrossStats& cs = cross_[size_t(p->cross)].stats;
-      ++cs.dropped_pkts;
-      cs.dropped_bytes += p->size;
+      Cross& c = cross_[size_t(p->cross)];
+      ++c.stats.dropped_pkts;
+      c.stats.dropped_bytes += p->size;
+      if (c.elastic) elastic_loss(p->cross, *p);
     } else if (log_on_) {
       log_line(p, "DROP ", (" (" + std::string(why) + ") at " + l.name).c_str());
     }
@@ -643,9 +687,13 @@ class SimNet {
 
   void deliver(const PacketPtr& p) {
     if (p->cross >= 0) {
-      CrossStats& cs = cross_[size_t(p->cross)].stats;
-      ++cs.delivered_pkts;
-      cs.delivered_bytes += p->size;
+      Cross& c = cross_[size_t(p->cross)];
+      ++c.stats.delivered_pkts;
+      c.stats.delivered_bytes += p->size;
+      if (c.elastic) {
+        const uint64_t jitter = c.ack_delay_ns ? c.rng() % (c.ack_delay_ns + 1) : 0;
+        schedule(now_ + c.ack_delay_ns + jitter, EvKind::kCrossAck, p->cross, p);
+      }
       return;
     }
     EpState& e = eps_[size_t(p->dst_ep)];
@@ -661,9 +709,51 @@ class SimNet {
     if (e.rx_bytes > e.stats.max_rx_queue_bytes) e.stats.max_rx_queue_bytes = e.rx_bytes;
   }
 
+  // Elastic filler: fills its window (its ACKs and losses call again).
+  void elastic_emit(int id) {
+    Cross& c = cross_[size_t(id)];
+    while (!c.stopped && double(c.inflight + c.packet_bytes) <= c.cwnd) {
+      auto p = std::make_shared<Packet>();
+      p->size = c.packet_bytes;
+      p->src_host = c.from;
+      p->dst_host = c.to;
+      p->cross = id;
+      p->cross_seq = c.sent_pkts++;
+      c.inflight += p->size;
+      ++c.stats.offered_pkts;
+      c.stats.offered_bytes += p->size;
+      offer(link_id(c.from, Dir::kUp), p);
+    }
+  }
+  void elastic_ack(int id, const PacketPtr& p) {
+    Cross& c = cross_[size_t(id)];
+    c.inflight -= std::min<uint64_t>(c.inflight, p->size);
+    if (c.cwnd < c.ssthresh)
+      c.cwnd += p->size;  // slow start
+    else
+      c.cwnd += double(c.packet_bytes) * double(p->size) / c.cwnd;  // one packet per window
+    elastic_emit(id);
+  }
+  void elastic_loss(int id, const Packet& p) {
+    Cross& c = cross_[size_t(id)];
+    c.inflight -= std::min<uint64_t>(c.inflight, p.size);
+    // One halving per window of losses (fast recovery's view: the drops of one window are one
+    // congestion event), never below two packets.
+    if (p.cross_seq >= c.recover_pkt) {
+      c.cwnd = std::max(c.cwnd / 2, 2.0 * c.packet_bytes);
+      c.ssthresh = c.cwnd;
+      c.recover_pkt = c.sent_pkts;
+    }
+    elastic_emit(id);
+  }
+
   void cross_emit(int id) {
     Cross& c = cross_[size_t(id)];
     if (c.stopped) return;
+    if (c.elastic) {
+      elastic_emit(id);
+      return;
+    }
     if (c.left == 0) {
       c.left = c.burst_bytes;
       c.burst_start = now_;
@@ -784,7 +874,7 @@ inline std::string SimEndpoint::peer_host() const {
 
 // A link at `rate_bps` (0: infinite) with a drop-tail queue of `queue_bytes` (0: unbounded).
 inline LinkConfig link_at(uint64_t rate_bps, uint64_t queue_bytes = 0, uint64_t prop_ns = 0,
-                   LinkMode mode = LinkMode::kDropTail, double loss = 0) {
+                          LinkMode mode = LinkMode::kDropTail, double loss = 0) {
   LinkConfig l;
   l.rate_bps = rate_bps;
   l.queue_bytes = queue_bytes;
