@@ -136,6 +136,10 @@ struct RxGuesses {
   static constexpr int kMax = 32;
   uint32_t split = 0;  // bytes of every datagram kept in the datapath's buffer: the header
   int n = 0;
+  // After the guessed datagrams the caller expects the first datagram of a receive not started
+  // yet: receiving no more than that one beyond the guesses lets the next call guess the rest
+  // of its message, whose size that datagram tells.
+  bool first_pending = false;
   struct Guess {
     uint8_t* dst = nullptr;
     uint32_t len = 0;      // payload bytes expected (the most the region holds)

@@ -15,6 +15,7 @@
 // backlog's lock. Nothing is waited for while a leaf is held, so no cycle exists.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -33,6 +34,7 @@ struct MuxCounters {
   uint64_t rx_no_port = 0;       // too short for a header, or a token no port has: stale, stray
   uint64_t rx_backlog_full = 0;  // a busy port's backlog had no room: dropped
   uint64_t drains = 0;           // receive passes over the shared endpoint
+  uint64_t quiet_skips = 0;      // drains not made: the endpoint had been idle (endpoint_mux.cc)
   // Datagrams received straight into their connection's buffer (RxGuesses), and those received
   // into a guess that was wrong, which cost a copy back.
   uint64_t rx_placed = 0;
@@ -91,7 +93,15 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   uint64_t unreachable_seen_ = 0;                 // ep_'s peer_unreachable already looked at
   int guess_pause_ = 0;    // bursts left without guesses (under rx_mu_, as is the next)
   int guess_backoff_ = 0;  // the last pause; doubles while guesses keep missing
-  int fatal_ = 0;                                 // first fatal receive errno (under rx_mu_)
+  int bad_bursts_ = 0;     // bursts in a row whose guesses mostly missed
+  int fatal_ = 0;          // first fatal receive errno (under rx_mu_)
+  // Empty drains in a row, calls left to skip, and skips not yet counted (under rx_mu_; see
+  // endpoint_mux.cc on polling an idle endpoint).
+  int empty_streak_ = 0;
+  int quiet_calls_ = 0;
+  uint64_t quiet_skips_ = 0;
+  // When a connection's own caller last drained (serve() leaves the endpoint to it meanwhile).
+  std::atomic<uint64_t> last_owned_drain_ns_{0};
 };
 
 }  // namespace optireduce

@@ -47,9 +47,12 @@ RecvConn::~RecvConn() {
 
 bool RecvConn::legal_transition(State from, State to) {
   switch (from) {
-    case State::kFree: return to == State::kPosted;
-    case State::kPosted: return to == State::kComplete;
-    case State::kComplete: return to == State::kFree;
+    case State::kFree:
+      return to == State::kPosted;
+    case State::kPosted:
+      return to == State::kComplete;
+    case State::kComplete:
+      return to == State::kFree;
   }
   return false;
 }
@@ -286,11 +289,19 @@ void RecvConn::on_peer_closed_locked(uint64_t now) {
 int RecvConn::rx_guesses(RxGuesses* out) {
   out->split = kHeaderBytes;
   out->n = 0;
+  out->first_pending = false;
   if (!fatal_.is_ok()) return 0;
   const uint64_t pkt = params_.pkt_payload;
   for (uint32_t s = floor_; s != next_seq_ && out->n < RxGuesses::kMax; ++s) {
     const Msg& m = slot(s);
-    if (m.state != State::kPosted || !m.started) continue;
+    if (m.state != State::kPosted) continue;
+    if (!m.started) {
+      // Its size is unknown until its first packet: guessing past it could write into the
+      // caller's bytes beyond the message. Messages arrive in order, so the first packet of the
+      // oldest one not started is what comes once those guessed above are in.
+      out->first_pending = true;
+      break;
+    }
     for (uint64_t off = uint64_t{m.high} * pkt; off < m.size && out->n < RxGuesses::kMax;
          off += pkt) {
       RxGuesses::Guess& g = out->g[out->n++];
@@ -426,13 +437,12 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   if ((h.flags & kFlagTail) && m.bounded) m.tail_seen = true;
   if (m.tail_seen) {
     // Without a policy, the fraction applies to the receive's own budget (its estimate).
-    const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0
-                                ? m.deadline_ns - m.head_ns
-                                : cfg_.timeout_ms > 0 ? static_cast<uint64_t>(cfg_.timeout_ms * 1e6)
-                                                      : kDefaultBudgetNs;
-    const uint64_t early = policy_ ? policy_->early_ns(m.size)
-                                   : static_cast<uint64_t>(cfg_.early_fraction *
-                                                           static_cast<double>(budget));
+    const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0 ? m.deadline_ns - m.head_ns
+                            : cfg_.timeout_ms > 0 ? static_cast<uint64_t>(cfg_.timeout_ms * 1e6)
+                                                  : kDefaultBudgetNs;
+    const uint64_t early =
+        policy_ ? policy_->early_ns(m.size)
+                : static_cast<uint64_t>(cfg_.early_fraction * static_cast<double>(budget));
     m.early_ns = now + early;
   }
   if (m.got.full()) {
@@ -444,8 +454,10 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // during bounded steps, and a packet lost early in a step is repaired from it.
   // Normally one SACK per burst (after_rx_burst_locked); within a long burst also every
   // kAckEveryPkts packets, so that one lost ACK never hides a whole window.
-  if (m.pkts_since_ack >= kAckEveryPkts) send_ack_locked(m, false);
-  else dirty_ |= 1u << (s % kMaxRequests);
+  if (m.pkts_since_ack >= kAckEveryPkts)
+    send_ack_locked(m, false);
+  else
+    dirty_ |= 1u << (s % kMaxRequests);
 }
 
 void RecvConn::after_rx_burst_locked(uint64_t now) {
@@ -546,8 +558,10 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   // FINAL releases the sender's buffer: a plain one when everything arrived, a bounded one when
   // the deadline came first (nothing more is wanted; the sender stops repairing). A sender that
   // expired the message already knows.
-  if (how == End::kAll) send_ack_locked(m, true);
-  else if (m.bounded && how != End::kExpired) send_final_for_locked(m.req.seq, true);
+  if (how == End::kAll)
+    send_ack_locked(m, true);
+  else if (m.bounded && how != End::kExpired)
+    send_final_for_locked(m.req.seq, true);
   if (policy_ != nullptr) {
     const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
     StepReport st;
@@ -559,8 +573,10 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     st.bounded = m.bounded;
     st.pipelined = m.pipelined;
     policy_->on_complete(st);
-    stats_.tb_us = static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
-    stats_.tc_us = static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
+    stats_.tb_us =
+        static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
+    stats_.tc_us =
+        static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
   }
   dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
 }
@@ -588,8 +604,8 @@ void RecvConn::on_timers_locked(uint64_t now) {
     // No DATA since the CTS: the CTS may be lost; say it again (backing off).
     if (!m.started && now - m.cts_ns >= m.cts_backoff_ns) {
       ++stats_.cts_resent;
-      m.cts_backoff_ns = std::min<uint64_t>(m.cts_backoff_ns * 2,
-                                            static_cast<uint64_t>(cfg_.rto_max_us) * 1000);
+      m.cts_backoff_ns =
+          std::min<uint64_t>(m.cts_backoff_ns * 2, static_cast<uint64_t>(cfg_.rto_max_us) * 1000);
       send_cts_locked(m, now);
     }
   }
