@@ -131,15 +131,18 @@ void DelayController::stop_competing() {
   deep_since_ns_ = 0;
 }
 
-void DelayController::on_ack(uint64_t acked, uint64_t rtt, uint64_t now) {
-  if (rtt != 0) {
+void DelayController::on_ack(uint64_t acked, uint64_t rtt, uint64_t whole, uint64_t now) {
+  whole = std::max(whole, rtt);
+  if (whole != 0) {
     if (base_epoch_ns_ == 0 || now - base_epoch_ns_ >= kBaseWindowNs) {
       base_prev_ = base_cur_;
       base_cur_ = 0;
       base_epoch_ns_ = now;
     }
-    base_cur_ = base_cur_ == 0 ? rtt : std::min(base_cur_, rtt);
+    base_cur_ = base_cur_ == 0 ? whole : std::min(base_cur_, whole);
     base_rtt_ = base_prev_ == 0 ? base_cur_ : std::min(base_cur_, base_prev_);
+  }
+  if (rtt != 0) {
     srtt_ = srtt_ == 0 ? rtt : (7 * srtt_ + rtt) / 8;
     last_rtt_ = rtt;
     track_queue(rtt, now);
@@ -222,10 +225,11 @@ void Path::on_sent(uint64_t bytes) {
   pacer_.consume(bytes);
 }
 
-void Path::on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t now) {
+void Path::on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t whole_rtt_ns,
+                    uint64_t now) {
   std::lock_guard<std::mutex> l(mu_);
   inflight_ -= std::min(inflight_, left_flight);
-  cc_->on_ack(acked, rtt_ns, now);
+  cc_->on_ack(acked, rtt_ns, whole_rtt_ns, now);
   update_pacer_locked();
 }
 

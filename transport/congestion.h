@@ -61,8 +61,13 @@ class CongestionController {
   // Bytes per ns at which packets may leave (0: unpaced, the window alone governs).
   virtual double pacing_rate() const = 0;
   // `acked` bytes newly acknowledged at `now`; rtt_ns: a round-trip sample taken from them (0 if
-  // none: every acknowledged packet had been retransmitted).
-  virtual void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) = 0;
+  // none: every acknowledged packet had been retransmitted), the network's part of it (the
+  // hosts' waits taken out, send.h), and whole_rtt_ns the same round trip as measured, waits
+  // included: an estimate that can only overstate the network's part, whereas taking the
+  // waits out may overshoot.
+  virtual void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t whole_rtt_ns, uint64_t now) = 0;
+  // Where the two are the same (tests; a datapath that knows no waits).
+  void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) { on_ack(acked, rtt_ns, rtt_ns, now); }
   // A packet was found lost (SACK hole).
   virtual void on_loss(uint64_t now) = 0;
   // The retransmission timer fired: nothing came back for a whole RTO.
@@ -89,7 +94,8 @@ class DelayController final : public CongestionController {
 
   uint64_t window_bytes() const override { return static_cast<uint64_t>(cwnd_); }
   double pacing_rate() const override;
-  void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) override;
+  using CongestionController::on_ack;
+  void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t whole_rtt_ns, uint64_t now) override;
   void on_loss(uint64_t now) override;
   void on_timeout(uint64_t now) override;
 
@@ -115,8 +121,12 @@ class DelayController final : public CongestionController {
   std::shared_ptr<DeliveryMeter> meter_;
   double cwnd_;
   bool slow_start_ = true;  // multiplicative growth until the first decrease
-  // Base RTT: the smallest sample of the current and the previous window of kBaseWindowNs, so
-  // that a route change (or a VM migration) is forgotten within two windows.
+  // Base RTT: the smallest whole round trip of the current and the previous window of
+  // kBaseWindowNs, so that a route change (or a VM migration) is forgotten within two windows.
+  // The whole round trip, not its network part: a base is a minimum, and one network sample
+  // whose waits were overestimated (a kernel timestamp against the steady clock, a receiver's
+  // hold counted from a later arrival) once set it at 10 us for the next 10-20 s, a target
+  // every ordinary sample exceeded, and kept TAR's windows at their floors in the lab.
   uint64_t base_rtt_ = 0;
   uint64_t base_cur_ = 0, base_prev_ = 0, base_epoch_ns_ = 0;
   uint64_t srtt_ = 0;
@@ -157,8 +167,9 @@ class Path {
   uint64_t tokens(uint64_t now);
   void on_sent(uint64_t bytes);
   // `acked` bytes were acknowledged, `left_flight` of them were still counted in flight (a
-  // packet already declared lost was not); rtt_ns = 0: no sample.
-  void on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t now);
+  // packet already declared lost was not); rtt_ns = 0: no sample (whole_rtt_ns: as on_ack).
+  void on_acked(uint64_t left_flight, uint64_t acked, uint64_t rtt_ns, uint64_t whole_rtt_ns,
+                uint64_t now);
   // Bytes found lost leave flight (their retransmission will be counted by on_sent again).
   void on_lost(uint64_t bytes, uint64_t now);
   void on_timeout(uint64_t now);

@@ -95,10 +95,11 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   int guess_backoff_ = 0;  // the last pause; doubles while guesses keep missing
   int bad_bursts_ = 0;     // bursts in a row whose guesses mostly missed
   int fatal_ = 0;          // first fatal receive errno (under rx_mu_)
-  // Empty drains in a row, calls left to skip, and skips not yet counted (under rx_mu_; see
-  // endpoint_mux.cc on polling an idle endpoint).
+  // Empty drains in a row, calls left to skip, when the endpoint was last read, and skips not
+  // yet counted (under rx_mu_; see endpoint_mux.cc on polling an idle endpoint).
   int empty_streak_ = 0;
   int quiet_calls_ = 0;
+  uint64_t last_look_ns_ = 0;
   uint64_t quiet_skips_ = 0;
   // When a connection's own caller last drained (serve() leaves the endpoint to it meanwhile).
   std::atomic<uint64_t> last_owned_drain_ns_{0};

@@ -21,10 +21,20 @@ void RttEstimator::sample(uint64_t r) {
     cur_max_ = 0;
     in_cur_ = 0;
   }
-  const uint64_t rto = std::max({srtt_ns_ + 4 * rttvar_ns_, 2 * srtt_ns_, recent_max_ns() * 5 / 4});
-  rto_ns_ = std::clamp(rto, rto_min_ns_, rto_max_ns_);
+  rto_ns_ = computed_rto();
 }
 
-void RttEstimator::backoff() { rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_); }
+uint64_t RttEstimator::computed_rto() const {
+  const uint64_t rto = std::max({srtt_ns_ + 4 * rttvar_ns_, 2 * srtt_ns_, recent_max_ns() * 5 / 4});
+  return std::clamp(rto, rto_min_ns_, rto_max_ns_);
+}
+
+void RttEstimator::backoff() {
+  rto_ns_ = std::min(rto_ns_ * 2, rto_max_ns_);
+}
+
+void RttEstimator::on_progress() {
+  if (srtt_ns_ != 0) rto_ns_ = computed_rto();
+}
 
 }  // namespace optireduce

@@ -29,6 +29,11 @@ class RttEstimator {
   void sample(uint64_t rtt_ns);
   // Doubles the timeout after an expiry (exponential backoff), up to the maximum.
   void backoff();
+  // The peer acknowledged new data: the path works again, so the timeout returns from its
+  // backoff to what the samples say. Without it a timeout stays doubled until the next sample,
+  // and Karn's rule gives none while every packet in flight is a retransmission (the timeout
+  // marked a whole window lost): under a burst of loss each further timeout doubled it again.
+  void on_progress();
 
   bool has_sample() const { return srtt_ns_ != 0; }
   uint64_t srtt_ns() const { return srtt_ns_; }
@@ -40,6 +45,8 @@ class RttEstimator {
   static constexpr uint32_t kMaxWindow = 64;
 
  private:
+  uint64_t computed_rto() const;
+
   uint64_t rto_min_ns_, rto_max_ns_;
   uint64_t cur_max_ = 0, prev_max_ = 0;  // of the current window and the one before
   uint32_t in_cur_ = 0;
@@ -66,7 +73,7 @@ class MinRttFilter {
       cur_min_ = 0;
       in_cur_ = 0;
     }
-    best_ns_ = prev_min_ == 0 ? cur_min_
+    best_ns_ = prev_min_ == 0                          ? cur_min_
                : cur_min_ == 0 || prev_min_ < cur_min_ ? prev_min_
                                                        : cur_min_;
   }

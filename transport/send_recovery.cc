@@ -44,8 +44,10 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   }
   Msg& m = slot(s);
   if (m.state != State::kSending) {
-    if (m.state == State::kDone) ++stats_.drop_stale;
-    else ++stats_.drop_unexpected;
+    if (m.state == State::kDone)
+      ++stats_.drop_stale;
+    else
+      ++stats_.drop_unexpected;
     return;
   }
   if ((h.flags & kFlagFinal) && (h.flags & kFlagBounded)) {
@@ -89,8 +91,8 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   // The receiver's credit counts from the ACK's cumulative point; an older ACK's smaller grant
   // never takes back what a newer one gave.
   if (m.bounded && h.credit != 0 && !(h.flags & kFlagFinal))
-    m.grant = static_cast<uint32_t>(std::max<uint64_t>(
-        m.grant, std::min<uint64_t>(uint64_t{h.offset} + h.credit, UINT32_MAX)));
+    m.grant = static_cast<uint32_t>(
+        std::max<uint64_t>(m.grant, std::min<uint64_t>(uint64_t{h.offset} + h.credit, UINT32_MAX)));
   const uint32_t old_cum = m.cum;
   m.cum = m.acked.first_clear(m.cum);
   const uint64_t rtt = t.newest_sent != 0 ? now - t.newest_sent : 0;
@@ -100,8 +102,12 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   // milliseconds, which a delay-based controller read as a full queue and answered by cutting
   // the window to its floor (p2p_bench's proxy pattern fell to 0.1x TCP on a loaded host).
   if (rtt != 0) rtt_.sample(rtt);
-  if (t.acked != 0) path_->on_acked(t.left_flight, t.acked, network_rtt(rtt, now, h.hold_ns), now);
-  if (m.cum != old_cum) m.progress_ns = now;
+  if (t.acked != 0)
+    path_->on_acked(t.left_flight, t.acked, network_rtt(rtt, now, h.hold_ns), rtt, now);
+  if (m.cum != old_cum) {
+    m.progress_ns = now;
+    rtt_.on_progress();
+  }
   if (m.cum != old_cum || t.newest_sent != 0) {
     rto_deadline_ = now + rtt_.rto_ns();
     arm_probe_locked(now);  // progress: push the probe out again
@@ -157,8 +163,10 @@ void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
 void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now) {
   const uint32_t len = flight_len(m, i);
   inflight_ -= std::min<uint64_t>(inflight_, len);
-  if (loss_signal) path_->on_lost(len, now);
-  else path_->release(len);
+  if (loss_signal)
+    path_->on_lost(len, now);
+  else
+    path_->release(len);
   m.sent_ns[i] = kQueued;
   retx_.push_back({m.req.seq, i});
 }

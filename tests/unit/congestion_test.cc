@@ -123,6 +123,22 @@ TEST(DelayController, TheBaseRttForgetsARouteThatGotLonger) {
   EXPECT_EQ(c.base_rtt_ns(), 3 * kMs);
 }
 
+// The base is the smallest whole round trip, not the smallest network part: one network sample
+// whose waits were overestimated (10 us out of a 300 us round trip) must not become a base that
+// every later sample exceeds.
+TEST(DelayController, TheBaseIsTheSmallestWholeRoundTrip) {
+  DelayController c = fresh();
+  uint64_t now = kMs;
+  c.on_ack(kMss, 250 * kUs, 300 * kUs, now);
+  EXPECT_EQ(c.base_rtt_ns(), 300 * kUs);
+  c.on_ack(kMss, 10 * kUs, 310 * kUs, now += 100 * kUs);
+  EXPECT_EQ(c.base_rtt_ns(), 300 * kUs);
+  EXPECT_EQ(c.target_ns(), 800 * kUs);
+  // A network sample alone (no whole one: the waits took it all) does not move it either.
+  c.on_ack(kMss, 0, 0, now += 100 * kUs);
+  EXPECT_EQ(c.base_rtt_ns(), 300 * kUs);
+}
+
 TEST(DelayController, PacesAtAQuarterAboveWindowPerRtt) {
   DelayController c = fresh();
   EXPECT_EQ(c.pacing_rate(), 0.0);  // nothing measured: the window alone
@@ -248,7 +264,7 @@ TEST(Path, ConnectionsShareOneWindow) {
   p.on_sent(w / 2);  // connection A
   p.on_sent(w / 2);  // connection B
   EXPECT_EQ(p.room(kMs), 0u);
-  p.on_acked(w / 4, w / 4, 0, kMs);       // A's ACK opens room for B as well
+  p.on_acked(w / 4, w / 4, 0, 0, kMs);    // A's ACK opens room for B as well
   EXPECT_EQ(p.room(kMs), w / 4 + w / 4);  // (slow start also grew the window by as much)
   p.release(w);                           // everything leaves flight: never below zero
   EXPECT_EQ(p.snapshot().inflight, 0u);

@@ -380,7 +380,7 @@ TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {
   rig.clock.advance_ms(60);
   ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
   ASSERT_TRUE(done);
-  for (uint8_t b : dst) ASSERT_EQ(b, 0);  // fully missing, zero-filled
+  for (uint8_t b : dst) ASSERT_EQ(b, 0);    // fully missing, zero-filled
   std::fill(dst.begin(), dst.end(), 0x99);  // "NCCL reuses the slot at once"
   for (auto& d : held) rig.to_rx->q.push_back(d);
   Request* r2;
@@ -954,14 +954,18 @@ TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
 
 // The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
 // other (from, to) pair, self-loops included, is refused (and fails the connection).
-// Records the RTT samples a path's controller is given; never limits anything.
+// Records the RTT samples a path's controller is given (the network's part, and the whole
+// round trip); never limits anything.
 struct RttRecorder final : CongestionController {
   std::vector<uint64_t>* samples;
+  std::vector<uint64_t> wholes;
   explicit RttRecorder(std::vector<uint64_t>* s) : samples(s) {}
   uint64_t window_bytes() const override { return 64u << 20; }
   double pacing_rate() const override { return 0; }
-  void on_ack(uint64_t, uint64_t rtt_ns, uint64_t) override {
+  using CongestionController::on_ack;
+  void on_ack(uint64_t, uint64_t rtt_ns, uint64_t whole_ns, uint64_t) override {
     if (rtt_ns != 0) samples->push_back(rtt_ns);
+    if (whole_ns != 0) wholes.push_back(whole_ns);
   }
   void on_loss(uint64_t) override {}
   void on_timeout(uint64_t) override {}
@@ -979,7 +983,9 @@ TEST(HostDelay, TheControllerSeesTheNetworksRttNotTheHostsWaits) {
   cp.pkt_payload = payload_for_datagram(kDgram);
   cp.peer_window = 256 * 1024;
   std::vector<uint64_t> samples;
-  auto path = std::make_shared<Path>(std::make_unique<RttRecorder>(&samples), cp.pkt_payload, 0);
+  auto recorder = std::make_unique<RttRecorder>(&samples);
+  const RttRecorder* rec = recorder.get();
+  auto path = std::make_shared<Path>(std::move(recorder), cp.pkt_payload, 0);
   SendConn s(cfg, clock, std::move(p.a), cp, nullptr, path);
   RecvConn r(cfg, clock, std::move(p.b), cp, nullptr);
   const auto src = pattern(100'000, 9);
@@ -1002,6 +1008,10 @@ TEST(HostDelay, TheControllerSeesTheNetworksRttNotTheHostsWaits) {
     EXPECT_GE(rtt, 200'000u);
     EXPECT_LE(rtt, 250'000u);
   }
+  // Beside it, the whole round trip, the waits included: what the base RTT is the minimum of,
+  // since it can only overstate the network's part.
+  ASSERT_EQ(rec->wholes.size(), samples.size());
+  for (uint64_t whole : rec->wholes) EXPECT_GE(whole, 2'000'000u);
 }
 
 TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
@@ -1014,10 +1024,9 @@ TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
                                    {S::kDone, S::kFree}};
   for (S from : all) {
     for (S to : all) {
-      const bool want = std::find(std::begin(legal), std::end(legal), std::pair{from, to}) !=
-                        std::end(legal);
-      EXPECT_EQ(SendConn::legal_transition(from, to), want)
-          << int(from) << " -> " << int(to);
+      const bool want =
+          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
+      EXPECT_EQ(SendConn::legal_transition(from, to), want) << int(from) << " -> " << int(to);
     }
   }
 }
@@ -1029,10 +1038,9 @@ TEST(StateMachine, ReceiveSideAcceptsExactlyTheDocumentedEdges) {
       {S::kFree, S::kPosted}, {S::kPosted, S::kComplete}, {S::kComplete, S::kFree}};
   for (S from : all) {
     for (S to : all) {
-      const bool want = std::find(std::begin(legal), std::end(legal), std::pair{from, to}) !=
-                        std::end(legal);
-      EXPECT_EQ(RecvConn::legal_transition(from, to), want)
-          << int(from) << " -> " << int(to);
+      const bool want =
+          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
+      EXPECT_EQ(RecvConn::legal_transition(from, to), want) << int(from) << " -> " << int(to);
     }
   }
 }

@@ -520,13 +520,15 @@ TEST(MuxConns, EveryDatagramButEachMessagesFirstLandsInPlace) {
   EXPECT_GE(c.rx_placed + kMsgs + 32 * retx, data) << "of " << data;
 }
 
-// An idle endpoint polled in a loop is read on a few of the calls, not on each: the next ones
-// return at once after every empty read, up to 16 in a row. A datagram is still found within 17
-// calls, and once one was found the endpoint is read on every call again.
+// An idle endpoint polled in a tight loop is read on a few of the calls, not on each: after
+// every empty read the next ones return at once, up to 16 in a row. A datagram is still found
+// within 17 calls, and once one was found the endpoint is read on every call again. A caller
+// that polls slowly (20 us between calls) finds the endpoint read every time.
 TEST(Mux, AnIdleEndpointPolledInALoopIsReadEverySoOften) {
   auto hub = std::make_shared<Hub>();
   HubEndpoint* raw = nullptr;
-  auto mux = make_mux(hub, 1, &raw);
+  FakeClock clock;  // standing still: a loop faster than any clock tick
+  auto mux = make_mux(hub, 1, &raw, clock);
   HubEndpoint peer(hub, 7);
   auto p = port(*mux, 11, hub_address(7));
   Recorder own;
@@ -541,6 +543,12 @@ TEST(Mux, AnIdleEndpointPolledInALoopIsReadEverySoOften) {
   send_raw(peer, 1, datagram(11, 2));
   EXPECT_EQ(p->rx_into(own, 32), 1);  // at once: the streak ended
   ASSERT_EQ(own.got.size(), 2u);
+  const int before = raw->rx_calls;
+  for (int i = 0; i < 100; ++i) {
+    clock.advance_us(20);
+    EXPECT_EQ(p->rx_into(own, 32), 0);
+  }
+  EXPECT_EQ(raw->rx_calls - before, 100);
 }
 
 // The progress thread leaves an endpoint to a connection's caller that drained it within the

@@ -1,4 +1,5 @@
-// RttEstimator: smoothing, clamping, backoff, the 2 x srtt floor, the recent largest sample.
+// RttEstimator: smoothing, clamping, backoff and its end on progress, the 2 x srtt floor, the
+// recent largest sample.
 // MinRttFilter: windowed minimum.
 #include <gtest/gtest.h>
 
@@ -30,6 +31,22 @@ TEST(RttEstimator, BackoffDoublesUpToMaximum) {
   EXPECT_EQ(r.rto_ns(), 80'000u);
   r.backoff();
   EXPECT_EQ(r.rto_ns(), 100'000u);
+}
+
+// New data acknowledged after timeouts: the timeout is the samples' again, not the backed-off
+// one (no sample may come while every packet in flight is a retransmission). Before any
+// sample there is nothing to return to.
+TEST(RttEstimator, ProgressEndsTheBackoff) {
+  RttEstimator r(1000, 1'000'000'000, 40'000);
+  r.on_progress();
+  EXPECT_EQ(r.rto_ns(), 40'000u);
+  r.sample(10'000);
+  const uint64_t rto = r.rto_ns();
+  r.backoff();
+  r.backoff();
+  EXPECT_EQ(r.rto_ns(), 4 * rto);
+  r.on_progress();
+  EXPECT_EQ(r.rto_ns(), rto);
 }
 
 // On a steady path rttvar decays to nearly nothing; the timeout stays at twice the smoothed
