@@ -132,7 +132,6 @@ void DelayController::stop_competing() {
 }
 
 void DelayController::on_ack(uint64_t acked, uint64_t rtt, uint64_t whole, uint64_t now) {
-  whole = std::max(whole, rtt);
   if (whole != 0) {
     if (base_epoch_ns_ == 0 || now - base_epoch_ns_ >= kBaseWindowNs) {
       base_prev_ = base_cur_;
@@ -259,6 +258,7 @@ PathSnapshot Path::snapshot() const {
   s.rate = cc_->pacing_rate();
   s.senders = senders_;
   s.competing = cc_->competing();
+  s.base_rtt_ns = cc_->base_rtt_ns();
   return s;
 }
 

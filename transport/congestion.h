@@ -64,7 +64,8 @@ class CongestionController {
   // none: every acknowledged packet had been retransmitted), the network's part of it (the
   // hosts' waits taken out, send.h), and whole_rtt_ns the same round trip as measured, waits
   // included: an estimate that can only overstate the network's part, whereas taking the
-  // waits out may overshoot.
+  // waits out may overshoot. whole_rtt_ns is 0 where the sample is no measure of the base (a
+  // short packet, which crosses each link faster than a full one).
   virtual void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t whole_rtt_ns, uint64_t now) = 0;
   // Where the two are the same (tests; a datapath that knows no waits).
   void on_ack(uint64_t acked, uint64_t rtt_ns, uint64_t now) { on_ack(acked, rtt_ns, rtt_ns, now); }
@@ -74,6 +75,8 @@ class CongestionController {
   virtual void on_timeout(uint64_t now) = 0;
   // Whether it competes on loss right now, ignoring the delay (a statistic).
   virtual bool competing() const { return false; }
+  // The base RTT it measures from, in ns (a statistic; 0 where it keeps none).
+  virtual uint64_t base_rtt_ns() const { return 0; }
 };
 
 struct DelayControlOptions {
@@ -100,7 +103,7 @@ class DelayController final : public CongestionController {
   void on_timeout(uint64_t now) override;
 
   // For tests and statistics.
-  uint64_t base_rtt_ns() const { return base_rtt_; }
+  uint64_t base_rtt_ns() const override { return base_rtt_; }
   uint64_t srtt_ns() const { return srtt_; }
   uint64_t target_ns() const;
   uint64_t decreases() const { return decreases_; }
@@ -149,7 +152,7 @@ struct PathSnapshot {
   double rate = 0;  // bytes per ns
   uint64_t senders = 0;
   bool competing = false;  // competing on loss (CongestionController::competing)
-  uint64_t srtt_ns = 0;
+  uint64_t base_rtt_ns = 0;
 };
 
 // One path: the controller, the bytes its connections have in flight, the pacer. Connections

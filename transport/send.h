@@ -148,6 +148,7 @@ class SendConn final : public Conn, public SendComm {
     uint64_t acked = 0;        // bytes newly acknowledged
     uint64_t left_flight = 0;  // of which were still counted in flight
     uint64_t newest_sent = 0;  // latest send time among them that may give an RTT sample
+    bool newest_full = false;  // that packet carried a whole pkt_payload (see on_ack_locked)
   };
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);

@@ -229,6 +229,30 @@ TEST(CcSim, ShallowQueueDoesNotOverflow) {
   EXPECT_GE(rate, 0.9);
 }
 
+// 1b. The base RTT is a full packet's. A short message (a norm, a flag; a long message's last
+// packet on an idle link) crosses the 1 Gbit/s downlink in a microsecond where a full packet
+// takes 72: its round trip is 70 us shorter. A base taken from it put every full packet's RTT
+// further above it than the queue justified, and in bench/lab held TAR's windows near their
+// floors on idle steps.
+TEST(CcSim, TheBaseRttIsAFullPacketsRoundTrip) {
+  Rig rig;
+  const int tx = rig.net.add_host(host_at(10 * kGbps, 10 * kGbps));
+  const int rx = rig.net.add_host(host_at(10 * kGbps, kGbps));
+  Flow& f = rig.add_flow(tx, rx, nullptr);
+  for (uint32_t k = 0; k < 8; ++k) {
+    rig.post(f, k % 2 == 0 ? 1000 : kMiB, 40 + k);
+    ASSERT_TRUE(rig.run(1000 * kMs));
+    EXPECT_EQ(f.src, f.dst);
+    rig.net.advance(5 * kMs);  // an idle link between messages
+  }
+  // 2 x 50 us of propagation, 72 us for a full packet on the 1 Gbit/s link, a little for the
+  // ACK and the 10 Gbit/s uplink; a 1000-byte message's round trip is about 110 us.
+  const uint64_t base = f.s->path()->snapshot().base_rtt_ns;
+  std::printf("base RTT %.1f us\n", double(base) / 1e3);
+  EXPECT_GE(base, 2 * kProp + 72 * kUs);
+  EXPECT_LT(base, 2 * kProp + 100 * kUs);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. The window follows a delay rise and recovers. The same path as test 1 carries one long
 // exact transfer; from 40 to 100 ms a constant 500 Mbit/s of cross traffic (unresponsive

@@ -134,8 +134,8 @@ TEST(DelayController, TheBaseIsTheSmallestWholeRoundTrip) {
   c.on_ack(kMss, 10 * kUs, 310 * kUs, now += 100 * kUs);
   EXPECT_EQ(c.base_rtt_ns(), 300 * kUs);
   EXPECT_EQ(c.target_ns(), 800 * kUs);
-  // A network sample alone (no whole one: the waits took it all) does not move it either.
-  c.on_ack(kMss, 0, 0, now += 100 * kUs);
+  // A network sample without a whole one (a short packet's) does not move it either.
+  c.on_ack(kMss, 40 * kUs, 0, now += 100 * kUs);
   EXPECT_EQ(c.base_rtt_ns(), 300 * kUs);
 }
 
