@@ -153,14 +153,21 @@ void feed(DelayController* c, double rate, uint64_t rtt, uint64_t ms, uint64_t* 
   for (uint64_t t = 0; t < ms * 10; ++t) c->on_ack(per_ack, rtt, *now += 100 * kUs);
 }
 
-// A path that ran at 1 Gbit/s (0.125 B/ns) on target, then finds a queue it cannot drain (8 ms
-// RTT) and only a few percent of that rate at its floor: someone who backs off only on loss
-// holds the queue. It competes, from the window it had before that queue.
-DelayController starved_path(uint64_t* now, uint64_t* window_before) {
+// A path past slow start that ran at 1 Gbit/s (0.125 B/ns) on target: the delay rule's best
+// rate is 0.125.
+DelayController on_target_path(uint64_t* now) {
   DelayController c = fresh();
-  feed(&c, 0.125, 200 * kUs, 5, now);          // slow start and its end
+  feed(&c, 0.125, 200 * kUs, 5, now);
   c.on_ack(kMss, 2 * kMs, *now += 100 * kUs);  // leave slow start
-  feed(&c, 0.125, 200 * kUs, 20, now);         // the delay rule's best rate: 0.125
+  feed(&c, 0.125, 200 * kUs, 20, now);
+  return c;
+}
+
+// That path then finds a queue it cannot drain (8 ms RTT) and only a few percent of that rate
+// at its floor: someone who backs off only on loss holds the queue. It competes, from the
+// window it had before that queue.
+DelayController starved_path(uint64_t* now, uint64_t* window_before) {
+  DelayController c = on_target_path(now);
   *window_before = c.window_bytes();
   feed(&c, 0.004, 8 * kMs, 40, now);  // the queue stands; the window falls to its floor
   return c;
@@ -209,11 +216,8 @@ TEST(DelayController, StopsCompetingWhenItsRateIsBack) {
 // Unresponsive traffic that leaves the path half the link, or a queue of its own making at an
 // unchanged rate, is no reason to compete: the delay rule keeps the queue short.
 TEST(DelayController, AHalfShareIsNoReasonToCompete) {
-  DelayController c = fresh();
   uint64_t now = kMs;
-  feed(&c, 0.125, 200 * kUs, 5, &now);
-  c.on_ack(kMss, 2 * kMs, now += 100 * kUs);
-  feed(&c, 0.125, 200 * kUs, 20, &now);
+  DelayController c = on_target_path(&now);
   feed(&c, 0.06, 2 * kMs, 100, &now);
   EXPECT_FALSE(c.competing());
   EXPECT_EQ(c.compete_episodes(), 0u);
@@ -222,11 +226,8 @@ TEST(DelayController, AHalfShareIsNoReasonToCompete) {
 // A queue that stands at little more than the target, with the path starved (many of our own
 // paths at their floors into one downlink): no reason to compete, the delay rule keeps it.
 TEST(DelayController, AShallowStandingQueueIsNoReasonToCompete) {
-  DelayController c = fresh();
   uint64_t now = kMs;
-  feed(&c, 0.125, 200 * kUs, 5, &now);
-  c.on_ack(kMss, 2 * kMs, now += 100 * kUs);
-  feed(&c, 0.125, 200 * kUs, 20, &now);
+  DelayController c = on_target_path(&now);
   feed(&c, 0.004, 1100 * kUs, 100, &now);  // 900 us above the base: under twice the 500 us
   EXPECT_FALSE(c.competing());
   c.on_ack(kMss, 300 * kUs, now += 100 * kUs);  // it drained once; then a deep one stands
