@@ -299,7 +299,7 @@ bg_bytes() {
   t=$EPOCHREALTIME
   for ((r = 0; r < n; r++)); do
     b=$(in_ns "$(rank_ns "$r")" iptables -t mangle -nvxL INPUT |
-      awk -v p="dpts:$BGPORTS" '$0 ~ p { s += $2 } END { print s + 0 }')
+      awk -v p="dpts:$BGPORTS" '$0 ~ p { s += $2 } END { printf "%.0f\n", s }')
     sum=$((sum + b))
   done
   echo "$t $sum"
