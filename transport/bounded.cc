@@ -21,7 +21,8 @@ BoundedGroup::BoundedGroup(const Config& cfg)
       calibration_steps_(static_cast<uint64_t>(cfg.calibration_steps)),
       early_fraction_(cfg.early_fraction),
       stats_every_(static_cast<uint64_t>(cfg.stats_every)),
-      calibrating_(cfg.timeout_ms <= 0 && cfg.calibration_steps > 0) {
+      calibrating_(cfg.timeout_ms <= 0 && cfg.calibration_steps > 0),
+      governor_(cfg.timeout_ms > 0 ? 1.0 : cfg.loss_target) {
   stats_.calibrating = calibrating_;
 }
 
@@ -109,13 +110,18 @@ uint64_t BoundedGroup::agreed_tc_locked(uint64_t bytes) const {
   return agreed_tc_locked(size_class(bytes), find_sized_locked(bytes));
 }
 
-uint64_t BoundedGroup::budget_locked(uint64_t bytes) const {
+uint64_t BoundedGroup::unstretched_budget_locked(uint64_t bytes) const {
   const int c = size_class(bytes);
   const Sized* z = find_sized_locked(bytes);
   const auto tc = static_cast<double>(agreed_tc_locked(c, z));
   const double dev = own_estimate_locked(z, c).dev_ns;
   const auto adaptive = static_cast<uint64_t>(std::max(kHeadroom * tc, tc + kDeviations * dev));
   return std::max(kMinBudgetNs, std::min(tb_locked(c), adaptive));
+}
+
+uint64_t BoundedGroup::budget_locked(uint64_t bytes) const {
+  return static_cast<uint64_t>(static_cast<double>(unstretched_budget_locked(bytes)) *
+                               governor_.stretch());
 }
 
 uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
@@ -170,6 +176,13 @@ void BoundedGroup::on_complete(const StepReport& st) {
     if (st.how == RecvEnd::kExpired) ++stats_.expired;
   }
   if (st.how == RecvEnd::kExpired) return;  // says nothing about the network
+  if (st.bounded && (st.received > 0 || st.network_ns > 0)) {
+    // A pipelined step's network time covers only its end: it may widen the budget by its
+    // losses, but cannot show that the budget was wide enough without the stretch.
+    governor_.on_step(st.bytes, st.received, st.pipelined ? UINT64_MAX : st.network_ns,
+                      unstretched_budget_locked(st.bytes));
+    stats_.stretch = governor_.stretch();
+  }
   // An abandoned exact receive (dead sender) measured nothing but the fallback bound.
   if (calibrating_ && !st.bounded && st.how == RecvEnd::kAll) {
     if (st.pipelined) {
@@ -196,13 +209,16 @@ void BoundedGroup::on_complete(const StepReport& st) {
   if (st.received == 0 && st.bytes != 0 && st.network_ns == 0) return;
   on_start_delay_locked(st.elapsed_ns - std::min(st.elapsed_ns, st.network_ns));
   // The projected time to receive 100%, network time only: elapsed / fraction received.
+  // Capped at the stretched bound: a step in a burst is cut there, and tC should learn how
+  // slow the burst made it.
   const uint64_t tb = tb_locked(c);
+  const double cap = static_cast<double>(tb) * governor_.stretch();
   double projected = static_cast<double>(st.network_ns);
   if (st.bytes != 0 && st.received < st.bytes) {
     projected = static_cast<double>(st.network_ns) * static_cast<double>(st.bytes) /
                 static_cast<double>(st.received);
   }
-  projected = std::min(projected, static_cast<double>(tb));
+  projected = std::min(projected, cap);
   k.est.add(projected);
   sized_locked(st.bytes).est.add(projected);
   stats_.tb_us = static_cast<uint32_t>(tb / 1000);
@@ -217,12 +233,12 @@ void BoundedGroup::log_every_locked() {
                                 static_cast<double>(s.bytes_expected)
                           : 0.0;
   OR_INFO("bounded group %016llx: steps %llu (bounded %llu) lost %.4f%% deadline %llu early %llu "
-          "expired %llu tB %u us tC %u us%s",
+          "expired %llu tB %u us tC %u us stretch %.2f%s",
           static_cast<unsigned long long>(label_), static_cast<unsigned long long>(s.steps),
           static_cast<unsigned long long>(s.bounded_steps), lost,
           static_cast<unsigned long long>(s.deadline_hits),
           static_cast<unsigned long long>(s.early_timeouts),
-          static_cast<unsigned long long>(s.expired), s.tb_us, s.tc_us,
+          static_cast<unsigned long long>(s.expired), s.tb_us, s.tc_us, s.stretch,
           s.calibrating ? " (calibrating)" : "");
 }
 

@@ -4,7 +4,8 @@
 // congestion outliers; or OPTIREDUCE_TIMEOUT_MS),
 // keeps the adaptive estimate tC (smoothed projected time to receive 100% of a step), agrees
 // with the peers on the median of their piggybacked tC, and turns both into per-step budgets
-// that scale with message size. See docs/architecture.md, "Deadlines", for why per group.
+// that scale with message size; its LossGovernor stretches them while steps lose more than the
+// loss target. See docs/architecture.md, "Deadlines", for why per group.
 #pragma once
 
 #include <array>
@@ -13,6 +14,7 @@
 
 #include "transport/deadline.h"
 #include "transport/group.h"
+#include "transport/loss_governor.h"
 #include "transport/params.h"
 
 namespace optireduce {
@@ -28,6 +30,7 @@ struct GroupStats {
   bool calibrating = true;
   uint32_t tb_us = 0;            // hard bound of the most used size class
   uint32_t tc_us = 0;            // agreed estimate of that class
+  double stretch = 1.0;          // LossGovernor's factor on every budget
 };
 
 class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
@@ -125,6 +128,8 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   };
 
   uint64_t tb_locked(int c) const;
+  // The budget from tB and tC alone, and with the governor's stretch.
+  uint64_t unstretched_budget_locked(uint64_t bytes) const;
   uint64_t budget_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(int c, const Sized* z) const;
@@ -153,6 +158,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   std::array<uint64_t, kSkewSamples> skew_{};  // start delays, a ring
   uint64_t nskew_ = 0;
   uint64_t skew_ns_ = 0;  // kSkewHeadroom x P95 of skew_, refreshed as samples come
+  LossGovernor governor_;  // never stretches a bound the user fixed (OPTIREDUCE_TIMEOUT_MS)
   GroupStats stats_;
 };
 

@@ -98,6 +98,8 @@ const ParamSpec kParams[] = {
    "Bounded mode: the calibrated tB is this times the P95 of the calibration steps (a bounded step paced at the link's share takes about as long as an exact one; without headroom every jitter cuts it). Larger: more delivered under congestion, a higher worst case (docs/lab.md measures 1.1, 1.3, 1.5)."},
   {"OPTIREDUCE_EARLY_FRACTION", &Config::early_fraction, 0, 1, nullptr,
    "Bounded mode: once tail packets arrived, close a step after this fraction of the estimate tC."},
+  {"OPTIREDUCE_LOSS_TARGET", &Config::loss_target, 0, 1, nullptr,
+   "Bounded mode: a step that loses more than this fraction of its bytes to its deadline stretches the next steps' deadlines (by up to 4x, given back as soon as steps fit the calibrated budget again), so that a burst of background traffic costs time rather than most of several steps' data. 1: never stretch; a fixed OPTIREDUCE_TIMEOUT_MS is never stretched."},
   {"OPTIREDUCE_STATS_EVERY", &Config::stats_every, 0, 1'000'000'000, nullptr,
    "Bounded mode: log a compact statistics line every N steps per communicator; 0 = never."},
   {"OPTIREDUCE_FAULT_SEED", &Config::fault_seed, 0, 1.8e19, nullptr,

@@ -51,6 +51,7 @@ struct Config {
   double timeout_ms = 0;          // OPTIREDUCE_TIMEOUT_MS (0 = calibrate)
   double timeout_headroom = 1.5;  // OPTIREDUCE_TIMEOUT_HEADROOM (calibrated tB = this x P95)
   double early_fraction = 0.1;    // OPTIREDUCE_EARLY_FRACTION
+  double loss_target = 0.005;     // OPTIREDUCE_LOSS_TARGET (see transport/loss_governor.h)
   int64_t stats_every = 0;        // OPTIREDUCE_STATS_EVERY
 
   // --- fault injection (tests and benchmarks; all off by default)

@@ -26,11 +26,13 @@ StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd 
   return s;
 }
 
-// Without headroom, so that tB is the calibration's P95 itself.
+// Without headroom, so that tB is the calibration's P95 itself, and without the loss governor,
+// so that the budget is tB's and tC's alone (the governor's tests turn it on).
 Config calib(int steps) {
   Config c;
   c.calibration_steps = steps;
   c.timeout_headroom = 1.0;
+  c.loss_target = 1.0;
   return c;
 }
 
@@ -257,6 +259,84 @@ TEST(BoundedGroup, AFixedTimeoutIsTheStartAllowance) {
     g.on_complete(late);
   }
   EXPECT_EQ(g.start_allowance_ns(kMiB), 50 * kMs);
+}
+
+// The loss governor (transport/loss_governor.h): a burst of background traffic makes several
+// steps in a row slower than tB; each one cut there would lose most of its bytes. Steps that
+// lose more than the target stretch the budget; steps that fit without the stretch give it back.
+Config governed(int steps) {
+  Config c = calib(steps);
+  c.loss_target = Config().loss_target;
+  return c;
+}
+
+TEST(LossGovernor, StretchesByWhatEachStepLostUpToItsCeiling) {
+  LossGovernor g(0.01);
+  g.on_step(1000, 500, 10 * kMs, 10 * kMs);  // lost half
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.5);
+  g.on_step(1000, 800, 10 * kMs, 10 * kMs);  // lost a fifth
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.8);
+  g.on_step(1000, 995, 10 * kMs, 10 * kMs);  // under the target: holds
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.8);
+  g.on_step(1000, 1000, 15 * kMs, 10 * kMs);  // complete, but only thanks to the stretch: holds
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.8);
+  g.on_step(1000, 1000, 10 * kMs, 10 * kMs);  // fitted without it: gives an eighth back
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.8 * 0.875);
+  for (int i = 0; i < 10; ++i) g.on_step(1000, 0, 10 * kMs, 10 * kMs);
+  EXPECT_DOUBLE_EQ(g.stretch(), LossGovernor::kMaxStretch);
+  for (int i = 0; i < 30; ++i) g.on_step(1000, 1000, kMs, 10 * kMs);
+  EXPECT_DOUBLE_EQ(g.stretch(), 1.0);
+  LossGovernor off(1.0);
+  off.on_step(1000, 0, 10 * kMs, 10 * kMs);
+  EXPECT_DOUBLE_EQ(off.stretch(), 1.0);
+}
+
+TEST(BoundedGroup, ABurstStretchesTheBudgetUntilStepsFitAgain) {
+  BoundedGroup g(governed(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  ASSERT_EQ(g.tb_ns(kMiB), 10 * kMs);
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 8 * kMs, RecvEnd::kAll, true));
+  const uint64_t quiet = g.budget_ns(kMiB);
+  EXPECT_EQ(quiet, 10 * kMs);  // 1.5 x 8 ms, capped at tB
+  // A burst: the link gives a third of its rate. Three receives cut at tB with a third of
+  // their bytes (one TAR phase of 4 ranks) stretch the budget past the 24 ms a step now needs.
+  for (int i = 0; i < 3; ++i) g.on_complete(step(kMiB, kMiB / 3, 10 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_GE(g.budget_ns(kMiB), 24 * kMs);
+  EXPECT_LE(g.budget_ns(kMiB), 4 * quiet);
+  EXPECT_DOUBLE_EQ(g.stats().stretch, g.budget_ns(kMiB) / static_cast<double>(quiet));
+  // The rest of the burst delivers in full, in the stretched time: the stretch holds.
+  const uint64_t stretched = g.budget_ns(kMiB);
+  for (int i = 0; i < 10; ++i) g.on_complete(step(kMiB, kMiB, 24 * kMs, RecvEnd::kAll, true));
+  EXPECT_EQ(g.budget_ns(kMiB), stretched);
+  // After the burst, steps fit the calibrated budget again and get the tail cut back within
+  // a dozen of them (two TAR calls of 4 ranks).
+  for (int i = 0; i < 12; ++i) g.on_complete(step(kMiB, kMiB, 8 * kMs, RecvEnd::kAll, true));
+  EXPECT_EQ(g.budget_ns(kMiB), quiet);
+  EXPECT_DOUBLE_EQ(g.stats().stretch, 1.0);
+}
+
+TEST(BoundedGroup, LossUnderTheTargetStretchesNothing) {
+  BoundedGroup g(governed(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  const uint64_t before = g.budget_ns(kMiB);
+  const uint64_t almost = kMiB - kMiB / 256;  // 0.4% lost, under the default 0.5%
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, almost, 10 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_EQ(g.budget_ns(kMiB), before);
+}
+
+// A straggler (a sender that never started) is the start allowance's: stretching for it would
+// make every straggler cost the others more. Nor does a bound the user fixed ever stretch.
+TEST(BoundedGroup, StragglersAndFixedTimeoutsStretchNothing) {
+  BoundedGroup g(governed(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  const uint64_t before = g.budget_ns(kMiB);
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, 0, 30 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_EQ(g.budget_ns(kMiB), before);
+  Config c;
+  c.timeout_ms = 10;
+  BoundedGroup fixed(c);
+  for (int i = 0; i < 20; ++i) fixed.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_EQ(fixed.budget_ns(kMiB), 10 * kMs);
 }
 
 // The policy on real connections over the in-memory link.
