@@ -60,6 +60,13 @@ typedef struct {
   int nonfiniteAgree;      /* OPTIREDUCE_NONFINITE_AGREE: in bounded calls, agree exactly on
                               whether some rank's input held a NaN or Inf (1) or not (0); see
                               optiStats_t.nonfiniteCalls */
+  optiMode_t allgatherMode; /* OPTIREDUCE_ALLGATHER_MODE: how a bounded call's phase 2 (the
+                              all-gather) runs. optiBounded (the default): cut at its deadline
+                              like phase 1, so a straggler costs the others at most a deadline per
+                              phase; a rank estimates what it lost there on its own, and replicas
+                              drift apart (docs/architecture.md, "Replicas drift under loss").
+                              optiExact: every rank gets the same result bits, and a straggler's
+                              reduced shard is waited for. Ignored by exact calls. */
 } optiOptions_t;
 
 /* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.

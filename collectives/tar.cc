@@ -1,8 +1,11 @@
 // Transpose AllReduce (see tar.h). One call = one or two passes of two phases:
 //   phase 1 (transpose): rank r sends shard j of its (encoded) input to rank j and reduces the
 //            N-1 shards r it receives with its own, erased elements excluded and rescaled;
-//   phase 2 (gather):    rank r sends its reduced shard to every peer; what a peer loses it
-//            estimates (own contribution x N, or d/k in the Hadamard domain).
+//   phase 2 (gather):    rank r sends its reduced shard to every peer. Bounded by default
+//            (bounded_allgather): a rank's estimate of what it lost here (own contribution x N,
+//            or d/k in the Hadamard domain) is its own, and data-parallel replicas drift apart.
+//            Exact, every rank gets the same result (phase 1's estimates are made once, at
+//            the shard's owner) and waits for a straggler's shard.
 // A bounded call may then agree exactly, over one 1-byte all-to-all, on the safeguard's and the
 // non-finite verdicts of every rank (agree). The second pass is the safeguard's exact redo.
 // Buffers: `work_in` is what phase 1 reads (the input, or the encoded vector E), `work_out` where
@@ -22,7 +25,8 @@ namespace optireduce::coll {
 enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSlotFlags = 4 };
 
 struct Tar::Pass {
-  Mode mode = Mode::kExact;
+  Mode mode = Mode::kExact;   // phase 1's (and the call's)
+  Mode mode2 = Mode::kExact;  // phase 2's: bounded only with TarOptions::bounded_allgather
   bool hadamard = false;
   DType t = DType::kF32;
   RedOp op = RedOp::kSum;
@@ -71,7 +75,7 @@ Status Tar::run_pass(Pass& p, std::string* error) {
   p.slots = static_cast<uint8_t*>(k_->scratch(kSlotRecv, slots_bytes));
   // Bounded without Hadamard needs the own contribution of a lost element to estimate it; in
   // place that contribution sits where the received shard would land, so receive beside it.
-  p.via_slots = p.mode == Mode::kBounded && !p.hadamard && p.input == p.output;
+  p.via_slots = p.mode2 == Mode::kBounded && !p.hadamard && p.input == p.output;
   if (p.via_slots) p.slots2 = static_cast<uint8_t*>(k_->scratch(kSlotRecv2, slots_bytes));
   Status s = phase1(p, error);
   if (!s) return s;
@@ -132,7 +136,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
     }
     round_end2_.push_back(uint32_t(recvs2_.size()));
   }
-  if (Status s = ex_->begin_phase(p.mode, 2, recvs2_, round_end2_); !s)
+  if (Status s = ex_->begin_phase(p.mode2, 2, recvs2_, round_end2_); !s)
     return fail("phase 2", s, error);
 
   if (mine > 0) {
@@ -215,6 +219,7 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
 
   Pass p;
   p.mode = exact ? Mode::kExact : Mode::kBounded;
+  p.mode2 = !exact && o.bounded_allgather ? Mode::kBounded : Mode::kExact;
   p.hadamard = !exact && o.hadamard;
   p.t = t;
   p.op = op;

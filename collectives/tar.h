@@ -26,6 +26,11 @@ struct TarOptions {
   // Bounded calls: the ranks agree exactly whether some input held a NaN or Inf, and if so
   // every rank's output is the quiet NaN (or, with safeguard_redo, the exact result).
   bool nonfinite_agree = false;
+  // Bounded calls cut phase 2 (the all-gather) at its deadline too: a straggler costs the
+  // others at most a deadline there, but a rank's estimate of what it lost in phase 2 is its
+  // own, and data-parallel replicas drift apart. Off: phase 2 runs exact, every rank's result
+  // is the same, and a straggler is waited for (OPTIREDUCE_ALLGATHER_MODE).
+  bool bounded_allgather = true;
 };
 
 class Tar {

@@ -232,14 +232,14 @@ void BoundedGroup::log_every_locked() {
                           ? 100.0 * static_cast<double>(s.bytes_expected - s.bytes_delivered) /
                                 static_cast<double>(s.bytes_expected)
                           : 0.0;
-  OR_INFO("bounded group %016llx: steps %llu (bounded %llu) lost %.4f%% deadline %llu early %llu "
-          "expired %llu tB %u us tC %u us stretch %.2f%s",
-          static_cast<unsigned long long>(label_), static_cast<unsigned long long>(s.steps),
-          static_cast<unsigned long long>(s.bounded_steps), lost,
-          static_cast<unsigned long long>(s.deadline_hits),
-          static_cast<unsigned long long>(s.early_timeouts),
-          static_cast<unsigned long long>(s.expired), s.tb_us, s.tc_us, s.stretch,
-          s.calibrating ? " (calibrating)" : "");
+  OR_INFO(
+      "bounded group %016llx: steps %llu (bounded %llu) lost %.4f%% deadline %llu early %llu "
+      "expired %llu tB %u us tC %u us stretch %.2f%s",
+      static_cast<unsigned long long>(label_), static_cast<unsigned long long>(s.steps),
+      static_cast<unsigned long long>(s.bounded_steps), lost,
+      static_cast<unsigned long long>(s.deadline_hits),
+      static_cast<unsigned long long>(s.early_timeouts), static_cast<unsigned long long>(s.expired),
+      s.tb_us, s.tc_us, s.stretch, s.calibrating ? " (calibrating)" : "");
 }
 
 void BoundedGroup::set_label(uint64_t label) {

@@ -86,6 +86,8 @@ const ParamSpec kParams[] = {
    "`bounded` makes every connection of every communicator bounded (the only way on ABI v8/v9). The plugin's setting, not liboptireduce's: a GPU communicator of liboptireduce refuses to start while it is set, since its exact steps (and the application's own collectives) would turn lossy too."},
   {"OPTIREDUCE_ALLREDUCE_MODE", &Config::allreduce_mode, 0, 0, "exact|bounded",
    "liboptireduce's default allreduce mode (optiOptionsDefault). Its bounded steps always run on a communicator of their own, so this never makes other traffic lossy."},
+  {"OPTIREDUCE_ALLGATHER_MODE", &Config::allgather_mode, 0, 0, "exact|bounded",
+   "How liboptireduce's bounded calls run their phase 2 (the all-gather of the reduced shards). `bounded`: cut at its deadline like phase 1, so a straggler costs the others at most a deadline per phase; each rank estimates what it lost there on its own, and data-parallel replicas drift apart until re-synchronised. `exact`: every rank gets the same bits (only phase 1 is cut, its losses estimated once, at the shard's owner), and a straggler's reduced shard is waited for. In bench/tta at Gloo P99/P50 ~3, `exact` kept bounded TAR's final accuracy within 0.5 points of exact TAR's where `bounded` lost 1-2 points."},
   {"OPTIREDUCE_BOUNDED_TRAFFIC_CLASS", &Config::bounded_traffic_class, 0, 2147483647, nullptr,
    "A communicator whose ncclConfig_t.trafficClass equals this value runs bounded (ABI v10 to v12). Default 0x4F52 = 20306."},
   {"OPTIREDUCE_FILL", &Config::fill, 0, 0, "zero|marker",

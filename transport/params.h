@@ -45,6 +45,7 @@ struct Config {
   // --- bounded mode
   ModeChoice mode = ModeChoice::kExact;  // OPTIREDUCE_MODE (the plugin: every communicator)
   ModeChoice allreduce_mode = ModeChoice::kExact;  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce)
+  ModeChoice allgather_mode = ModeChoice::kBounded;  // OPTIREDUCE_ALLGATHER_MODE (liboptireduce)
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
   FillChoice fill = FillChoice::kZero;  // OPTIREDUCE_FILL
   int64_t calibration_steps = 100; // OPTIREDUCE_CALIBRATION_STEPS

@@ -39,6 +39,7 @@ class Options(ctypes.Structure):
         ("safeguardRedo", ctypes.c_int),
         ("exactBelowBytes", ctypes.c_int64),
         ("nonfiniteAgree", ctypes.c_int),
+        ("allgatherMode", ctypes.c_int),
     ]
 
 

@@ -22,6 +22,7 @@ FIELDS = {
     "safeguard_redo": ("safeguardRedo", "OPTIREDUCE_SAFEGUARD_REDO"),
     "exact_below": ("exactBelowBytes", "OPTIREDUCE_EXACT_BELOW"),
     "nonfinite_agree": ("nonfiniteAgree", "OPTIREDUCE_NONFINITE_AGREE"),
+    "allgather_mode": ("allgatherMode", "OPTIREDUCE_ALLGATHER_MODE"),
 }
 
 
@@ -46,7 +47,7 @@ def _int(name, v, lo, hi=None):
 
 
 def _convert(name, v):
-    if name == "mode":
+    if name in ("mode", "allgather_mode"):
         if v not in _MODES:
             raise _bad(name, v, "must be 'exact' or 'bounded'")
         return _MODES[v]
@@ -106,4 +107,5 @@ def describe(opts):
         "safeguard_redo": bool(opts.safeguardRedo),
         "exact_below": opts.exactBelowBytes,
         "nonfinite_agree": bool(opts.nonfiniteAgree),
+        "allgather_mode": modes.get(opts.allgatherMode, opts.allgatherMode),
     }

@@ -108,13 +108,16 @@ class OptiReduceState:
     hadamard (bool), hadamard_block (power of two), erasure ('rescale' | 'zero'), safeguard
     (fraction in [0, 1]), safeguard_redo (bool), exact_below (bytes), nonfinite_agree (bool:
     bounded calls agree exactly whether any rank's bucket held a NaN/Inf and then give every
-    rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none). A
-    bad value raises ValueError naming the option.
+    rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none),
+    allgather_mode ('bounded' | 'exact': whether bounded calls cut phase 2 too; exact keeps
+    every replica's gradient identical but waits for a straggler there). A bad value raises
+    ValueError naming the option.
     """
 
     def __init__(self, process_group=None, store=None, *, mode=None, incast=None, hadamard=None,
                  hadamard_block=None, erasure=None, safeguard=None, safeguard_redo=None,
-                 exact_below=None, nonfinite_agree=None, timeout=datetime.timedelta(minutes=5), max_queued=256):
+                 exact_below=None, nonfinite_agree=None, allgather_mode=None,
+                 timeout=datetime.timedelta(minutes=5), max_queued=256):
         if not dist.is_initialized():
             raise RuntimeError("optireduce: call torch.distributed.init_process_group first")
         if not isinstance(max_queued, int) or max_queued < 1:
@@ -122,7 +125,8 @@ class OptiReduceState:
         self._options = make_options(mode=mode, incast=incast, hadamard=hadamard,
                                      hadamard_block=hadamard_block, erasure=erasure,
                                      safeguard=safeguard, safeguard_redo=safeguard_redo,
-                                     exact_below=exact_below, nonfinite_agree=nonfinite_agree)
+                                     exact_below=exact_below, nonfinite_agree=nonfinite_agree,
+                                     allgather_mode=allgather_mode)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.size = dist.get_world_size(process_group)

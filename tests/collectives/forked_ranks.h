@@ -28,6 +28,7 @@ inline std::string temp_dir() {
 inline int run_ranks(int n, const std::vector<std::pair<std::string, std::string>>& env,
                      const std::function<int(int)>& body, int timeout_s = 240) {
   std::vector<pid_t> pids;
+  std::fflush(nullptr);  // else every child prints again what the parent had buffered
   for (int r = 0; r < n; ++r) {
     const pid_t pid = ::fork();
     if (pid == 0) {
@@ -55,10 +56,13 @@ inline void mark(const std::string& dir, const std::string& name) {
   const std::string path = dir + "/" + name;
   if (FILE* f = std::fopen(path.c_str(), "w")) std::fclose(f);
 }
+inline bool marked(const std::string& dir, const std::string& name) {
+  return ::access((dir + "/" + name).c_str(), F_OK) == 0;
+}
 inline bool wait_mark(const std::string& dir, const std::string& name, int timeout_ms = 30'000) {
   const std::string path = dir + "/" + name;
   for (int waited = 0; waited < timeout_ms; waited += 10) {
-    if (::access(path.c_str(), F_OK) == 0) return true;
+    if (marked(dir, name)) return true;
     ::usleep(10'000);
   }
   return false;

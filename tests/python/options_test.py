@@ -25,23 +25,26 @@ class Options(unittest.TestCase):
         o = options.describe(options.make_options(mode="bounded", incast="auto", hadamard=False,
                                                   hadamard_block=256, erasure="zero",
                                                   safeguard=0.25, safeguard_redo=True,
-                                                  exact_below=0, nonfinite_agree=True))
+                                                  exact_below=0, nonfinite_agree=True,
+                                                  allgather_mode="exact"))
         self.assertEqual(o, {"mode": "bounded", "incast": "auto", "hadamard": False,
                              "hadamard_block": 256, "erasure": "zero", "safeguard": 0.25,
                              "safeguard_redo": True, "exact_below": 0,
-                             "nonfinite_agree": True})
+                             "nonfinite_agree": True, "allgather_mode": "exact"})
         self.assertEqual(options.describe(options.make_options(incast=3))["incast"], 3)
 
     def test_none_keeps_the_library_default(self):
         d = options.describe(options.make_options())
         self.assertEqual(d["mode"], "exact")
+        self.assertEqual(d["allgather_mode"], "bounded")
         self.assertEqual(options.describe(options.make_options(mode=None)), d)
 
     def test_bad_keywords_name_the_option(self):
         bad = [("mode", "lossy"), ("incast", 0), ("incast", "most"), ("hadamard", 2),
                ("hadamard_block", 3), ("hadamard_block", 1), ("erasure", "drop"),
                ("safeguard", 1.5), ("safeguard", "x"), ("safeguard_redo", "yes"),
-               ("exact_below", -1), ("exact_below", 1.5), ("nonfinite_agree", "on")]
+               ("exact_below", -1), ("exact_below", 1.5), ("nonfinite_agree", "on"),
+               ("allgather_mode", "lossy")]
         for name, value in bad:
             with self.subTest(name=name, value=value):
                 with self.assertRaises(ValueError) as cm:

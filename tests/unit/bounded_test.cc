@@ -300,7 +300,8 @@ TEST(BoundedGroup, ABurstStretchesTheBudgetUntilStepsFitAgain) {
   EXPECT_EQ(quiet, 10 * kMs);  // 1.5 x 8 ms, capped at tB
   // A burst: the link gives a third of its rate. Three receives cut at tB with a third of
   // their bytes (one TAR phase of 4 ranks) stretch the budget past the 24 ms a step now needs.
-  for (int i = 0; i < 3; ++i) g.on_complete(step(kMiB, kMiB / 3, 10 * kMs, RecvEnd::kDeadline, true));
+  for (int i = 0; i < 3; ++i)
+    g.on_complete(step(kMiB, kMiB / 3, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_GE(g.budget_ns(kMiB), 24 * kMs);
   EXPECT_LE(g.budget_ns(kMiB), 4 * quiet);
   EXPECT_DOUBLE_EQ(g.stats().stretch, g.budget_ns(kMiB) / static_cast<double>(quiet));
@@ -320,7 +321,8 @@ TEST(BoundedGroup, LossUnderTheTargetStretchesNothing) {
   for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
   const uint64_t before = g.budget_ns(kMiB);
   const uint64_t almost = kMiB - kMiB / 256;  // 0.4% lost, under the default 0.5%
-  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, almost, 10 * kMs, RecvEnd::kDeadline, true));
+  for (int i = 0; i < 20; ++i)
+    g.on_complete(step(kMiB, almost, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_EQ(g.budget_ns(kMiB), before);
 }
 
@@ -335,7 +337,8 @@ TEST(BoundedGroup, StragglersAndFixedTimeoutsStretchNothing) {
   Config c;
   c.timeout_ms = 10;
   BoundedGroup fixed(c);
-  for (int i = 0; i < 20; ++i) fixed.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
+  for (int i = 0; i < 20; ++i)
+    fixed.on_complete(step(kMiB, kMiB / 2, 10 * kMs, RecvEnd::kDeadline, true));
   EXPECT_EQ(fixed.budget_ns(kMiB), 10 * kMs);
 }
 
