@@ -61,6 +61,9 @@ optiResult_t validate_options(const optiOptions_t& o) {
     return fail(optiInvalidArgument, "options.mode must be optiExact or optiBounded");
   if (o.allgatherMode != optiExact && o.allgatherMode != optiBounded)
     return fail(optiInvalidArgument, "options.allgatherMode must be optiExact or optiBounded");
+  if (o.gatherFill != optiGatherFillOwn && o.gatherFill != optiGatherFillZero)
+    return fail(optiInvalidArgument,
+                "options.gatherFill must be optiGatherFillOwn or optiGatherFillZero");
   if (o.incast < OPTI_INCAST_AUTO)
     return fail(optiInvalidArgument,
                 "options.incast must be >= 1, OPTI_INCAST_MAX (0) or "
@@ -86,6 +89,7 @@ coll::TarOptions to_tar(const optiOptions_t& o) {
   coll::TarOptions t;
   t.mode = o.mode == optiBounded ? coll::Mode::kBounded : coll::Mode::kExact;
   t.bounded_allgather = o.allgatherMode == optiBounded;
+  t.gather_fill_own = o.gatherFill == optiGatherFillOwn;
   t.incast = o.incast;
   t.hadamard = o.hadamard != 0;
   t.hadamard_block = uint64_t(o.hadamardBlock);
@@ -217,6 +221,8 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
     o.mode = cfg.allreduce_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
     o.allgatherMode =
         cfg.allgather_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
+    o.gatherFill = cfg.gather_fill == optireduce::GatherFillChoice::kZero ? optiGatherFillZero
+                                                                          : optiGatherFillOwn;
     o.incast = static_cast<int>(cfg.incast);  // the table's rule: max, auto or 1 .. 2^20
     o.hadamard = cfg.hadamard ? 1 : 0;
     o.hadamardBlock = cfg.hadamard_block;

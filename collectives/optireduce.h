@@ -41,6 +41,12 @@ typedef enum {
   optiErasureZero = 1     /* lost contributions count as zero (the published release's phase 1) */
 } optiErasure_t;
 
+/* What a bounded call gives an element a rank lost in phase 2 (see optiOptions_t.gatherFill). */
+typedef enum {
+  optiGatherFillOwn = 0, /* its own contribution x N (unbiased, noisy) */
+  optiGatherFillZero = 1 /* this rank skips the element's update this step */
+} optiGatherFill_t;
+
 /* Delivery of a communicator's exchanges. */
 typedef enum { optiExact = 0, optiBounded = 1 } optiMode_t;
 
@@ -67,6 +73,10 @@ typedef struct {
                               drift apart (docs/architecture.md, "Replicas drift under loss").
                               optiExact: every rank gets the same result bits, and a straggler's
                               reduced shard is waited for. Ignored by exact calls. */
+  optiGatherFill_t gatherFill; /* OPTIREDUCE_GATHER_FILL: an element lost in phase 2 (without
+                              Hadamard, or in a Hadamard block that lost every coordinate) is this
+                              rank's own contribution x N (optiGatherFillOwn, the default) or 0
+                              (optiGatherFillZero). With optiErasureZero it is always 0. */
 } optiOptions_t;
 
 /* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.

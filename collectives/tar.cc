@@ -31,6 +31,7 @@ struct Tar::Pass {
   DType t = DType::kF32;
   RedOp op = RedOp::kSum;
   Erasure erasure = Erasure::kRescale;
+  bool gather_fill_own = true;  // TarOptions::gather_fill_own
   size_t es = 4;
   int incast = 1;
   const uint8_t* input = nullptr;
@@ -159,7 +160,11 @@ Status Tar::phase2(Pass& p, std::string* error) {
   if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
 
   p.expected[1] = p.plan.count - mine;
-  const double own_scale = p.op == RedOp::kSum ? double(n) : 1.0;
+  // The stand-in for what this rank lost here: its own contribution as the average (x N for
+  // a sum), or nothing (0: it skips those elements this step). Hadamard blocks that kept some
+  // coordinates are rescaled by d/k either way.
+  const double own_scale = !p.gather_fill_own ? 0.0 : p.op == RedOp::kSum ? double(n) : 1.0;
+  const Erasure fill_policy = p.gather_fill_own ? p.erasure : Erasure::kZero;
   for (const RecvOp& rv : recvs2_) {
     p.deadline_hits += rv.deadline_hit ? 1 : 0;
     p.whole_sender_missing |= rv.lost_bytes == rv.bytes;
@@ -167,7 +172,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
     const size_t off = p.plan.offset(rv.peer) * p.es;
     const size_t len = p.plan.length(rv.peer);
     if (rv.lost_bytes > 0) {
-      k_->fill_lost(p.t, p.output + off, rv.data, p.input + off, len, own_scale, p.erasure);
+      k_->fill_lost(p.t, p.output + off, rv.data, p.input + off, len, own_scale, fill_policy);
     } else if (p.via_slots) {
       k_->copy(p.output + off, rv.data, rv.bytes);
     }
@@ -224,6 +229,7 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
   p.t = t;
   p.op = op;
   p.erasure = o.erasure;
+  p.gather_fill_own = o.gather_fill_own;
   p.es = es;
   p.incast = incast;
   p.input = static_cast<const uint8_t*>(send);

@@ -40,6 +40,7 @@ class Options(ctypes.Structure):
         ("exactBelowBytes", ctypes.c_int64),
         ("nonfiniteAgree", ctypes.c_int),
         ("allgatherMode", ctypes.c_int),
+        ("gatherFill", ctypes.c_int),
     ]
 
 

@@ -10,6 +10,7 @@ from .errors import check
 _MODES = {"exact": L.EXACT, "bounded": L.BOUNDED}
 _ERASURES = {"rescale": L.ERASURE_RESCALE, "zero": L.ERASURE_ZERO}
 _INCAST_NAMES = {"max": L.INCAST_MAX, "auto": L.INCAST_AUTO}
+_GATHER_FILLS = {"own": 0, "zero": 1}
 
 # keyword -> (field of optiOptions_t, environment variable the default comes from)
 FIELDS = {
@@ -23,6 +24,7 @@ FIELDS = {
     "exact_below": ("exactBelowBytes", "OPTIREDUCE_EXACT_BELOW"),
     "nonfinite_agree": ("nonfiniteAgree", "OPTIREDUCE_NONFINITE_AGREE"),
     "allgather_mode": ("allgatherMode", "OPTIREDUCE_ALLGATHER_MODE"),
+    "gather_fill": ("gatherFill", "OPTIREDUCE_GATHER_FILL"),
 }
 
 
@@ -51,6 +53,10 @@ def _convert(name, v):
         if v not in _MODES:
             raise _bad(name, v, "must be 'exact' or 'bounded'")
         return _MODES[v]
+    if name == "gather_fill":
+        if v not in _GATHER_FILLS:
+            raise _bad(name, v, "must be 'own' or 'zero'")
+        return _GATHER_FILLS[v]
     if name == "erasure":
         if v not in _ERASURES:
             raise _bad(name, v, "must be 'rescale' or 'zero'")
@@ -108,4 +114,5 @@ def describe(opts):
         "exact_below": opts.exactBelowBytes,
         "nonfinite_agree": bool(opts.nonfiniteAgree),
         "allgather_mode": modes.get(opts.allgatherMode, opts.allgatherMode),
+        "gather_fill": {v: k for k, v in _GATHER_FILLS.items()}.get(opts.gatherFill, opts.gatherFill),
     }

@@ -110,13 +110,14 @@ class OptiReduceState:
     bounded calls agree exactly whether any rank's bucket held a NaN/Inf and then give every
     rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none),
     allgather_mode ('bounded' | 'exact': whether bounded calls cut phase 2 too; exact keeps
-    every replica's gradient identical but waits for a straggler there). A bad value raises
-    ValueError naming the option.
+    every replica's gradient identical but waits for a straggler there), gather_fill ('own' |
+    'zero': what an element lost in phase 2 becomes). A bad value raises ValueError naming the
+    option.
     """
 
     def __init__(self, process_group=None, store=None, *, mode=None, incast=None, hadamard=None,
                  hadamard_block=None, erasure=None, safeguard=None, safeguard_redo=None,
-                 exact_below=None, nonfinite_agree=None, allgather_mode=None,
+                 exact_below=None, nonfinite_agree=None, allgather_mode=None, gather_fill=None,
                  timeout=datetime.timedelta(minutes=5), max_queued=256):
         if not dist.is_initialized():
             raise RuntimeError("optireduce: call torch.distributed.init_process_group first")
@@ -126,7 +127,7 @@ class OptiReduceState:
                                      hadamard_block=hadamard_block, erasure=erasure,
                                      safeguard=safeguard, safeguard_redo=safeguard_redo,
                                      exact_below=exact_below, nonfinite_agree=nonfinite_agree,
-                                     allgather_mode=allgather_mode)
+                                     allgather_mode=allgather_mode, gather_fill=gather_fill)
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.size = dist.get_world_size(process_group)

@@ -310,32 +310,37 @@ TEST(TarBounded, HadamardKeepsTheErrorSmallForEveryType) {
 TEST(TarBounded, StragglerCostsOthersAtMostTheDeadlinePerPhase) {
   const int n = 4;
   const auto deadline = 60ms;
-  Cluster c(n, {}, deadline);
-  TarOptions o;
-  o.mode = Mode::kBounded;
-  o.hadamard = false;
-  const size_t count = 40000;
-  std::vector<std::vector<uint8_t>> in(size_t(n), std::vector<uint8_t>(count * 4));
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) put(DType::kF32, in[size_t(r)], i, 1.0 + r);
-  c.allreduce(in, nullptr, count, DType::kF32, RedOp::kSum, o);  // exact first call
-  for (int r = 0; r < n; ++r)
-    for (size_t i = 0; i < count; ++i) put(DType::kF32, in[size_t(r)], i, 1.0 + r);
-  c.allreduce(in, nullptr, count, DType::kF32, RedOp::kSum, o, {0ms, 0ms, 0ms, 600ms});
-  for (int r = 0; r < n - 1; ++r) {
-    // Two phases, each bounded by the deadline, plus scheduling slack on a loaded machine.
-    EXPECT_LT(c.seconds[size_t(r)], 2 * 0.060 + 0.15) << r;
-    EXPECT_GT(c.stats[size_t(r)].deadlineHits, 0u);
-    for (size_t i = 0; i < count; ++i) {
-      const double v = load(DType::kF32, in[size_t(r)], i);
-      ASSERT_TRUE(std::isfinite(v));
-      // Shards of the others: the straggler's contribution is estimated from the three others
-      // (mean 2 x 4 = 8, true 10). Shard 3 (the straggler's): own x 4.
-      EXPECT_TRUE(v == 8.0 || v == 4.0 * (1.0 + r)) << r << " " << i << " " << v;
+  // Both stand-ins for what phase 2 lost (OPTIREDUCE_GATHER_FILL): own x N, and 0.
+  for (bool own : {true, false}) {
+    Cluster c(n, {}, deadline);
+    TarOptions o;
+    o.mode = Mode::kBounded;
+    o.hadamard = false;
+    o.gather_fill_own = own;
+    const size_t count = 40000;
+    std::vector<std::vector<uint8_t>> in(size_t(n), std::vector<uint8_t>(count * 4));
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) put(DType::kF32, in[size_t(r)], i, 1.0 + r);
+    c.allreduce(in, nullptr, count, DType::kF32, RedOp::kSum, o);  // exact first call
+    for (int r = 0; r < n; ++r)
+      for (size_t i = 0; i < count; ++i) put(DType::kF32, in[size_t(r)], i, 1.0 + r);
+    c.allreduce(in, nullptr, count, DType::kF32, RedOp::kSum, o, {0ms, 0ms, 0ms, 600ms});
+    for (int r = 0; r < n - 1; ++r) {
+      // Two phases, each bounded by the deadline, plus scheduling slack on a loaded machine.
+      EXPECT_LT(c.seconds[size_t(r)], 2 * 0.060 + 0.15) << r;
+      EXPECT_GT(c.stats[size_t(r)].deadlineHits, 0u);
+      const double stand_in = own ? 4.0 * (1.0 + r) : 0.0;
+      for (size_t i = 0; i < count; ++i) {
+        const double v = load(DType::kF32, in[size_t(r)], i);
+        ASSERT_TRUE(std::isfinite(v));
+        // Shards of the others: the straggler's contribution is estimated from the three
+        // others (mean 2 x 4 = 8, true 10). Shard 3 (the straggler's): own x 4, or 0.
+        EXPECT_TRUE(v == 8.0 || v == stand_in) << own << " " << r << " " << i << " " << v;
+      }
     }
+    // The straggler finishes too (what it receives, others sent long ago), with finite values.
+    for (size_t i = 0; i < count; ++i) ASSERT_TRUE(std::isfinite(load(DType::kF32, in[3], i)));
   }
-  // The straggler finishes too (what it receives, others sent long ago), with finite values.
-  for (size_t i = 0; i < count; ++i) ASSERT_TRUE(std::isfinite(load(DType::kF32, in[3], i)));
 }
 
 TEST(TarBounded, TinyBuffersAndFirstCallGoExactEvenUnderTotalLoss) {
