@@ -61,9 +61,9 @@ optiResult_t validate_options(const optiOptions_t& o) {
     return fail(optiInvalidArgument, "options.mode must be optiExact or optiBounded");
   if (o.allgatherMode != optiExact && o.allgatherMode != optiBounded)
     return fail(optiInvalidArgument, "options.allgatherMode must be optiExact or optiBounded");
-  if (o.gatherFill != optiGatherFillOwn && o.gatherFill != optiGatherFillZero)
+  if (o.gatherFill != optiGatherFillZero && o.gatherFill != optiGatherFillOwn)
     return fail(optiInvalidArgument,
-                "options.gatherFill must be optiGatherFillOwn or optiGatherFillZero");
+                "options.gatherFill must be optiGatherFillZero or optiGatherFillOwn");
   if (o.incast < OPTI_INCAST_AUTO)
     return fail(optiInvalidArgument,
                 "options.incast must be >= 1, OPTI_INCAST_MAX (0) or "
@@ -221,8 +221,8 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
     o.mode = cfg.allreduce_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
     o.allgatherMode =
         cfg.allgather_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
-    o.gatherFill = cfg.gather_fill == optireduce::GatherFillChoice::kZero ? optiGatherFillZero
-                                                                          : optiGatherFillOwn;
+    o.gatherFill = cfg.gather_fill == optireduce::GatherFillChoice::kOwn ? optiGatherFillOwn
+                                                                         : optiGatherFillZero;
     o.incast = static_cast<int>(cfg.incast);  // the table's rule: max, auto or 1 .. 2^20
     o.hadamard = cfg.hadamard ? 1 : 0;
     o.hadamardBlock = cfg.hadamard_block;

@@ -43,8 +43,8 @@ typedef enum {
 
 /* What a bounded call gives an element a rank lost in phase 2 (see optiOptions_t.gatherFill). */
 typedef enum {
-  optiGatherFillOwn = 0, /* its own contribution x N (unbiased, noisy) */
-  optiGatherFillZero = 1 /* this rank skips the element's update this step */
+  optiGatherFillZero = 0, /* this rank skips the element's update this step */
+  optiGatherFillOwn = 1   /* its own contribution x N (unbiased, noisy) */
 } optiGatherFill_t;
 
 /* Delivery of a communicator's exchanges. */
@@ -74,9 +74,11 @@ typedef struct {
                               optiExact: every rank gets the same result bits, and a straggler's
                               reduced shard is waited for. Ignored by exact calls. */
   optiGatherFill_t gatherFill; /* OPTIREDUCE_GATHER_FILL: an element lost in phase 2 (without
-                              Hadamard, or in a Hadamard block that lost every coordinate) is this
-                              rank's own contribution x N (optiGatherFillOwn, the default) or 0
-                              (optiGatherFillZero). With optiErasureZero it is always 0. */
+                              Hadamard, or in a Hadamard block that lost every coordinate) is 0 on
+                              this rank (optiGatherFillZero, the default: it skips that element's
+                              update this step) or its own contribution x N (optiGatherFillOwn:
+                              unbiased, as noisy as one rank's gradient scaled by N). With
+                              optiErasureZero it is always 0. */
 } optiOptions_t;
 
 /* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.

@@ -31,7 +31,7 @@ struct Tar::Pass {
   DType t = DType::kF32;
   RedOp op = RedOp::kSum;
   Erasure erasure = Erasure::kRescale;
-  bool gather_fill_own = true;  // TarOptions::gather_fill_own
+  bool gather_fill_own = false;  // TarOptions::gather_fill_own
   size_t es = 4;
   int incast = 1;
   const uint8_t* input = nullptr;

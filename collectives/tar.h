@@ -33,8 +33,9 @@ struct TarOptions {
   bool bounded_allgather = true;
   // An element lost in phase 2 (without Hadamard, or in a Hadamard block that lost every
   // coordinate) is this rank's own contribution x N: unbiased, but one rank's minibatch
-  // gradient scaled by N. Off: 0, this rank skips that element's update (OPTIREDUCE_GATHER_FILL).
-  bool gather_fill_own = true;
+  // gradient scaled by N. Off (the default): 0, this rank skips that element's update
+  // (OPTIREDUCE_GATHER_FILL).
+  bool gather_fill_own = false;
 };
 
 class Tar {

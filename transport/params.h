@@ -16,7 +16,7 @@ namespace optireduce {
 enum class DatapathChoice : uint8_t { kAuto, kUdp, kVerbs };
 enum class ModeChoice : uint8_t { kExact, kBounded };
 enum class FillChoice : uint8_t { kZero, kMarker };
-enum class GatherFillChoice : uint8_t { kOwn, kZero };
+enum class GatherFillChoice : uint8_t { kZero, kOwn };
 // OPTIREDUCE_INCAST: senders a receiver admits at once, >= 1, or one of these two names (the C
 // API's OPTI_INCAST_MAX and OPTI_INCAST_AUTO: the same values, checked in collectives/api.cc).
 inline constexpr int64_t kIncastMax = 0;    // `max`: all N-1
@@ -47,7 +47,7 @@ struct Config {
   ModeChoice mode = ModeChoice::kExact;  // OPTIREDUCE_MODE (the plugin: every communicator)
   ModeChoice allreduce_mode = ModeChoice::kExact;  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce)
   ModeChoice allgather_mode = ModeChoice::kBounded;  // OPTIREDUCE_ALLGATHER_MODE (liboptireduce)
-  GatherFillChoice gather_fill = GatherFillChoice::kOwn;  // OPTIREDUCE_GATHER_FILL (liboptireduce)
+  GatherFillChoice gather_fill = GatherFillChoice::kZero;  // OPTIREDUCE_GATHER_FILL (liboptireduce)
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
   FillChoice fill = FillChoice::kZero;  // OPTIREDUCE_FILL
   int64_t calibration_steps = 100; // OPTIREDUCE_CALIBRATION_STEPS

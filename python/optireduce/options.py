@@ -10,7 +10,7 @@ from .errors import check
 _MODES = {"exact": L.EXACT, "bounded": L.BOUNDED}
 _ERASURES = {"rescale": L.ERASURE_RESCALE, "zero": L.ERASURE_ZERO}
 _INCAST_NAMES = {"max": L.INCAST_MAX, "auto": L.INCAST_AUTO}
-_GATHER_FILLS = {"own": 0, "zero": 1}
+_GATHER_FILLS = {"zero": 0, "own": 1}
 
 # keyword -> (field of optiOptions_t, environment variable the default comes from)
 FIELDS = {
@@ -55,7 +55,7 @@ def _convert(name, v):
         return _MODES[v]
     if name == "gather_fill":
         if v not in _GATHER_FILLS:
-            raise _bad(name, v, "must be 'own' or 'zero'")
+            raise _bad(name, v, "must be 'zero' or 'own'")
         return _GATHER_FILLS[v]
     if name == "erasure":
         if v not in _ERASURES:

@@ -110,8 +110,8 @@ class OptiReduceState:
     bounded calls agree exactly whether any rank's bucket held a NaN/Inf and then give every
     rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none),
     allgather_mode ('bounded' | 'exact': whether bounded calls cut phase 2 too; exact keeps
-    every replica's gradient identical but waits for a straggler there), gather_fill ('own' |
-    'zero': what an element lost in phase 2 becomes). A bad value raises ValueError naming the
+    every replica's gradient identical but waits for a straggler there), gather_fill ('zero' |
+    'own': what an element lost in phase 2 becomes). A bad value raises ValueError naming the
     option.
     """
 

@@ -266,6 +266,7 @@ int bounded_rank(int rank, int n, const std::string& dir, bool hadamard) {
   o.mode = optiBounded;
   o.hadamard = hadamard;
   o.hadamardBlock = 1024;
+  o.gatherFill = optiGatherFillOwn;  // the stand-in whose error bound this test checks
   optiComm_t comm = nullptr;
   CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
   const size_t count = 1 << 18;
@@ -350,6 +351,7 @@ int bounded_audit_rank(int rank, int n, const std::string& dir) {
   o.hadamard = 0;
   o.safeguardRedo = 0;  // a redo would make the results exact and hide the estimates
   o.exactBelowBytes = 0;
+  o.gatherFill = optiGatherFillOwn;  // the audit recognises phase 2's estimates as own x N
   optiComm_t comm = nullptr;
   CHILD_CHECK(optiHostCommInitFile(&comm, dir.c_str(), rank, n, &o) == optiSuccess, "init");
   const size_t count = kAuditCount;

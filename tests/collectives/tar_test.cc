@@ -255,6 +255,7 @@ TEST(TarBounded, PerElementErrorIsBoundedWithoutHadamard) {
       TarOptions o;
       o.mode = Mode::kBounded;
       o.hadamard = false;
+      o.gather_fill_own = true;  // the stand-in this bound is about
       const ErrorSummary e =
           run_bounded(n, 20000, DType::kF32, RedOp::kSum, o, loss, g, 3, in_place);
       EXPECT_GT(e.lost, 0u) << "the loss model must have erased something";
@@ -277,6 +278,7 @@ TEST(TarBounded, RescaleIsUnbiasedAndZeroIsNot) {
     o.mode = Mode::kBounded;
     o.hadamard = hadamard;
     o.hadamard_block = 1024;
+    o.gather_fill_own = true;  // own x N: the unbiased stand-in
     const ErrorSummary e = run_bounded(4, 8192, DType::kF32, RedOp::kSum, o, loss, g, 12, false);
     ASSERT_GT(e.lost, 0u);
     // Standard error of the mean over ~400k correlated samples: bound it generously by the

@@ -152,6 +152,7 @@ optiOptions_t bounded_options(bool hadamard) {
   o.mode = optiBounded;
   o.hadamard = hadamard ? 1 : 0;
   o.exactBelowBytes = 0;
+  o.gatherFill = optiGatherFillOwn;  // the stand-in whose values these tests recognise
   return o;
 }
 
@@ -626,6 +627,7 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
         HCHECK(o.mode == optiBounded, "OPTIREDUCE_ALLREDUCE_MODE=bounded: default mode %d", o.mode);
         o.exactBelowBytes = 0;
         o.hadamard = 0;  // every estimate checked to the element (bounded_audit)
+        o.gatherFill = optiGatherFillOwn;  // ... which recognises phase 2's as own x N
         optiComm_t comm = nullptr;
         CHECK_OPTI(optiCommInit(&comm, user, &o));
         const emu::SplitConfig split = emu::last_split();

@@ -26,19 +26,19 @@ class Options(unittest.TestCase):
                                                   hadamard_block=256, erasure="zero",
                                                   safeguard=0.25, safeguard_redo=True,
                                                   exact_below=0, nonfinite_agree=True,
-                                                  allgather_mode="exact", gather_fill="zero"))
+                                                  allgather_mode="exact", gather_fill="own"))
         self.assertEqual(o, {"mode": "bounded", "incast": "auto", "hadamard": False,
                              "hadamard_block": 256, "erasure": "zero", "safeguard": 0.25,
                              "safeguard_redo": True, "exact_below": 0,
                              "nonfinite_agree": True, "allgather_mode": "exact",
-                             "gather_fill": "zero"})
+                             "gather_fill": "own"})
         self.assertEqual(options.describe(options.make_options(incast=3))["incast"], 3)
 
     def test_none_keeps_the_library_default(self):
         d = options.describe(options.make_options())
         self.assertEqual(d["mode"], "exact")
         self.assertEqual(d["allgather_mode"], "bounded")
-        self.assertEqual(d["gather_fill"], "own")
+        self.assertEqual(d["gather_fill"], "zero")
         self.assertEqual(options.describe(options.make_options(mode=None)), d)
 
     def test_bad_keywords_name_the_option(self):
