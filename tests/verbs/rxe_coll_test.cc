@@ -158,6 +158,7 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
   o.mode = optiBounded;
   o.hadamard = hadamard;
   o.hadamardBlock = 1024;
+  o.gatherFill = optiGatherFillOwn;  // the stand-in whose per-element bound this test checks
   optiComm_t comm = nullptr;
   HCHECK(optiHostCommInitFile(&comm, dir.c_str(), m.rank, n, &o) == optiSuccess, "init: %s",
          optiGetLastError());
