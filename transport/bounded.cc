@@ -181,7 +181,6 @@ void BoundedGroup::on_complete(const StepReport& st) {
     // losses, but cannot show that the budget was wide enough without the stretch.
     governor_.on_step(st.bytes, st.received, st.pipelined ? UINT64_MAX : st.network_ns,
                       unstretched_budget_locked(st.bytes));
-    stats_.stretch = governor_.stretch();
   }
   // An abandoned exact receive (dead sender) measured nothing but the fallback bound.
   if (calibrating_ && !st.bounded && st.how == RecvEnd::kAll) {
@@ -239,7 +238,7 @@ void BoundedGroup::log_every_locked() {
       static_cast<unsigned long long>(s.bounded_steps), lost,
       static_cast<unsigned long long>(s.deadline_hits),
       static_cast<unsigned long long>(s.early_timeouts), static_cast<unsigned long long>(s.expired),
-      s.tb_us, s.tc_us, s.stretch, s.calibrating ? " (calibrating)" : "");
+      s.tb_us, s.tc_us, governor_.stretch(), s.calibrating ? " (calibrating)" : "");
 }
 
 void BoundedGroup::set_label(uint64_t label) {
@@ -334,7 +333,9 @@ uint64_t BoundedGroup::tc_ns(uint64_t bytes) {
 
 GroupStats BoundedGroup::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  GroupStats s = stats_;
+  s.stretch = governor_.stretch();
+  return s;
 }
 
 }  // namespace optireduce

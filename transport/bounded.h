@@ -30,7 +30,7 @@ struct GroupStats {
   bool calibrating = true;
   uint32_t tb_us = 0;            // hard bound of the most used size class
   uint32_t tc_us = 0;            // agreed estimate of that class
-  double stretch = 1.0;          // LossGovernor's factor on every budget
+  double stretch = 1.0;          // LossGovernor's factor on every budget (filled by stats())
 };
 
 class BoundedGroup final : public ConnGroup, public DeadlinePolicy {

@@ -10,7 +10,7 @@ from .errors import check
 _MODES = {"exact": L.EXACT, "bounded": L.BOUNDED}
 _ERASURES = {"rescale": L.ERASURE_RESCALE, "zero": L.ERASURE_ZERO}
 _INCAST_NAMES = {"max": L.INCAST_MAX, "auto": L.INCAST_AUTO}
-_GATHER_FILLS = {"zero": 0, "own": 1}
+_GATHER_FILLS = {"zero": L.GATHER_FILL_ZERO, "own": L.GATHER_FILL_OWN}
 
 # keyword -> (field of optiOptions_t, environment variable the default comes from)
 FIELDS = {
@@ -103,6 +103,7 @@ def describe(opts):
     modes = {v: k for k, v in _MODES.items()}
     erasures = {v: k for k, v in _ERASURES.items()}
     incasts = {v: k for k, v in _INCAST_NAMES.items()}
+    gather_fills = {v: k for k, v in _GATHER_FILLS.items()}
     return {
         "mode": modes.get(opts.mode, opts.mode),
         "incast": incasts.get(opts.incast, opts.incast),
@@ -114,5 +115,5 @@ def describe(opts):
         "exact_below": opts.exactBelowBytes,
         "nonfinite_agree": bool(opts.nonfiniteAgree),
         "allgather_mode": modes.get(opts.allgatherMode, opts.allgatherMode),
-        "gather_fill": {v: k for k, v in _GATHER_FILLS.items()}.get(opts.gatherFill, opts.gatherFill),
+        "gather_fill": gather_fills.get(opts.gatherFill, opts.gatherFill),
     }
