@@ -82,6 +82,18 @@ class _NcclLib:
     class UniqueId(ctypes.Structure):
         _fields_ = [("internal", ctypes.c_char * 128)]
 
+        # All 128 bytes, both ways: the c_char field reads as bytes cut at the first zero byte,
+        # and writing through it would write into a copy.
+        def to_bytes(self):
+            return ctypes.string_at(ctypes.addressof(self), ctypes.sizeof(self))
+
+        @classmethod
+        def from_bytes(cls, raw):
+            if len(raw) != ctypes.sizeof(cls):
+                raise OptiReduceError(L.INTERNAL_ERROR, f"an NCCL unique id has "
+                                      f"{ctypes.sizeof(cls)} bytes, not {len(raw)}")
+            return cls.from_buffer_copy(raw)
+
     def __init__(self):
         self.lib = ctypes.CDLL("libnccl.so.2")
         self.lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(self.UniqueId)]
@@ -204,10 +216,10 @@ class OptiReduceState:
             if self.rank == 0:
                 self._nccl.check(self._nccl.lib.ncclGetUniqueId(ctypes.byref(uid)),
                                  "ncclGetUniqueId")
-                store.set("nccl-id", bytes(uid.internal))
+                store.set("nccl-id", uid.to_bytes())
             else:
                 store.wait(["nccl-id"], self._timeout)
-                ctypes.memmove(uid.internal, bytes(store.get("nccl-id")), 128)
+                uid = _NcclLib.UniqueId.from_bytes(bytes(store.get("nccl-id")))
             comm = ctypes.c_void_p()
             with torch.cuda.device(device):
                 self._nccl.check(self._nccl.lib.ncclCommInitRank(ctypes.byref(comm), self.size,

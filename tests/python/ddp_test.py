@@ -151,6 +151,18 @@ class DdpHook(unittest.TestCase):
             for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
                 self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
 
+    def test_the_nccl_unique_id_crosses_the_store_whole(self):
+        # The GPU path hands rank 0's ncclUniqueId to the others through the store. Its bytes
+        # hold zeros (a sockaddr); every one of the 128 must arrive.
+        sys.path.insert(0, os.path.join(ranks.repo_root(), "python"))
+        import optireduce
+        import optireduce.torch as ort
+        raw = bytes([2, 0, 0x1F, 0x90, 127, 0, 0, 1] + [0] * 60 + list(range(1, 61)))
+        uid = ort._NcclLib.UniqueId.from_bytes(raw)
+        self.assertEqual(uid.to_bytes(), raw)
+        with self.assertRaises(optireduce.OptiReduceError):
+            ort._NcclLib.UniqueId.from_bytes(raw[:100])
+
     def test_a_failure_on_one_rank_raises_on_every_rank(self):
         res = self.run_ranks("hook_error")
         for r in res:

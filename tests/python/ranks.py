@@ -9,7 +9,9 @@ import sys
 import tempfile
 
 SKIP = 77  # meson's "skipped"
-PYTHON = "/usr/bin/python3"  # Debian's, where python3-torch lives
+# The interpreter running the test: Debian's under meson (where python3-torch lives), or
+# whichever holds a CUDA PyTorch on a GPU machine.
+PYTHON = sys.executable
 
 
 def import_torch_or_skip():

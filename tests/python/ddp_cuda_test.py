@@ -1,0 +1,151 @@
+"""optireduce.torch's DDP hook on CUDA tensors: the GPU path (liboptireduce's kernels and an
+NCCL communicator the state builds from the store) under an unmodified PyTorch. Two processes on
+one GPU, each its own NCCL node (NCCL_HOSTID), so NCCL's traffic goes through the plugin; Gloo
+is the process group, as in ddp_test.py. Exact mode gives DDP's own result, every bucket dtype
+is averaged, and bounded mode under injected loss trains and counts its losses. Skips without
+PyTorch or without a CUDA device.
+
+    ddp_cuda_test.py LIB PLUGIN      the tests (liboptireduce.so, libnccl-net-optireduce.so)
+    ddp_cuda_test.py worker SCENARIO LIB OUTDIR    one rank (launched by the tests)
+"""
+
+import math
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ranks  # noqa: E402
+
+N = 2  # ranks, all on GPU 0
+
+
+# ---------------------------------------------------------------- rank side
+def _train(scenario, lib, outdir):
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import optireduce
+    import optireduce.torch as ort
+
+    optireduce.load_library(lib)
+    dist.init_process_group("gloo", init_method="env://")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # Two NCCL nodes on one host and one GPU: NCCL reads the host id at its first init.
+    os.environ["NCCL_HOSTID"] = f"optireduce-py-node-{rank}"
+    dev = torch.device("cuda", 0)
+    torch.cuda.set_device(dev)
+    result = {"rank": rank}
+
+    if scenario == "dtypes":
+        state = ort.OptiReduceState(mode="exact")
+        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+            base = torch.arange(300000, dtype=torch.float64).remainder(64) * 2
+            t = (base * (rank + 1)).to(dt).to(dev)
+            got = state.allreduce_async(t).wait()
+            want = (base * sum(r + 1 for r in range(world)) / world).to(dt).to(dev)
+            result[str(dt)] = bool(torch.equal(got, want))
+        state.close()
+        ranks.report(outdir, rank, result)
+        return
+
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                torch.nn.Linear(512, 10)).to(dev)
+    ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.1)
+    state = None
+    if scenario != "default":
+        state = ort.OptiReduceState(mode="bounded" if scenario == "bounded_loss" else "exact")
+        ddp.register_comm_hook(state, ort.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank)
+    w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
+    steps = 40 if scenario == "bounded_loss" else 12
+    losses, lost, expected = [], 0, 0
+    for _ in range(steps):
+        x = torch.randn(128, 64, generator=g)
+        y = (x @ w_true).argmax(dim=1)
+        loss = torch.nn.functional.cross_entropy(ddp(x.to(dev)), y.to(dev))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if state is not None:
+            s = state.step_stats()
+            lost += s["elements_lost"]
+            expected += s["elements_expected"]
+    result["losses"] = losses
+    result["weights"] = [p.detach().flatten().cpu().tolist() for p in model.parameters()]
+    result["lost"], result["expected"] = lost, expected
+    if state is not None:
+        result["calls"] = state.last_stats.as_dict()
+        state.close()
+    ranks.report(outdir, rank, result)
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- tests
+LIB = None
+PLUGIN = None
+
+
+class DdpHookCuda(unittest.TestCase):
+    def run_ranks(self, scenario, env=None):
+        e = {"NCCL_NET_PLUGIN": PLUGIN, "NCCL_SOCKET_IFNAME": "lo", "OPTIREDUCE_IFNAME": "lo",
+             "NCCL_DEBUG": "WARN"}
+        e.update(env or {})
+        results, codes, outputs = ranks.launch(__file__, scenario, N, LIB, env=e, timeout=120)
+        if any(r is None for r in results) or any(c != 0 for c in codes):
+            ranks.dump(outputs)
+        self.assertTrue(all(r is not None for r in results), f"{scenario}: a rank reported nothing")
+        self.assertEqual(codes, [0] * N, f"{scenario}: exit codes")
+        return results
+
+    def test_exact_mode_matches_ddps_own_allreduce(self):
+        ref = self.run_ranks("default")
+        got = self.run_ranks("exact")
+        for r in range(N):
+            self.assertEqual(got[r]["weights"], got[0]["weights"], f"rank {r} diverged")
+            for a, b in zip(got[r]["weights"], ref[r]["weights"]):
+                worst = max(abs(x - y) for x, y in zip(a, b))
+                self.assertLess(worst, 1e-5, "exact mode differs from DDP's allreduce")
+            self.assertEqual(got[r]["lost"], 0)
+        self.assertLess(got[0]["losses"][-1], got[0]["losses"][0])
+
+    def test_every_bucket_dtype_is_averaged(self):
+        for r in self.run_ranks("dtypes"):
+            for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
+                self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
+
+    def test_bounded_mode_under_loss_trains_and_counts_its_losses(self):
+        res = self.run_ranks("bounded_loss", env={"OPTIREDUCE_FAULT_DROP": "0.05"})
+        for r in res:
+            self.assertTrue(all(math.isfinite(v) for v in r["losses"]))
+            self.assertTrue(all(math.isfinite(v) for w in r["weights"] for v in w))
+            self.assertLess(sum(r["losses"][-5:]) / 5, r["losses"][0])
+            self.assertGreater(r["expected"], 0)
+        lost = sum(r["lost"] for r in res)
+        expected = sum(r["expected"] for r in res)
+        print(f"CUDA, bounded under 5% drops: {lost} of {expected} gradient elements lost "
+              f"({100 * lost / expected:.2f}%)")
+        self.assertLess(lost, expected)
+
+
+def _cuda_or_skip():
+    ranks.import_torch_or_skip()
+    import torch
+    if not torch.cuda.is_available():
+        print("skipped: no CUDA device for PyTorch")
+        sys.exit(ranks.SKIP)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        _train(*sys.argv[2:5])
+        sys.exit(0)
+    _cuda_or_skip()
+    LIB = os.path.abspath(sys.argv.pop(1))
+    PLUGIN = os.path.abspath(sys.argv.pop(1))
+    unittest.main()
