@@ -85,7 +85,9 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   static constexpr int kPeerRing = 15;
   // Start delays (how late a sender's first packet came after its receive became the oldest:
   // the ranks' skew) remembered for the start allowance, of every size: skew is the ranks',
-  // not the network's, and does not scale with message size.
+  // not the network's, and does not scale with message size. Only the first receive of a
+  // burst on its connection counts (StepReport::burst_head): one per step on the host path,
+  // one per step and NCCL channel among the dozens of chunks of the GPU path.
   static constexpr int kSkewSamples = 256;
   // The allowance waits this many times the P95 of those delays: routine skew is waited for,
   // and since a sender later than the allowance is cut (and teaches nothing), one straggler

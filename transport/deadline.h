@@ -22,6 +22,11 @@ struct StepReport {
   // Data was already arriving when the receive became the oldest: the elapsed time then
   // covers only the end of the transfer, not a whole step, and must not feed the estimates.
   bool pipelined = false;
+  // Posted while every earlier receive of its connection was complete: the first of a burst,
+  // whose start delay is the ranks' skew. NCCL cuts a step into chunks (8 receives posted
+  // ahead, dozens per step), and a later chunk's start delay is the sender's pipeline between
+  // chunks, not skew: counted too, the few skew samples fell out of the P95.
+  bool burst_head = false;
 };
 
 class DeadlinePolicy {

@@ -123,6 +123,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.first_cts_ns = 0;
   m.head_ns = m.first_data_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
+  m.burst_head = m.req.seq == floor_;
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
   ++next_seq_;
@@ -572,6 +573,7 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     st.how = static_cast<RecvEnd>(how);
     st.bounded = m.bounded;
     st.pipelined = m.pipelined;
+    st.burst_head = m.burst_head;
     policy_->on_complete(st);
     stats_.tb_us =
         static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));

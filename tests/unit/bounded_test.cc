@@ -23,6 +23,7 @@ StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd 
   s.network_ns = received > 0 ? elapsed_ns : 0;
   s.how = how;
   s.bounded = bounded;
+  s.burst_head = true;  // one message per step and connection, as on the host path
   return s;
 }
 
@@ -166,6 +167,16 @@ TEST(BoundedGroup, EarlyTimeoutIsAFractionOfTheEstimate) {
   EXPECT_NEAR(static_cast<double>(g.early_ns(kMiB)), 1.0 * kMs, 0.05 * kMs);
 }
 
+// ... but never shorter than the budget's floor: a 20 us chunk's tenth (2 us) would close it
+// before a repair of its tail could arrive.
+TEST(BoundedGroup, EarlyTimeoutWaitsForARepairOfAShortStep) {
+  BoundedGroup g(calib(1));
+  g.on_complete(step(kMiB, kMiB, 30 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 40; ++i) g.on_complete(step(kMiB, kMiB, kMs / 50, RecvEnd::kAll, true));
+  EXPECT_LT(g.tc_ns(kMiB), kMs / 10);
+  EXPECT_GE(g.early_ns(kMiB), kMs);
+}
+
 TEST(BoundedGroup, PipelinedStepsNeitherCalibrateNorMoveTheEstimate) {
   BoundedGroup g(calib(2));
   StepReport p = step(kMiB, kMiB, kMs / 10, RecvEnd::kAll, false);
@@ -221,6 +232,25 @@ TEST(BoundedGroup, SkewIsNotChargedToTheNetworkEstimate) {
   // so a small message waits as long for its sender.
   EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
   EXPECT_EQ(g.start_allowance_ns(4096), g.budget_ns(4096) + 52 * kMs);
+}
+
+// NCCL cuts each step into chunks: one receive per connection waits for the peer's skew, the
+// dozens after it only for the sender's pipeline between chunks. Only the first of a burst
+// teaches the start allowance: counted with the rest, a 26 ms skew in 1 sample of 32 fell out
+// of the P95 and senders expired waiting for their clear-to-send (5-26% of every call lost
+// with two ranks on an H200).
+TEST(BoundedGroup, ChunkedStepsTeachTheSkewThroughTheirFirstChunk) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 40 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 32 * 16; ++i) {
+    StepReport chunk = step(128 * 1024, 128 * 1024, kMs / 10, RecvEnd::kAll, true);
+    chunk.burst_head = i % 32 == 0;                      // 4 MiB per step and peer
+    if (chunk.burst_head) chunk.elapsed_ns += 26 * kMs;  // its sender came 26 ms late
+    // The others' senders were between chunks for a tenth of that time: a pipeline's delay.
+    chunk.network_ns = chunk.burst_head ? kMs / 10 : kMs / 20;
+    g.on_complete(chunk);
+  }
+  EXPECT_GE(g.start_allowance_ns(128 * 1024), g.budget_ns(128 * 1024) + 52 * kMs);
 }
 
 // Two sizes of one class (two DDP buckets: the first overlaps the backward pass, the last does
