@@ -73,12 +73,14 @@ typedef struct {
                               drift apart (docs/architecture.md, "Replicas drift under loss").
                               optiExact: every rank gets the same result bits, and a straggler's
                               reduced shard is waited for. Ignored by exact calls. */
-  optiGatherFill_t gatherFill; /* OPTIREDUCE_GATHER_FILL: an element lost in phase 2 (without
-                              Hadamard, or in a Hadamard block that lost every coordinate) is 0 on
+  optiGatherFill_t gatherFill; /* OPTIREDUCE_GATHER_FILL: an element lost in phase 2 is 0 on
                               this rank (optiGatherFillZero, the default: it skips that element's
                               update this step) or its own contribution x N (optiGatherFillOwn:
                               unbiased, as noisy as one rank's gradient scaled by N). With
-                              optiErasureZero it is always 0. */
+                              Hadamard, per block: Zero decodes the kept coordinates unscaled
+                              (an error of at most the block's norm), Own rescales them by d/k
+                              (unbiased; sqrt((d-k)/k) times the block's norm) and gives an empty
+                              block own x N. With optiErasureZero it is always 0. */
 } optiOptions_t;
 
 /* Statistics, per call (the last call) and cumulative. Elements are counted on this rank.

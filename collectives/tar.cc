@@ -2,8 +2,9 @@
 //   phase 1 (transpose): rank r sends shard j of its (encoded) input to rank j and reduces the
 //            N-1 shards r it receives with its own, erased elements excluded and rescaled;
 //   phase 2 (gather):    rank r sends its reduced shard to every peer. Bounded by default
-//            (bounded_allgather): a rank's estimate of what it lost here (own contribution x N,
-//            or d/k in the Hadamard domain) is its own, and data-parallel replicas drift apart.
+//            (bounded_allgather): a rank's stand-in for what it lost here (0, or own
+//            contribution x N and d/k in the Hadamard domain) is its own, and data-parallel
+//            replicas drift apart.
 //            Exact, every rank gets the same result (phase 1's estimates are made once, at
 //            the shard's owner) and waits for a straggler's shard.
 // A bounded call may then agree exactly, over one 1-byte all-to-all, on the safeguard's and the
@@ -161,8 +162,11 @@ Status Tar::phase2(Pass& p, std::string* error) {
 
   p.expected[1] = p.plan.count - mine;
   // The stand-in for what this rank lost here: its own contribution as the average (x N for
-  // a sum), or nothing (0: it skips those elements this step). Hadamard blocks that kept some
-  // coordinates are rescaled by d/k either way.
+  // a sum), or nothing (0: it skips those elements this step). In the Hadamard domain the same
+  // choice: `own` rescales a block that kept k of its d coordinates by d/k (unbiased; an error
+  // of sqrt((d - k) / k) times the block's norm, past the block itself once k < d/2) and puts
+  // own x N into a block that kept none; `zero` decodes the kept coordinates as they are (the
+  // lost ones 0: an error of sqrt(1 - k/d) of the block's norm, never more than the block).
   const double own_scale = !p.gather_fill_own ? 0.0 : p.op == RedOp::kSum ? double(n) : 1.0;
   const Erasure fill_policy = p.gather_fill_own ? p.erasure : Erasure::kZero;
   for (const RecvOp& rv : recvs2_) {
@@ -178,7 +182,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
     }
   }
   if (p.hadamard)
-    k_->decode(p.t, p.work_out, p.output, p.g, p.seed, 1.0, p.input, own_scale, p.erasure);
+    k_->decode(p.t, p.work_out, p.output, p.g, p.seed, 1.0, p.input, own_scale, fill_policy);
   return Status::ok();
 }
 
