@@ -96,23 +96,10 @@ class DdpHookCuda(unittest.TestCase):
         e = {"NCCL_NET_PLUGIN": PLUGIN, "NCCL_SOCKET_IFNAME": "lo", "OPTIREDUCE_IFNAME": "lo",
              "NCCL_DEBUG": "WARN"}
         e.update(env or {})
-        results, codes, outputs = ranks.launch(__file__, scenario, N, LIB, env=e, timeout=120)
-        if any(r is None for r in results) or any(c != 0 for c in codes):
-            ranks.dump(outputs)
-        self.assertTrue(all(r is not None for r in results), f"{scenario}: a rank reported nothing")
-        self.assertEqual(codes, [0] * N, f"{scenario}: exit codes")
-        return results
+        return ranks.run_checked(self, __file__, scenario, N, LIB, env=e, timeout=120)
 
     def test_exact_mode_matches_ddps_own_allreduce(self):
-        ref = self.run_ranks("default")
-        got = self.run_ranks("exact")
-        for r in range(N):
-            self.assertEqual(got[r]["weights"], got[0]["weights"], f"rank {r} diverged")
-            for a, b in zip(got[r]["weights"], ref[r]["weights"]):
-                worst = max(abs(x - y) for x, y in zip(a, b))
-                self.assertLess(worst, 1e-5, "exact mode differs from DDP's allreduce")
-            self.assertEqual(got[r]["lost"], 0)
-        self.assertLess(got[0]["losses"][-1], got[0]["losses"][0])
+        ranks.assert_same_training(self, self.run_ranks("exact"), self.run_ranks("default"))
 
     def test_every_bucket_dtype_is_averaged(self):
         for r in self.run_ranks("dtypes"):

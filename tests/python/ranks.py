@@ -76,3 +76,29 @@ def report(outdir, rank, result):
 def dump(outputs):
     for r, out in enumerate(outputs):
         print(f"----- rank {r} -----\n{out}")
+
+
+def run_checked(test, script, scenario, nranks, lib, env=None, timeout=240):
+    """launch() inside a unittest.TestCase: every rank must report and exit 0 (their output is
+    printed otherwise). Returns the per-rank results."""
+    results, codes, outputs = launch(script, scenario, nranks, lib, env=env, timeout=timeout)
+    if any(r is None for r in results) or any(c != 0 for c in codes):
+        dump(outputs)
+    test.assertTrue(all(r is not None for r in results), f"{scenario}: a rank reported nothing")
+    test.assertEqual(codes, [0] * nranks, f"{scenario}: exit codes")
+    return results
+
+
+def assert_same_training(test, got, ref, tol=1e-5):
+    """The hook's exact mode against DDP's own allreduce: replicas identical bit for bit (every
+    rank receives the same reduced bytes), each within `tol` of the reference (the order of the
+    additions may differ), nothing lost, and the loss going down."""
+    for r, res in enumerate(got):
+        test.assertEqual(res["weights"], got[0]["weights"], f"rank {r} diverged")
+        for a, b in zip(res["weights"], ref[r]["weights"]):
+            worst = max(abs(x - y) for x, y in zip(a, b))
+            test.assertLess(worst, tol, "exact mode differs from DDP's allreduce by more than "
+                            "reordering")
+        test.assertEqual(res["lost"], 0)
+    test.assertLess(got[0]["losses"][-1], got[0]["losses"][0])
+
