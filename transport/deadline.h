@@ -10,6 +10,11 @@ namespace optireduce {
 enum class RecvEnd : uint8_t { kAll, kDeadline, kEarly, kExpired };
 
 // What one finished receive tells the policy.
+// A message posted this soon after its connection's previous one completed continues a burst
+// rather than starting one: NCCL reposts a chunk's slot as soon as the GPU copied it out, within
+// microseconds on a dedicated GPU, while the next step waits for the application.
+inline constexpr uint64_t kBurstRefillNs = 500'000;
+
 struct StepReport {
   uint64_t bytes = 0;       // message size (capacity when nothing arrived)
   uint64_t received = 0;    // bytes that arrived
@@ -22,8 +27,9 @@ struct StepReport {
   // Data was already arriving when the receive became the oldest: the elapsed time then
   // covers only the end of the transfer, not a whole step, and must not feed the estimates.
   bool pipelined = false;
-  // Posted while every earlier receive of its connection was complete: the first of a burst,
-  // whose start delay is the ranks' skew. NCCL cuts a step into chunks (8 receives posted
+  // Posted while every earlier receive of its connection was complete, and not right after the
+  // last one completed (kBurstRefillNs): the first of a burst, whose start delay is the ranks'
+  // skew. NCCL cuts a step into chunks (8 receives posted
   // ahead, dozens per step), and a later chunk's start delay is the sender's pipeline between
   // chunks, not skew: counted too, the few skew samples fell out of the P95.
   bool burst_head = false;

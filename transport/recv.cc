@@ -123,7 +123,8 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.first_cts_ns = 0;
   m.head_ns = m.first_data_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
-  m.burst_head = m.req.seq == floor_;
+  m.burst_head =
+      m.req.seq == floor_ && (last_complete_ns_ == 0 || now - last_complete_ns_ >= kBurstRefillNs);
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
   ++next_seq_;
@@ -175,7 +176,16 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
   }
   // Data already under way: the transfer's budget from now. Otherwise the sender may still be
   // on its way to this step: it gets the start allowance, and the budget once it starts
-  // (on_data_locked).
+  // (on_data_locked). While the sender is absent (a receive of it was cut for never starting,
+  // and no DATA came since), the rest of the burst is cut at once: NCCL posts a step as dozens
+  // of chunks, and an allowance for each made a 1.5 s straggler cost the other rank 2 s
+  // (GpuDefect.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). A new burst waits the
+  // allowance again, so that a straggler that is back (its isends expire at once against our
+  // floor, sending nothing) is heard again instead of being cut for good.
+  if (!m.started && !m.burst_head && sender_absent_locked()) {
+    m.deadline_ns = now;
+    return;
+  }
   m.deadline_ns = now + (m.started ? budget_locked(m.size) : start_allowance_locked(m.capacity));
 }
 
@@ -541,6 +551,8 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (m.state != State::kPosted) return;
   const uint64_t size = m.started ? m.size : m.capacity;
   if (how != End::kAll) fill_holes_locked(m);
+  if (how == End::kDeadline && m.bounded && !m.started) sender_cut_ns_ = now;
+  last_complete_ns_ = now;
   if (!m.started) m.size = size;
   if (!set_msg_state_locked(m, State::kComplete, now)) return;
   ++stats_.msgs;
@@ -584,8 +596,14 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
 }
 
 void RecvConn::advance_floor_locked(uint64_t now) {
-  while (floor_ != next_seq_ && slot(floor_).state != State::kPosted) ++floor_;
-  if (floor_ != next_seq_) arm_deadline_locked(slot(floor_), now);
+  for (;;) {
+    while (floor_ != next_seq_ && slot(floor_).state != State::kPosted) ++floor_;
+    if (floor_ == next_seq_) return;
+    Msg& m = slot(floor_);
+    arm_deadline_locked(m, now);
+    if (m.deadline_ns == 0 || now < m.deadline_ns) return;
+    complete_locked(m, End::kDeadline, now);  // the rest of an absent sender's burst
+  }
 }
 
 void RecvConn::on_timers_locked(uint64_t now) {

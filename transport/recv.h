@@ -123,6 +123,14 @@ class RecvConn final : public Conn, public RecvComm {
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
 
   uint64_t last_data_arrival_ns_ = 0;  // the newest DATA's rx_arrival_ns_
+  uint64_t last_complete_ns_ = 0;      // when a receive last completed (0: never)
+  // When a bounded receive was last cut without its sender ever starting it (0: never). Until
+  // DATA arrives again, the sender is absent from this burst: a straggler, or a peer whose data
+  // never comes.
+  uint64_t sender_cut_ns_ = 0;
+  bool sender_absent_locked() const {
+    return sender_cut_ns_ != 0 && last_data_arrival_ns_ <= sender_cut_ns_;
+  }
   Msg msgs_[kMaxRequests];
   uint32_t next_seq_ = 0;   // sequence of the next irecv
   uint32_t floor_ = 0;      // every message below it is complete

@@ -88,6 +88,7 @@ bool SendConn::set_state_locked(Msg& m, State to) {
     return false;
   }
   m.state = to;
+  if (to == State::kDone) last_done_ns_ = clock_.now_ns();
   return true;
 }
 
@@ -138,6 +139,9 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
   m.exact = how == MsgDelivery::kExact;
   m.expire_early = how == MsgDelivery::kAsConnection;
   m.expired = false;
+  m.burst_head = last_done_ns_ == 0 || now - last_done_ns_ >= kBurstRefillNs;
+  for (uint32_t s = oldest_; s != next_seq_; ++s)
+    if (slot(s).state != State::kDone) m.burst_head = false;
   m.error = Status::ok();
   m.data = static_cast<const uint8_t*>(data);
   m.mr = size != 0 ? mr : nullptr;
@@ -265,6 +269,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   const bool bounded = (h.flags & kFlagBounded) != 0;
   heard_cts_ = true;
   presumed_dead_ = false;
+  receiver_absent_ = false;
   if (bounded && params_.delivery == Delivery::kBounded) {
     // A send waits for its CTS at most as long as the receiver would wait for its data, so
     // that a stalled peer costs either side one deadline per step, not more.
@@ -325,7 +330,7 @@ uint64_t SendConn::next_timer_locked() const {
     const Msg& m = msgs_[s % kMaxRequests];
     if (!may_expire_locked(m)) continue;
     if (m.state == State::kWaitCts && m.expire_early)
-      consider(m.posted_ns + cts_wait_ns_locked(m));
+      consider(cts_deadline_ns_locked(m));
     else if (m.state == State::kSending && m.bounded)
       consider(m.started_ns + give_up);
   }

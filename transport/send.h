@@ -81,6 +81,7 @@ class SendConn final : public Conn, public SendComm {
     bool exact = false;         // pinned exact: by the isend or by the receiver's CTS
     bool expire_early = false;  // may expire before its CTS (MsgDelivery::kAsConnection)
     bool expired = false;
+    bool burst_head = false;  // as RecvConn's: posted with every earlier send done, not just now
     Status error;
     const uint8_t* data = nullptr;
     const MemoryRegion* mr = nullptr;  // data's registration (zero-copy sends), or null
@@ -166,6 +167,9 @@ class SendConn final : public Conn, public SendComm {
   // How long `m` may wait for its CTS: the receiver's announced wait, or the group's own start
   // allowance for its size if longer (the last CTS may have been for a smaller message).
   uint64_t cts_wait_ns_locked(const Msg& m) const;
+  // When `m`, waiting for its CTS, expires: its wait after its isend, or at once when it
+  // continues a burst whose receiver is absent.
+  uint64_t cts_deadline_ns_locked(const Msg& m) const;
   void give_up_locked(Msg& m);
   // Ends a message that never started (no CTS, or its receiver no longer wants it): done,
   // counted as expired. False if the state machine refused (the connection then failed).
@@ -205,6 +209,10 @@ class SendConn final : public Conn, public SendComm {
   uint64_t expiry_budget_ns_ = 0;  // the receiver's announced start allowance; 0 = none yet
   bool heard_cts_ = false;         // the receiver ever sent a CTS
   bool presumed_dead_ = false;     // a message expired before the receiver ever spoke
+  // A bounded send expired for want of a CTS and no CTS came since: the receiver is absent
+  // (a straggler), and the rest of the burst expires at once.
+  bool receiver_absent_ = false;
+  uint64_t last_done_ns_ = 0;      // when a send last became done (0: never)
   uint32_t receiver_floor_ = 0;    // every message below it is complete at the receiver
   DeadlinePolicy* group_ = nullptr;
 };

@@ -24,8 +24,9 @@ void SendConn::expire_bounded_locked(uint64_t now) {
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (!may_expire_locked(m)) continue;
-    if (m.state == State::kWaitCts && m.expire_early && now - m.posted_ns >= cts_wait_ns_locked(m)) {
+    if (m.state == State::kWaitCts && m.expire_early && now >= cts_deadline_ns_locked(m)) {
       if (!heard_cts_) presumed_dead_ = true;
+      receiver_absent_ = true;
       expired_mask_ |= uint64_t{1} << (s % 64);
       if (!expire_unstarted_locked(m)) return;
       send_expired_notice_locked(s);
@@ -60,6 +61,15 @@ uint64_t SendConn::give_up_ns_locked() const {
 uint64_t SendConn::cts_wait_ns_locked(const Msg& m) const {
   const uint64_t give_up = give_up_ns_locked();
   return expiry_budget_ns_ != 0 ? std::max(give_up, m.wait_ns) : give_up;
+}
+
+// NCCL posts a step as dozens of chunks, 8 at a time; each later chunk waiting its own full
+// allowance for a straggler that has not posted its receives made the step cost several
+// allowances (GpuDefect.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). Its next CTS ends
+// the absence; a new burst waits again.
+uint64_t SendConn::cts_deadline_ns_locked(const Msg& m) const {
+  if (receiver_absent_ && !m.burst_head) return m.posted_ns;
+  return m.posted_ns + cts_wait_ns_locked(m);
 }
 
 bool SendConn::expire_unstarted_locked(Msg& m) {

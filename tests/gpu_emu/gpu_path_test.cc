@@ -102,6 +102,22 @@ TEST(Emulator, ReadingWithoutSynchronisingSeesStaleData) {
     HCHECK(r_ == optiSuccess, "%s: %s (%s)", #expr, optiGetErrorString(r_), optiGetLastError()); \
   } while (0)
 
+// A rank's two communicators, as an application holds them: its own NCCL one (emulated, over the
+// real plugin, joined through the test's mesh) and liboptireduce's made on it with `o`.
+struct RankComms {
+  ncclComm_t user = nullptr;
+  optiComm_t comm = nullptr;
+  RankComms(Mesh& m, const optiOptions_t& o) {
+    emu::set_bootstrap(&m, PLUGIN_PATH);
+    user = emu::comm_init();
+    CHECK_OPTI(optiCommInit(&comm, user, &o));
+  }
+  void destroy() {
+    CHECK_OPTI(optiCommDestroy(comm));
+    HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+  }
+};
+
 // Loss as the host path's loopback tests inject it (OPTIREDUCE_FAULT_*), on every connection
 // of the plugin; exact connections repair it, bounded ones deliver holes by the deadline.
 const Env kLoss = {
@@ -195,13 +211,11 @@ TEST(GpuPath, ExactAllReduceIsBitExactOnFourRanks) {
   const std::string r = run_ranks(
       4,
       [](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o;
         HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
         o.mode = optiExact;
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const size_t count = 300'001;
         const RankInputs in(m.n, count,
                             [](size_t i, int q) { return float(std::sin(double(i * 7 + q))); });
@@ -210,8 +224,7 @@ TEST(GpuPath, ExactAllReduceIsBitExactOnFourRanks) {
         CHECK_OPTI(optiAllReduce(send.p, recv.p, count, optiFloat32, optiSum, comm, nullptr));
         const size_t bad = in.first_wrong(recv.get());
         HCHECK(bad == count, "rank %d element %zu is not the rank-order sum", m.rank, bad);
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       {}, 120);
   EXPECT_EQ(r, "");
@@ -229,11 +242,9 @@ void bounded_under_loss(bool hadamard, const char* fill) {
   const std::string r = run_ranks(
       4,
       [hadamard](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         const optiOptions_t o = bounded_options(hadamard);
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const optiStats_t t = bounded_audit(m, comm, 200'000, 4, hadamard ? 0.35 : 1e-5);
         HCHECK(t.elementsLost[0] + t.elementsLost[1] > 0,
                "rank %d: no element counted lost under 2%% injected loss", m.rank);
@@ -241,8 +252,7 @@ void bounded_under_loss(bool hadamard, const char* fill) {
                     (unsigned long long)t.elementsLost[0], (unsigned long long)t.elementsLost[1],
                     (unsigned long long)t.elementsExpected[0],
                     (unsigned long long)t.elementsExpected[1]);
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       env, 150);
   EXPECT_EQ(r, "");
@@ -262,12 +272,10 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
   const std::string r = run_ranks(
       4,
       [](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         // No safeguard redo: it waits for the call on the host, so nothing would overlap.
         const optiOptions_t o = bounded_options(true);
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         cudaStream_t s[2] = {nullptr, nullptr};
         for (cudaStream_t& x : s) HCHECK(cudaStreamCreate(&x) == cudaSuccess, "stream");
         const size_t count[2] = {150'000, 90'001};
@@ -302,8 +310,7 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
           }
         }
         for (cudaStream_t x : s) HCHECK(cudaStreamDestroy(x) == cudaSuccess, "stream");
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       {}, 150);
   EXPECT_EQ(r, "");
@@ -322,13 +329,11 @@ void safeguard(bool redo) {
   const std::string r = run_ranks(
       4,
       [redo](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o = bounded_options(false);
         o.safeguard = 0.0;
         o.safeguardRedo = redo ? 1 : 0;
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const size_t count = 200'000;
         const int calls = 4;
         DeviceVec buf(count);
@@ -364,8 +369,7 @@ void safeguard(bool redo) {
         } else {
           HCHECK(total.safeguardRedos > 0, "rank %d: nothing redone under loss", m.rank);
         }
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       kLoss, 150);
   EXPECT_EQ(r, "");
@@ -513,12 +517,10 @@ TEST(GpuDefect, NonFiniteVerdictIsTheSameOnEveryRank) {
       4,
       [](Mesh& m) {
         namespace t = optireduce::testing;
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o = bounded_options(false);
         o.nonfiniteAgree = 1;
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const size_t count = 100'003;
         const int calls = 8;
         DeviceVec a(count), b(count);
@@ -559,8 +561,7 @@ TEST(GpuDefect, NonFiniteVerdictIsTheSameOnEveryRank) {
                     (unsigned long long)total.elementsLost[1]);
         HCHECK(total.nonfiniteCalls == 5, "rank %d: %llu non-finite calls, 5 poisoned", m.rank,
                (unsigned long long)total.nonfiniteCalls);
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       kLoss, 170);
   EXPECT_EQ(r, "");
@@ -579,14 +580,12 @@ TEST(GpuDefect, ComputeSkewIsWaitedForWhenNcclChunksTheSteps) {
   const std::string r = run_ranks(
       2,
       [](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o;
         HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
         o.mode = optiBounded;
         o.hadamard = 0;  // the emulated kernels' time is not what this test is about
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const size_t count = 1u << 20;  // 4 MiB: 16 chunks per phase and peer
         DeviceVec buf(count);
         const std::vector<float> in(count, 1.0f);
@@ -598,7 +597,7 @@ TEST(GpuDefect, ComputeSkewIsWaitedForWhenNcclChunksTheSteps) {
         }
         optiStats_t t{};
         CHECK_OPTI(optiGetStats(comm, nullptr, &t));
-        const optireduceNetStats net = emu::plugin_stats(user);
+        const optireduceNetStats net = emu::plugin_stats(rc.user);
         std::printf(
             "rank %d: lost %.3f%% of %d calls' elements (net: expired sends %llu, "
             "deadline hits %llu)\n",
@@ -609,10 +608,54 @@ TEST(GpuDefect, ComputeSkewIsWaitedForWhenNcclChunksTheSteps) {
                                double(std::max<uint64_t>(1, net.processSend.msgs));
         HCHECK(expired < 0.1, "rank %d: %.1f%% of its sends expired over a 4 ms skew", m.rank,
                100 * expired);
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       {}, 200);
+  EXPECT_EQ(r, "");
+}
+
+// A straggler on the GPU path. NCCL cuts each phase into chunks and posts 8 receives ahead; a
+// rank 1.5 s late must cost the other about one deadline per phase, as on the host path
+// (TarBounded.StragglerCostsOthersAtMostTheDeadlinePerPhase), not one per chunk: 16 chunks
+// each waiting its own 50 ms cost 1.6 s per phase, more than the straggler's lateness. The
+// deadline is fixed (OPTIREDUCE_TIMEOUT_MS) so that the emulated kernels' noise on a 2-core
+// host does not decide the allowance.
+TEST(GpuDefect, AStragglerCostsTheOtherAboutOneDeadlinePerPhase) {
+  const std::string r = run_ranks(
+      2,
+      [](Mesh& m) {
+        optiOptions_t o;
+        HCHECK(optiOptionsDefault(&o) == optiSuccess, "options");
+        o.mode = optiBounded;
+        o.hadamard = 0;
+        RankComms rc(m, o);
+        const size_t count = 1u << 20;  // 2 MiB per peer and phase: 16 chunks
+        DeviceVec buf(count);
+        const std::vector<float> in(count, 1.0f);
+        // The emulated kernels take a good part of a second here: a call's own time is the
+        // slowest of a few without a straggler.
+        auto timed_call = [&] {
+          const double t0 = optireduce::testing::mono_s();
+          buf.put(in);
+          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, rc.comm, nullptr));
+          (void)buf.get();
+          return optireduce::testing::mono_s() - t0;
+        };
+        double own = 0;
+        for (int c = 0; c < 5; ++c) own = std::max(own, c < 2 ? 0.0 : timed_call());
+        constexpr int kStraggler = 1;
+        if (m.rank == kStraggler) ::usleep(1'500'000);
+        const double took = timed_call();
+        std::printf("rank %d: a call takes %.3f s; with a 1.5 s straggler, %.3f s\n", m.rank, own,
+                    took);
+        std::fflush(stdout);
+        // One 50 ms deadline per phase (the first chunk's), and slack for a loaded host.
+        if (m.rank != kStraggler)
+          HCHECK(took < own + 2 * 0.05 + 0.2, "rank %d waited %.2f s for a straggler", m.rank,
+                 took - own);
+        rc.destroy();
+      },
+      {{"OPTIREDUCE_TIMEOUT_MS", "50"}}, 200);
   EXPECT_EQ(r, "");
 }
 
@@ -624,12 +667,10 @@ TEST(GpuAudit, EveryEstimateOfEightRanksIsAccountedFor) {
       8,
       [](Mesh& m) {
         namespace t = optireduce::testing;
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o = bounded_options(false);
         o.safeguardRedo = 0;  // a redo would make the results exact and hide the estimates
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const size_t count = t::kAuditCount;
         const int calls = 4;
         DeviceArray<double> a(count), b(count);
@@ -656,8 +697,7 @@ TEST(GpuAudit, EveryEstimateOfEightRanksIsAccountedFor) {
           for (int q = 1; q < m.n; ++q) all += m.channel[size_t(q)]->recv<uint64_t>();
           HCHECK(all > 0, "no element lost on any rank: the audit checked no estimate");
         }
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       kLoss, 400);
   EXPECT_EQ(r, "");
@@ -677,16 +717,14 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
   const std::string r = run_ranks(
       4,
       [](Mesh& m) {
-        emu::set_bootstrap(&m, PLUGIN_PATH);
-        ncclComm_t user = emu::comm_init();
         optiOptions_t o;
         CHECK_OPTI(optiOptionsDefault(&o));
         HCHECK(o.mode == optiBounded, "OPTIREDUCE_ALLREDUCE_MODE=bounded: default mode %d", o.mode);
         o.exactBelowBytes = 0;
         o.hadamard = 0;  // every estimate checked to the element (bounded_audit)
         o.gatherFill = optiGatherFillOwn;  // ... which recognises phase 2's as own x N
-        optiComm_t comm = nullptr;
-        CHECK_OPTI(optiCommInit(&comm, user, &o));
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
         const emu::SplitConfig split = emu::last_split();
         HCHECK(split.net_name == "OptiReduce" && split.split_share == 0,
                "the sibling asked for network '%s', splitShare %d", split.net_name.c_str(),
@@ -697,12 +735,12 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
                             [](size_t i, int q) { return float(std::cos(double(i * 3 + q))); });
         DeviceVec send(count), recv(count);
         send.put(in.x[size_t(m.rank)]);
-        HCHECK(ncclAllReduce(send.p, recv.p, count, ncclFloat32, ncclSum, user, nullptr) ==
+        HCHECK(ncclAllReduce(send.p, recv.p, count, ncclFloat32, ncclSum, rc.user, nullptr) ==
                    ncclSuccess,
                "ncclAllReduce");
         const size_t bad = in.first_wrong(recv.get());
         HCHECK(bad == count, "rank %d: the application's allreduce lost element %zu", m.rank, bad);
-        const optireduceNetStats s = emu::plugin_stats(user);
+        const optireduceNetStats s = emu::plugin_stats(rc.user);
         HCHECK(
             s.bounded == 0 && s.recv.bytesExpected == 0 && s.recv.retxPkts + s.send.retxPkts > 0,
             "rank %d: the application's communicator: bounded %u, %llu bytes expected by bounded "
@@ -712,8 +750,7 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
         std::printf("rank %d: TAR lost %llu + %llu elements; the application's allreduce exact\n",
                     m.rank, (unsigned long long)t.elementsLost[0],
                     (unsigned long long)t.elementsLost[1]);
-        CHECK_OPTI(optiCommDestroy(comm));
-        HCHECK(ncclCommDestroy(user) == ncclSuccess, "destroy");
+        rc.destroy();
       },
       env, 180);
   EXPECT_EQ(r, "");

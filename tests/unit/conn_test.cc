@@ -576,6 +576,47 @@ TEST(PerMessage, ASendThatAsksTheReceiverEndsOnceTheReceiversDeadlineEndedIt) {
   }
 }
 
+// A sender absent from a burst (its first receive was cut without a packet of it) costs the
+// rest of the burst nothing more: NCCL posts a step as dozens of chunks, and one deadline each
+// made a 1.5 s straggler cost the others 2 s. A burst posted later waits for it again (a
+// straggler that is back is heard, not cut for good); its first packet ends the absence.
+TEST(PerMessage, AnAbsentSenderCostsItsBurstOneDeadline) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  auto until_done = [&](std::vector<Request*> rr) {
+    std::vector<bool> done(rr.size(), false);
+    for (int ms = 0; ms < 500; ++ms) {
+      bool all = true;
+      for (size_t i = 0; i < rr.size(); ++i) {
+        size_t sz = 0;
+        bool d = done[i];
+        if (!d) {
+          EXPECT_TRUE(rig.r->test(rr[i], &d, &sz).is_ok());
+        }
+        done[i] = d;
+        all = all && d;
+      }
+      if (all) return ms;
+      rig.clock.advance_ms(1);
+    }
+    return -1;
+  };
+  std::vector<std::vector<uint8_t>> dst(4, std::vector<uint8_t>(2000));
+  std::vector<Request*> burst(3);
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(
+        rig.r->irecv(dst[size_t(i)].data(), dst[size_t(i)].size(), &burst[size_t(i)]).is_ok());
+  const int first = until_done(burst);
+  EXPECT_GE(first, 49);
+  EXPECT_LE(first, 52) << "three receives of one burst cost one 50 ms deadline, not three";
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(all_marker(dst[size_t(i)]));
+  // The next step, later: a new burst, which waits its deadline again.
+  rig.clock.advance_ms(5);
+  Request* next;
+  ASSERT_TRUE(rig.r->irecv(dst[3].data(), dst[3].size(), &next).is_ok());
+  EXPECT_GE(until_done({next}), 49);
+  EXPECT_EQ(rig.r->stats().deadline_hits, 4u);
+}
+
 TEST(PerMessage, AnExpiredMessageThatTheReceiverPinnedExactIsAnErrorNotAHang) {
   for (const bool posted_late : {true, false}) {
     SCOPED_TRACE(posted_late ? "the expiry came before the receive" : "the CTS was lost");
