@@ -179,7 +179,7 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
   // (on_data_locked). While the sender is absent (a receive of it was cut for never starting,
   // and no DATA came since), the rest of the burst is cut at once: NCCL posts a step as dozens
   // of chunks, and an allowance for each made a 1.5 s straggler cost the other rank 2 s
-  // (GpuDefect.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). A new burst waits the
+  // (GpuChunks.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). A new burst waits the
   // allowance again, so that a straggler that is back (its isends expire at once against our
   // floor, sending nothing) is heard again instead of being cut for good.
   if (!m.started && !m.burst_head && sender_absent_locked()) {

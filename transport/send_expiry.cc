@@ -65,7 +65,7 @@ uint64_t SendConn::cts_wait_ns_locked(const Msg& m) const {
 
 // NCCL posts a step as dozens of chunks, 8 at a time; each later chunk waiting its own full
 // allowance for a straggler that has not posted its receives made the step cost several
-// allowances (GpuDefect.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). Its next CTS ends
+// allowances (GpuChunks.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). Its next CTS ends
 // the absence; a new burst waits again.
 uint64_t SendConn::cts_deadline_ns_locked(const Msg& m) const {
   if (receiver_absent_ && !m.burst_head) return m.posted_ns;

@@ -6,7 +6,6 @@ losses, every bucket dtype is averaged, and a failure on one rank raises on ever
     ddp_test.py worker SCENARIO LIB OUTDIR    one rank (launched by the tests)
 """
 
-import math
 import os
 import sys
 import time
@@ -115,13 +114,7 @@ class DdpHook(unittest.TestCase):
     def test_bounded_mode_under_loss_trains_and_counts_its_losses(self):
         res = self.run_ranks("bounded_loss", env={"OPTIREDUCE_FAULT_DROP": "0.05",
                                                   "OPTIREDUCE_CALIBRATION_STEPS": "30"})
-        for r in res:
-            self.assertTrue(all(math.isfinite(v) for v in r["losses"]))
-            self.assertTrue(all(math.isfinite(v) for w in r["weights"] for v in w))
-            self.assertLess(sum(r["losses"][-5:]) / 5, r["losses"][0])
-            self.assertGreater(r["expected"], 0)
-        lost = sum(r["lost"] for r in res)
-        expected = sum(r["expected"] for r in res)
+        lost, expected = ranks.assert_trained_under_loss(self, res)
         # 5% of packets dropped, repaired only while a step's deadline leaves time. (Compute
         # skew no longer cuts whole contributions: a late sender gets a start allowance learned
         # from the skew. On 4 ranks sharing 2 cores, the first bucket's transfers still starve
@@ -130,7 +123,6 @@ class DdpHook(unittest.TestCase):
         print(f"bounded under 5% drops: {lost} of {expected} gradient elements lost "
               f"({100 * lost / expected:.1f}%)")
         self.assertGreater(lost, 0, "no loss counted under 5% injected drops")
-        self.assertLess(lost, expected)
         for r in res:
             self.assertEqual(r["last_stats"]["elements_expected"] > 0, True)
 

@@ -2,6 +2,7 @@
 collects what each rank reports, so no test copies its own launcher."""
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -101,4 +102,19 @@ def assert_same_training(test, got, ref, tol=1e-5):
                             "reordering")
         test.assertEqual(res["lost"], 0)
     test.assertLess(got[0]["losses"][-1], got[0]["losses"][0])
+
+
+def assert_trained_under_loss(test, results):
+    """A bounded training under injected loss: every loss value and weight finite, the loss
+    going down, some elements expected on every rank, and not everything lost. Returns the
+    elements (lost, expected) over all ranks."""
+    for r in results:
+        test.assertTrue(all(math.isfinite(v) for v in r["losses"]))
+        test.assertTrue(all(math.isfinite(v) for w in r["weights"] for v in w))
+        test.assertLess(sum(r["losses"][-5:]) / 5, r["losses"][0])
+        test.assertGreater(r["expected"], 0)
+    lost = sum(r["lost"] for r in results)
+    expected = sum(r["expected"] for r in results)
+    test.assertLess(lost, expected)
+    return lost, expected
 
