@@ -31,10 +31,10 @@ struct TarOptions {
   // own, and data-parallel replicas drift apart. Off: phase 2 runs exact, every rank's result
   // is the same, and a straggler is waited for (OPTIREDUCE_ALLGATHER_MODE).
   bool bounded_allgather = true;
-  // An element lost in phase 2 (without Hadamard, or in a Hadamard block that lost every
-  // coordinate) is this rank's own contribution x N: unbiased, but one rank's minibatch
-  // gradient scaled by N. Off (the default): 0, this rank skips that element's update
-  // (OPTIREDUCE_GATHER_FILL).
+  // An element lost in phase 2 is this rank's own contribution x N, and with Hadamard a partly
+  // kept block is rescaled by d/k: unbiased, but as noisy as one rank's minibatch gradient
+  // scaled by N. Off (the default): 0, this rank skips that element's update, and a partly
+  // kept block is decoded unscaled (OPTIREDUCE_GATHER_FILL; tar.cc, phase2).
   bool gather_fill_own = false;
 };
 

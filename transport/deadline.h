@@ -9,12 +9,18 @@ namespace optireduce {
 
 enum class RecvEnd : uint8_t { kAll, kDeadline, kEarly, kExpired };
 
-// What one finished receive tells the policy.
 // A message posted this soon after its connection's previous one completed continues a burst
 // rather than starting one: NCCL reposts a chunk's slot as soon as the GPU copied it out, within
 // microseconds on a dedicated GPU, while the next step waits for the application.
 inline constexpr uint64_t kBurstRefillNs = 500'000;
 
+// Whether a message posted at `now` starts a burst on its connection (send or receive side):
+// every earlier message is complete, and the last one ended kBurstRefillNs ago or more (0: none).
+inline bool starts_burst(bool earlier_complete, uint64_t last_end_ns, uint64_t now) {
+  return earlier_complete && (last_end_ns == 0 || now - last_end_ns >= kBurstRefillNs);
+}
+
+// What one finished receive tells the policy.
 struct StepReport {
   uint64_t bytes = 0;       // message size (capacity when nothing arrived)
   uint64_t received = 0;    // bytes that arrived
@@ -27,11 +33,10 @@ struct StepReport {
   // Data was already arriving when the receive became the oldest: the elapsed time then
   // covers only the end of the transfer, not a whole step, and must not feed the estimates.
   bool pipelined = false;
-  // Posted while every earlier receive of its connection was complete, and not right after the
-  // last one completed (kBurstRefillNs): the first of a burst, whose start delay is the ranks'
-  // skew. NCCL cuts a step into chunks (8 receives posted
-  // ahead, dozens per step), and a later chunk's start delay is the sender's pipeline between
-  // chunks, not skew: counted too, the few skew samples fell out of the P95.
+  // The first receive of a burst on its connection (starts_burst), whose start delay is the
+  // ranks' skew. NCCL cuts a step into chunks (8 receives posted ahead, dozens per step), and a
+  // later chunk's start delay is the sender's pipeline between chunks, not skew: counted too,
+  // the few skew samples fell out of the P95.
   bool burst_head = false;
 };
 

@@ -123,8 +123,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.first_cts_ns = 0;
   m.head_ns = m.first_data_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
-  m.burst_head =
-      m.req.seq == floor_ && (last_complete_ns_ == 0 || now - last_complete_ns_ >= kBurstRefillNs);
+  m.burst_head = starts_burst(m.req.seq == floor_, last_complete_ns_, now);
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
   ++next_seq_;

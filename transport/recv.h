@@ -82,7 +82,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
     uint64_t first_data_ns = 0; // the sender's first packet arrived (0: not yet)
     bool pipelined = false;     // data had already arrived by then (see StepReport)
-    bool burst_head = false;    // the oldest incomplete one as soon as posted (see StepReport)
+    bool burst_head = false;    // it started a burst when posted (starts_burst, StepReport)
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
     uint32_t pkts_since_ack = 0;

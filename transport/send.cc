@@ -139,9 +139,9 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
   m.exact = how == MsgDelivery::kExact;
   m.expire_early = how == MsgDelivery::kAsConnection;
   m.expired = false;
-  m.burst_head = last_done_ns_ == 0 || now - last_done_ns_ >= kBurstRefillNs;
-  for (uint32_t s = oldest_; s != next_seq_; ++s)
-    if (slot(s).state != State::kDone) m.burst_head = false;
+  bool earlier_done = true;
+  for (uint32_t s = oldest_; s != next_seq_; ++s) earlier_done &= slot(s).state == State::kDone;
+  m.burst_head = starts_burst(earlier_done, last_done_ns_, now);
   m.error = Status::ok();
   m.data = static_cast<const uint8_t*>(data);
   m.mr = size != 0 ? mr : nullptr;

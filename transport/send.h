@@ -81,7 +81,7 @@ class SendConn final : public Conn, public SendComm {
     bool exact = false;         // pinned exact: by the isend or by the receiver's CTS
     bool expire_early = false;  // may expire before its CTS (MsgDelivery::kAsConnection)
     bool expired = false;
-    bool burst_head = false;  // as RecvConn's: posted with every earlier send done, not just now
+    bool burst_head = false;  // it started a burst when posted (starts_burst, deadline.h)
     Status error;
     const uint8_t* data = nullptr;
     const MemoryRegion* mr = nullptr;  // data's registration (zero-copy sends), or null
