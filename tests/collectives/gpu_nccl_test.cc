@@ -116,10 +116,6 @@ double exact_sum(size_t i) {
   return s;
 }
 
-size_t type_size(optiDataType_t t) {
-  return t == optiFloat64 ? 8 : t == optiFloat32 ? 4 : 2;
-}
-
 ncclDataType_t nccl_type(optiDataType_t t) {
   switch (t) {
     case optiFloat32:
@@ -139,7 +135,8 @@ struct DeviceInput {
   std::vector<uint8_t> host;
   void* send = nullptr;
   void* recv = nullptr;
-  DeviceInput(int rank, optiDataType_t t, size_t count) : host(count * type_size(t)) {
+  DeviceInput(int rank, optiDataType_t t, size_t count)
+      : host(count * optireduce::testing::esize(t)) {
     for (size_t i = 0; i < count; ++i) set(t, host, i, input(rank, i));
     if (cudaMalloc(&send, host.size()) != cudaSuccess ||
         cudaMalloc(&recv, host.size()) != cudaSuccess)
@@ -187,13 +184,6 @@ double relative_error(optiDataType_t t, const std::vector<uint8_t>& got, size_t 
   return std::sqrt(num / den);
 }
 
-const char* last_error() {
-  return optiGetLastError();
-}
-const char* no_error() {
-  return "";
-}
-
 }  // namespace
 
 // NCCL's own ring allreduce over the plugin (NCCL_NET=OptiReduce: no other network may carry
@@ -204,23 +194,22 @@ int nccl_allreduce_is_exact_over_the_plugin() {
       kRanks, nccl_env({{"NCCL_NET", OPTIREDUCE_NET_NAME}}),
       [&](int rank) {
         ncclComm_t comm;
-        FORKED_CHECK(nccl_init(rank, dir, &comm), no_error(), "NCCL init over the plugin failed");
+        FORKED_CHECK(nccl_init(rank, dir, &comm), "", "NCCL init over the plugin failed");
         const size_t count = (8u << 20) + 1234;  // 32 MiB of fp32 and a partial chunk
         for (optiDataType_t t : {optiFloat32, optiFloat16, optiBfloat16, optiFloat64}) {
           DeviceInput buf(rank, t, count);
-          FORKED_CHECK(buf.ok(), no_error(), "cudaMalloc");
+          FORKED_CHECK(buf.ok(), "", "cudaMalloc");
           const ncclResult_t rc =
               ncclAllReduce(buf.send, buf.recv, count, nccl_type(t), ncclSum, comm, nullptr);
           FORKED_CHECK(rc == ncclSuccess, ncclGetErrorString(rc), "ncclAllReduce type %d", int(t));
           const size_t wrong = wrong_elements(rank, t, buf.result(), count);
-          FORKED_CHECK(wrong == 0, no_error(), "type %d: %zu of %zu elements wrong", int(t), wrong,
-                       count);
+          FORKED_CHECK(wrong == 0, "", "type %d: %zu of %zu elements wrong", int(t), wrong, count);
         }
         optireduceNetStats s{};
-        FORKED_CHECK(plugin_counters(&s), no_error(), "the plugin is not loaded in this process");
-        FORKED_CHECK(s.processSend.bytes >= count * 4 / 2, no_error(),
-                     "the plugin sent only %llu bytes", (unsigned long long)s.processSend.bytes);
-        FORKED_CHECK(s.processRecv.bytesLost == 0, no_error(), "an exact communicator lost bytes");
+        FORKED_CHECK(plugin_counters(&s), "", "the plugin is not loaded in this process");
+        FORKED_CHECK(s.processSend.bytes >= count * 4 / 2, "", "the plugin sent only %llu bytes",
+                     (unsigned long long)s.processSend.bytes);
+        FORKED_CHECK(s.processRecv.bytesLost == 0, "", "an exact communicator lost bytes");
         std::printf("rank %d: plugin sent %llu B in %llu msgs, %llu retransmitted datagrams\n",
                     rank, (unsigned long long)s.processSend.bytes,
                     (unsigned long long)s.processSend.msgs,
@@ -239,38 +228,38 @@ int tar_exact_on_the_device() {
       kRanks, nccl_env({}),
       [&](int rank) {
         ncclComm_t nccl;
-        FORKED_CHECK(nccl_init(rank, dir, &nccl), no_error(), "NCCL init failed");
+        FORKED_CHECK(nccl_init(rank, dir, &nccl), "", "NCCL init failed");
         optiOptions_t o;
         optiOptionsDefault(&o);
         o.mode = optiExact;
         optiComm_t comm = nullptr;
-        FORKED_CHECK(optiCommInit(&comm, nccl, &o) == optiSuccess, last_error(), "optiCommInit");
+        FORKED_CHECK(optiCommInit(&comm, nccl, &o) == optiSuccess, optiGetLastError(),
+                     "optiCommInit");
         for (size_t count : {size_t(1000), size_t(4u << 20) + 77}) {
           for (optiDataType_t t : {optiFloat32, optiFloat16, optiBfloat16, optiFloat64}) {
             DeviceInput buf(rank, t, count);
-            FORKED_CHECK(buf.ok(), no_error(), "cudaMalloc");
+            FORKED_CHECK(buf.ok(), "", "cudaMalloc");
             FORKED_CHECK(
                 optiAllReduce(buf.send, buf.recv, count, t, optiSum, comm, nullptr) == optiSuccess,
-                last_error(), "optiAllReduce");
+                optiGetLastError(), "optiAllReduce");
             size_t wrong = wrong_elements(rank, t, buf.result(), count);
-            FORKED_CHECK(wrong == 0, no_error(), "count %zu type %d: %zu wrong", count, int(t),
-                         wrong);
+            FORKED_CHECK(wrong == 0, "", "count %zu type %d: %zu wrong", count, int(t), wrong);
             // In place.
             FORKED_CHECK(
                 optiAllReduce(buf.send, buf.send, count, t, optiSum, comm, nullptr) == optiSuccess,
-                last_error(), "optiAllReduce in place");
+                optiGetLastError(), "optiAllReduce in place");
             cudaMemcpy(buf.recv, buf.send, buf.host.size(), cudaMemcpyDeviceToDevice);
             wrong = wrong_elements(rank, t, buf.result(), count);
-            FORKED_CHECK(wrong == 0, no_error(), "in place, count %zu type %d: %zu wrong", count,
-                         int(t), wrong);
+            FORKED_CHECK(wrong == 0, "", "in place, count %zu type %d: %zu wrong", count, int(t),
+                         wrong);
           }
         }
         optiStats_t total{};
-        FORKED_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, last_error(), "stats");
-        FORKED_CHECK(total.calls == 16 && total.exactCalls == 16 && total.lostFraction == 0,
-                     no_error(), "stats: %llu calls, %llu exact, lost %g",
-                     (unsigned long long)total.calls, (unsigned long long)total.exactCalls,
-                     total.lostFraction);
+        FORKED_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, optiGetLastError(),
+                     "stats");
+        FORKED_CHECK(total.calls == 16 && total.exactCalls == 16 && total.lostFraction == 0, "",
+                     "stats: %llu calls, %llu exact, lost %g", (unsigned long long)total.calls,
+                     (unsigned long long)total.exactCalls, total.lostFraction);
         optiCommDestroy(comm);
         ncclCommDestroy(nccl);
         return 0;
@@ -330,16 +319,17 @@ int tar_bounded_on_the_device(double drop,
       kRanks, nccl_env(env),
       [&](int rank) {
         ncclComm_t nccl;
-        FORKED_CHECK(nccl_init(rank, dir, &nccl), no_error(), "NCCL init failed");
+        FORKED_CHECK(nccl_init(rank, dir, &nccl), "", "NCCL init failed");
         optiOptions_t o;
-        FORKED_CHECK(optiOptionsDefault(&o) == optiSuccess, last_error(), "options");
+        FORKED_CHECK(optiOptionsDefault(&o) == optiSuccess, optiGetLastError(), "options");
         o.mode = optiBounded;
         o.safeguard = 1.0;  // never redo: this test looks at what bounded calls deliver
         optiComm_t comm = nullptr;
-        FORKED_CHECK(optiCommInit(&comm, nccl, &o) == optiSuccess, last_error(), "optiCommInit");
+        FORKED_CHECK(optiCommInit(&comm, nccl, &o) == optiSuccess, optiGetLastError(),
+                     "optiCommInit");
         const size_t count = 4u << 20;  // 16 MiB of fp32
         DeviceInput buf(rank, optiFloat32, count);
-        FORKED_CHECK(buf.ok(), no_error(), "cudaMalloc");
+        FORKED_CHECK(buf.ok(), "", "cudaMalloc");
         constexpr int kCalls = 30;  // past the deadline calibration
         const bool hadamard = o.hadamard != 0;
         std::vector<double> err(kCalls), lost(kCalls);
@@ -347,11 +337,12 @@ int tar_bounded_on_the_device(double drop,
         for (int c = 0; c < kCalls; ++c) {
           FORKED_CHECK(optiAllReduce(buf.send, buf.recv, count, optiFloat32, optiSum, comm,
                                      nullptr) == optiSuccess,
-                       last_error(), "optiAllReduce call %d", c);
+                       optiGetLastError(), "optiAllReduce call %d", c);
           std::vector<uint8_t> got = buf.result();
           err[size_t(c)] = relative_error(optiFloat32, got, count);
           optiStats_t last{};
-          FORKED_CHECK(optiGetStats(comm, &last, nullptr) == optiSuccess, last_error(), "stats");
+          FORKED_CHECK(optiGetStats(comm, &last, nullptr) == optiSuccess, optiGetLastError(),
+                       "stats");
           lost[size_t(c)] = last.lostFraction;
           if (err[size_t(c)] > 1e-5) kept[size_t(c)] = std::move(got);
         }
@@ -359,10 +350,10 @@ int tar_bounded_on_the_device(double drop,
         // collective comes before the first check, so that a failing rank never leaves the
         // other waiting in one.
         DeviceInput plain(rank, optiFloat32, count);
-        FORKED_CHECK(plain.ok(), no_error(), "cudaMalloc");
+        FORKED_CHECK(plain.ok(), "", "cudaMalloc");
         FORKED_CHECK(ncclAllReduce(plain.send, plain.recv, count, ncclFloat32, ncclSum, nccl,
                                    nullptr) == ncclSuccess,
-                     no_error(), "ncclAllReduce on the application's communicator");
+                     "", "ncclAllReduce on the application's communicator");
         const size_t wrong = wrong_elements(rank, optiFloat32, plain.result(), count);
         optireduceNetStats s{};
         const bool have_counters = plugin_counters(&s);
@@ -372,20 +363,19 @@ int tar_bounded_on_the_device(double drop,
         {
           const std::string mine = dir + "/lost-" + std::to_string(rank);
           FILE* f = std::fopen((mine + ".tmp").c_str(), "wb");
-          FORKED_CHECK(f && std::fwrite(lost.data(), sizeof(double), kCalls, f) == kCalls,
-                       no_error(), "writing the lost fractions");
+          FORKED_CHECK(f && std::fwrite(lost.data(), sizeof(double), kCalls, f) == kCalls, "",
+                       "writing the lost fractions");
           std::fclose(f);
-          FORKED_CHECK(std::rename((mine + ".tmp").c_str(), mine.c_str()) == 0, no_error(),
-                       "rename");
+          FORKED_CHECK(std::rename((mine + ".tmp").c_str(), mine.c_str()) == 0, "", "rename");
         }
         const std::string theirs = "lost-" + std::to_string(1 - rank);
-        FORKED_CHECK(optireduce::testing::wait_mark(dir, theirs, 60'000), no_error(),
+        FORKED_CHECK(optireduce::testing::wait_mark(dir, theirs, 60'000), "",
                      "the other rank's lost fractions never came");
         std::vector<double> peer(kCalls);
         FILE* f = std::fopen((dir + "/" + theirs).c_str(), "rb");
         const bool read = f && std::fread(peer.data(), sizeof(double), kCalls, f) == kCalls;
         if (f) std::fclose(f);
-        FORKED_CHECK(read, no_error(), "reading the other rank's lost fractions");
+        FORKED_CHECK(read, "", "reading the other rank's lost fractions");
         int bad_calls = 0;
         double worst = 0, lost_sum = 0;
         for (int c = 0; c < kCalls; ++c) {
@@ -412,7 +402,7 @@ int tar_bounded_on_the_device(double drop,
             "rank %d: drop %.2f: %d bounded calls, %d over the bound, mean lost %.4f%%, "
             "worst relerr %.2e\n",
             rank, drop, kCalls, bad_calls, 100 * mean_lost, worst);
-        FORKED_CHECK(have_counters, no_error(), "the plugin is not loaded in this process");
+        FORKED_CHECK(have_counters, "", "the plugin is not loaded in this process");
         const optireduceNetCounters& rx = s.processRecv;
         const optireduceNetCounters& tx = s.processSend;
         std::printf(
@@ -425,22 +415,20 @@ int tar_bounded_on_the_device(double drop,
             (unsigned long long)rx.dropStale, (unsigned long long)rx.dropDuplicate,
             (unsigned long long)tx.retxPkts, (unsigned long long)tx.repairedPkts,
             (unsigned long long)tx.cutSends, (unsigned long long)tx.expiredSends);
-        FORKED_CHECK(bad_calls == 0, no_error(), "%d calls over the error bound", bad_calls);
-        FORKED_CHECK(rx.bytesExpected > 0, no_error(),
-                     "no bounded receive went through the plugin");
+        FORKED_CHECK(bad_calls == 0, "", "%d calls over the error bound", bad_calls);
+        FORKED_CHECK(rx.bytesExpected > 0, "", "no bounded receive went through the plugin");
         if (drop == 0) {
           // Before the start allowance learned from the first receive of a burst, 3-27% per
           // rank (H100, H200); since, 0.3-7%. The rest varies from run to run: two processes
           // share one GPU here, time-sliced, so a rank's kernels wait ms for the other's, which
           // separate GPUs never do. tests/gpu_emu's skew test checks the mechanism sharply.
-          FORKED_CHECK(mean_lost < 0.15, no_error(),
-                       "no drops, yet %.2f%% of every call lost on average", 100 * mean_lost);
+          FORKED_CHECK(mean_lost < 0.15, "", "no drops, yet %.2f%% of every call lost on average",
+                       100 * mean_lost);
         } else {
-          FORKED_CHECK(rx.bytesLost > 0 || rx.retxPkts > 0 || tx.retxPkts > 0, no_error(),
+          FORKED_CHECK(rx.bytesLost > 0 || rx.retxPkts > 0 || tx.retxPkts > 0, "",
                        "%.0f%% drops, yet nothing lost or repaired", 100 * drop);
         }
-        FORKED_CHECK(wrong == 0, no_error(), "the application's communicator lost %zu elements",
-                     wrong);
+        FORKED_CHECK(wrong == 0, "", "the application's communicator lost %zu elements", wrong);
         return 0;
       },
       kRankTimeoutS);

@@ -39,20 +39,12 @@ def _train(scenario, lib, outdir):
 
     if scenario == "dtypes":
         state = ort.OptiReduceState(mode="exact")
-        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            base = torch.arange(300000, dtype=torch.float64).remainder(64) * 2
-            t = (base * (rank + 1)).to(dt).to(dev)
-            got = state.allreduce_async(t).wait()
-            want = (base * sum(r + 1 for r in range(world)) / world).to(dt).to(dev)
-            result[str(dt)] = bool(torch.equal(got, want))
+        result.update(ranks.dtype_averages(torch, state, rank, world, 300000, dev))
         state.close()
         ranks.report(outdir, rank, result)
         return
 
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10)).to(dev)
+    model = ranks.ddp_model(torch).to(dev)
     ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.1)
     state = None
     if scenario != "default":

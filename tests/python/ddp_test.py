@@ -34,24 +34,12 @@ def _train(scenario, lib, outdir):
 
     if scenario == "dtypes":
         state = ort.OptiReduceState(mode="exact")
-        for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
-            # Multiples of 4 (the rank count) at magnitudes every dtype holds exactly: the
-            # average is exact whatever the order of the additions.
-            base = torch.arange(5000, dtype=torch.float64).remainder(64) * 4
-            t = (base * (rank + 1)).to(dt)
-            got = state.allreduce_async(t).wait()
-            want = (base * sum(r + 1 for r in range(world)) / world).to(dt)
-            result[str(dt)] = bool(torch.equal(got, want))
+        result.update(ranks.dtype_averages(torch, state, rank, world, 5000, "cpu"))
         state.close()
         ranks.report(outdir, rank, result)
         return
 
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
-                                torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                torch.nn.Linear(512, 10))
-    # Several buckets (DDP's first holds 1 MiB, the others bucket_cap_mb), so that more than one
-    # call is queued per step.
+    model = ranks.ddp_model(torch)
     ddp = DDP(model, bucket_cap_mb=0.1)
     state = None
     if scenario != "default":

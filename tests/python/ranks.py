@@ -1,5 +1,6 @@
 """Shared by the Python tests: runs one test script as N rank processes on loopback and
-collects what each rank reports, so no test copies its own launcher."""
+collects what each rank reports, checks what they report, and holds the DDP workers' model and
+dtype scenario, so that no test copies its own."""
 
 import json
 import math
@@ -117,4 +118,28 @@ def assert_trained_under_loss(test, results):
     expected = sum(r["expected"] for r in results)
     test.assertLess(lost, expected)
     return lost, expected
+
+
+# ---- rank side, shared by the CPU and CUDA DDP workers (torch is imported by the worker)
+def ddp_model(torch):
+    """The DDP tests' model, seeded: its DDP buckets (the first 1 MiB, the others bucket_cap_mb
+    0.1) give several hook calls per step."""
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
+                               torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+
+
+def dtype_averages(torch, state, rank, world, count, device):
+    """The hook's average of each bucket dtype against the exact one: {str(dtype): equal}.
+    Multiples of the rank count at magnitudes every dtype holds exactly, so the average is exact
+    whatever the order of the additions."""
+    result = {}
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        base = torch.arange(count, dtype=torch.float64).remainder(64) * world
+        t = (base * (rank + 1)).to(dt).to(device)
+        got = state.allreduce_async(t).wait()
+        want = (base * sum(r + 1 for r in range(world)) / world).to(dt).to(device)
+        result[str(dt)] = bool(torch.equal(got, want))
+    return result
 
