@@ -59,8 +59,10 @@ static_assert(optireduce::kIncastMax == OPTI_INCAST_MAX && optireduce::kIncastAu
 optiResult_t validate_options(const optiOptions_t& o) {
   if (o.mode != optiExact && o.mode != optiBounded)
     return fail(optiInvalidArgument, "options.mode must be optiExact or optiBounded");
-  if (o.allgatherMode != optiExact && o.allgatherMode != optiBounded)
-    return fail(optiInvalidArgument, "options.allgatherMode must be optiExact or optiBounded");
+  if (o.allgatherMode != optiExact && o.allgatherMode != optiBounded &&
+      o.allgatherMode != optiUntilStarted)
+    return fail(optiInvalidArgument,
+                "options.allgatherMode must be optiExact, optiBounded or optiUntilStarted");
   if (o.gatherFill != optiGatherFillZero && o.gatherFill != optiGatherFillOwn)
     return fail(optiInvalidArgument,
                 "options.gatherFill must be optiGatherFillZero or optiGatherFillOwn");
@@ -88,7 +90,9 @@ optiResult_t validate_options(const optiOptions_t& o) {
 coll::TarOptions to_tar(const optiOptions_t& o) {
   coll::TarOptions t;
   t.mode = o.mode == optiBounded ? coll::Mode::kBounded : coll::Mode::kExact;
-  t.bounded_allgather = o.allgatherMode == optiBounded;
+  t.allgather = o.allgatherMode == optiBounded        ? coll::Mode::kBounded
+                : o.allgatherMode == optiUntilStarted ? coll::Mode::kUntilStarted
+                                                      : coll::Mode::kExact;
   t.gather_fill_own = o.gatherFill == optiGatherFillOwn;
   t.incast = o.incast;
   t.hadamard = o.hadamard != 0;
@@ -219,8 +223,17 @@ OPTI_EXPORT optiResult_t optiOptionsDefault(optiOptions_t* opts) {
     const optireduce::Config& cfg = optireduce::global_config();
     optiOptions_t o{};
     o.mode = cfg.allreduce_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
-    o.allgatherMode =
-        cfg.allgather_mode == optireduce::ModeChoice::kBounded ? optiBounded : optiExact;
+    switch (cfg.allgather_mode) {
+      case optireduce::GatherModeChoice::kExact:
+        o.allgatherMode = optiExact;
+        break;
+      case optireduce::GatherModeChoice::kBounded:
+        o.allgatherMode = optiBounded;
+        break;
+      case optireduce::GatherModeChoice::kStarted:
+        o.allgatherMode = optiUntilStarted;
+        break;
+    }
     o.gatherFill = cfg.gather_fill == optireduce::GatherFillChoice::kOwn ? optiGatherFillOwn
                                                                          : optiGatherFillZero;
     o.incast = static_cast<int>(cfg.incast);  // the table's rule: max, auto or 1 .. 2^20

@@ -20,7 +20,16 @@ namespace optireduce::coll {
 enum class Mode : uint8_t {
   kExact = 0,    // every byte arrives; receives never report loss
   kBounded = 1,  // a receive ends by its deadline; missing bytes hold the erasure marker
+  // Bounded until each sender starts: a receive whose first bytes have not arrived by its
+  // deadline ends (all of it missing, the erasure marker); one that started arrives whole
+  // (MsgDelivery::kUntilStarted). An exchange that cannot tell runs it exact.
+  kUntilStarted = 2,
 };
+
+// Whether a phase of this mode may report lost bytes.
+inline bool lossy(Mode m) {
+  return m != Mode::kExact;
+}
 
 struct SendOp {
   int peer = -1;

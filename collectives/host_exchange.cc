@@ -176,7 +176,8 @@ Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
 Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
                                  std::span<const uint32_t> round_end) {
   if (abandoned_) return failed_earlier();
-  mode_ = mode == Mode::kBounded ? 1 : 0;
+  mode_ = lossy(mode) ? 1 : 0;
+  recv_how_ = mode == Mode::kUntilStarted ? MsgDelivery::kUntilStarted : MsgDelivery::kAsConnection;
   recvs_ = recvs;
   round_end_ = round_end;
   sends_ = {};
@@ -216,7 +217,7 @@ Status HostExchange::post_round(size_t q) {
     int spins = 0;
     const auto end = std::chrono::steady_clock::now() + kHangLimit;
     while (recv_reqs_[i] == nullptr) {
-      if (Status s = c->irecv(op.data, op.bytes, &recv_reqs_[i]); !s) {
+      if (Status s = c->irecv(op.data, op.bytes, recv_how_, &recv_reqs_[i]); !s) {
         error_ = "irecv from rank " + std::to_string(op.peer) + ": " + errc_name(s.code());
         return s;
       }

@@ -55,6 +55,8 @@ class HostExchange final : public Exchange {
   std::vector<std::unique_ptr<RecvComm>> recv_[2];
   // The phase in progress (reused between phases: nothing is allocated per call).
   int mode_ = 0;
+  // How this phase's receives are posted on the bounded connections (kUntilStarted's phase 2).
+  MsgDelivery recv_how_ = MsgDelivery::kAsConnection;
   std::span<RecvOp> recvs_;
   std::span<const uint32_t> round_end_;
   std::span<const SendOp> sends_;

@@ -48,7 +48,12 @@ typedef enum {
 } optiGatherFill_t;
 
 /* Delivery of a communicator's exchanges. */
-typedef enum { optiExact = 0, optiBounded = 1 } optiMode_t;
+typedef enum {
+  optiExact = 0,
+  optiBounded = 1,
+  optiUntilStarted = 2 /* allgatherMode only: bounded until each peer's shard starts to arrive,
+                          whole after */
+} optiMode_t;
 
 /* Incast values with a special meaning (any other value >= 1 is fixed). */
 #define OPTI_INCAST_MAX 0   /* all N-1 senders at once */
@@ -66,13 +71,17 @@ typedef struct {
   int nonfiniteAgree;      /* OPTIREDUCE_NONFINITE_AGREE: in bounded calls, agree exactly on
                               whether some rank's input held a NaN or Inf (1) or not (0); see
                               optiStats_t.nonfiniteCalls */
-  optiMode_t allgatherMode; /* OPTIREDUCE_ALLGATHER_MODE: how a bounded call's phase 2 (the
-                              all-gather) runs. optiBounded (the default): cut at its deadline
-                              like phase 1, so a straggler costs the others at most a deadline per
-                              phase; a rank estimates what it lost there on its own, and replicas
-                              drift apart (docs/architecture.md, "Replicas drift under loss").
-                              optiExact: every rank gets the same result bits, and a straggler's
-                              reduced shard is waited for. Ignored by exact calls. */
+  optiMode_t allgatherMode;    /* OPTIREDUCE_ALLGATHER_MODE: how a bounded call's phase 2 (the
+                                 all-gather) runs. optiUntilStarted (the default): a peer's shard
+                                 is cut at the deadline only if none of it has arrived by then (a
+                                 straggler costs the others at most a deadline per phase), and
+                                 received whole once it started, so a slow but live peer costs time
+                                 rather than data and every rank keeps the same result bits; on the
+                                 GPU path it runs as optiBounded. optiBounded: cut at its deadline
+                                 like phase 1; a rank estimates what it lost there on its own, and
+                                 replicas drift apart (docs/architecture.md, "Replicas drift under
+                                 loss"). optiExact: every rank gets the same result bits, and a
+                                 straggler's reduced shard is waited for. Ignored by exact calls. */
   optiGatherFill_t gatherFill; /* OPTIREDUCE_GATHER_FILL: an element lost in phase 2 is 0 on
                               this rank (optiGatherFillZero, the default: it skips that element's
                               update this step) or its own contribution x N (optiGatherFillOwn:

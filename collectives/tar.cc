@@ -1,12 +1,12 @@
 // Transpose AllReduce (see tar.h). One call = one or two passes of two phases:
 //   phase 1 (transpose): rank r sends shard j of its (encoded) input to rank j and reduces the
 //            N-1 shards r it receives with its own, erased elements excluded and rescaled;
-//   phase 2 (gather):    rank r sends its reduced shard to every peer. Bounded by default
-//            (bounded_allgather): a rank's stand-in for what it lost here (0, or own
+//   phase 2 (gather):    rank r sends its reduced shard to every peer (TarOptions::allgather).
+//            By default a shard is cut only if none of it arrived by the deadline, and
+//            received whole once it started. Where it is lost, a rank's stand-in (0, or own
 //            contribution x N and d/k in the Hadamard domain) is its own, and data-parallel
-//            replicas drift apart.
-//            Exact, every rank gets the same result (phase 1's estimates are made once, at
-//            the shard's owner) and waits for a straggler's shard.
+//            replicas drift apart; a shard that arrives whole is the same bits everywhere
+//            (phase 1's estimates are made once, at the shard's owner).
 // A bounded call may then agree exactly, over one 1-byte all-to-all, on the safeguard's and the
 // non-finite verdicts of every rank (agree). The second pass is the safeguard's exact redo.
 // Buffers: `work_in` is what phase 1 reads (the input, or the encoded vector E), `work_out` where
@@ -27,7 +27,7 @@ enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSl
 
 struct Tar::Pass {
   Mode mode = Mode::kExact;   // phase 1's (and the call's)
-  Mode mode2 = Mode::kExact;  // phase 2's: bounded only with TarOptions::bounded_allgather
+  Mode mode2 = Mode::kExact;  // phase 2's: TarOptions::allgather in bounded calls
   bool hadamard = false;
   DType t = DType::kF32;
   RedOp op = RedOp::kSum;
@@ -77,7 +77,7 @@ Status Tar::run_pass(Pass& p, std::string* error) {
   p.slots = static_cast<uint8_t*>(k_->scratch(kSlotRecv, slots_bytes));
   // Bounded without Hadamard needs the own contribution of a lost element to estimate it; in
   // place that contribution sits where the received shard would land, so receive beside it.
-  p.via_slots = p.mode2 == Mode::kBounded && !p.hadamard && p.input == p.output;
+  p.via_slots = lossy(p.mode2) && !p.hadamard && p.input == p.output;
   if (p.via_slots) p.slots2 = static_cast<uint8_t*>(k_->scratch(kSlotRecv2, slots_bytes));
   Status s = phase1(p, error);
   if (!s) return s;
@@ -228,7 +228,7 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
 
   Pass p;
   p.mode = exact ? Mode::kExact : Mode::kBounded;
-  p.mode2 = !exact && o.bounded_allgather ? Mode::kBounded : Mode::kExact;
+  p.mode2 = exact ? Mode::kExact : o.allgather;
   p.hadamard = !exact && o.hadamard;
   p.t = t;
   p.op = op;

@@ -26,11 +26,14 @@ struct TarOptions {
   // Bounded calls: the ranks agree exactly whether some input held a NaN or Inf, and if so
   // every rank's output is the quiet NaN (or, with safeguard_redo, the exact result).
   bool nonfinite_agree = false;
-  // Bounded calls cut phase 2 (the all-gather) at its deadline too: a straggler costs the
-  // others at most a deadline there, but a rank's estimate of what it lost in phase 2 is its
-  // own, and data-parallel replicas drift apart. Off: phase 2 runs exact, every rank's result
-  // is the same, and a straggler is waited for (OPTIREDUCE_ALLGATHER_MODE).
-  bool bounded_allgather = true;
+  // How bounded calls run phase 2, the all-gather (OPTIREDUCE_ALLGATHER_MODE):
+  // kUntilStarted (the default): a peer's shard that has not begun to arrive by the deadline is
+  //   cut (a straggler costs the others at most a deadline there), one that began arrives whole
+  //   (a slow but live peer costs time, not data; the ranks' results stay the same bits);
+  // kBounded: cut at the deadline like phase 1; a rank's estimate of what it lost in phase 2 is
+  //   its own, and data-parallel replicas drift apart;
+  // kExact: every rank's result is the same, and a straggler is waited for.
+  Mode allgather = Mode::kUntilStarted;
   // An element lost in phase 2 is this rank's own contribution x N, and with Hadamard a partly
   // kept block is rescaled by d/k: unbiased, but as noisy as one rank's minibatch gradient
   // scaled by N. Off (the default): 0, this rank skips that element's update, and a partly

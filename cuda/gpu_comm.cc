@@ -298,13 +298,15 @@ class NcclExchange final : public Exchange {
  private:
   // One group: these receives, and the sends to the peers at distance first_d..last_d.
   ncclResult_t run_group(int first_d, int last_d, std::span<RecvOp> recvs) {
-    ncclComm_t c = mode_ == Mode::kBounded && bounded_ != nullptr ? bounded_ : exact_;
+    // kUntilStarted runs bounded here: NCCL's grouped calls carry no per-phase delivery to the
+    // plugin, and exact would make a straggler cost the others all of its lateness.
+    ncclComm_t c = lossy(mode_) && bounded_ != nullptr ? bounded_ : exact_;
     ncclResult_t r = ncclGroupStart();
     for (RecvOp& op : recvs) {
       if (r == ncclSuccess) r = ncclRecv(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
       // What arrived is known only on the device: bounded receives are scanned for the marker
       // there, so report them as possibly lossy.
-      op.lost_bytes = mode_ == Mode::kBounded ? op.bytes : 0;
+      op.lost_bytes = lossy(mode_) ? op.bytes : 0;
       op.deadline_hit = false;
     }
     for (const SendOp& op : sends_) {

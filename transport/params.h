@@ -17,6 +17,8 @@ enum class DatapathChoice : uint8_t { kAuto, kUdp, kVerbs };
 enum class ModeChoice : uint8_t { kExact, kBounded };
 enum class FillChoice : uint8_t { kZero, kMarker };
 enum class GatherFillChoice : uint8_t { kZero, kOwn };
+// OPTIREDUCE_ALLGATHER_MODE: how liboptireduce's bounded calls run phase 2 (collectives/tar.h).
+enum class GatherModeChoice : uint8_t { kExact, kBounded, kStarted };
 // OPTIREDUCE_INCAST: senders a receiver admits at once, >= 1, or one of these two names (the C
 // API's OPTI_INCAST_MAX and OPTI_INCAST_AUTO: the same values, checked in collectives/api.cc).
 inline constexpr int64_t kIncastMax = 0;    // `max`: all N-1
@@ -46,7 +48,7 @@ struct Config {
   // --- bounded mode
   ModeChoice mode = ModeChoice::kExact;  // OPTIREDUCE_MODE (the plugin: every communicator)
   ModeChoice allreduce_mode = ModeChoice::kExact;  // OPTIREDUCE_ALLREDUCE_MODE (liboptireduce)
-  ModeChoice allgather_mode = ModeChoice::kBounded;  // OPTIREDUCE_ALLGATHER_MODE (liboptireduce)
+  GatherModeChoice allgather_mode = GatherModeChoice::kStarted;  // OPTIREDUCE_ALLGATHER_MODE
   GatherFillChoice gather_fill = GatherFillChoice::kZero;  // OPTIREDUCE_GATHER_FILL (liboptireduce)
   int64_t bounded_traffic_class = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
   FillChoice fill = FillChoice::kZero;  // OPTIREDUCE_FILL

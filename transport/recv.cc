@@ -27,8 +27,9 @@ constexpr uint64_t kCtsResendMinNs = 20'000;
 // network.
 constexpr uint64_t kCtsResendInitialNs = 5'000'000;
 constexpr uint32_t kAckEveryPkts = 16;
-// Bound of an exact receive on a bounded connection (calibration), as kFallbackGiveUpNs of
-// the sending side: never cuts a live step, never lets a dead sender hang us.
+// Bound of an exact receive on a bounded connection (calibration), and of a whole one (a
+// kUntilStarted receive whose sender started), as kFallbackGiveUpNs of the sending side: never
+// cuts a live step, never lets a dead sender hang us.
 constexpr uint64_t kFallbackNs = 10'000'000'000;
 }  // namespace
 
@@ -111,6 +112,8 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.exact = how == MsgDelivery::kExact;
   m.bounded = params_.delivery == Delivery::kBounded && !m.exact &&
               !(policy_ != nullptr && policy_->calibrating());
+  m.until_started = m.bounded && how == MsgDelivery::kUntilStarted;
+  m.whole = false;
   if (!set_msg_state_locked(m, State::kPosted, now)) return fatal_;
   m.started = m.tail_seen = false;
   m.buf = static_cast<uint8_t*>(data);
@@ -185,7 +188,9 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
     m.deadline_ns = now;
     return;
   }
-  m.deadline_ns = now + (m.started ? budget_locked(m.size) : start_allowance_locked(m.capacity));
+  m.deadline_ns = now + (m.whole     ? kFallbackNs
+                         : m.started ? budget_locked(m.size)
+                                     : start_allowance_locked(m.capacity));
 }
 
 uint64_t RecvConn::budget_locked(uint64_t bytes) const {
@@ -225,7 +230,7 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.msg_seq = m.req.seq;
   h.msg_size = m.capacity;
   h.msg_floor = floor_;
-  if (m.bounded) h.flags = kFlagBounded;
+  if (m.bounded) h.flags = kFlagBounded | (m.until_started ? kFlagWhole : 0);
   if (m.exact && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
   // The sender learns from this how long it may wait for a CTS before expiring a message: as
   // long as this side waits for a sender that has not started.
@@ -425,7 +430,12 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // gives it the budget when it gets there.
   if (m.bytes_got == 0 && m.first_data_ns == 0) {
     m.first_data_ns = now;
-    if (m.bounded && m.deadline_ns != 0) m.deadline_ns = now + budget_locked(m.size);
+    // A receive bounded only until its sender starts is whole from here: its deadline becomes
+    // the fallback bound (a sender that falls silent mid-message; a dead one fails sooner, by
+    // the keepalive), and the early timeout never arms.
+    m.whole = m.until_started;
+    if (m.bounded && m.deadline_ns != 0)
+      m.deadline_ns = now + (m.whole ? kFallbackNs : budget_locked(m.size));
   }
   // The first DATA a CTS unlocked: a sample of the RTT, never below it (the sender may have
   // posted or polled late; the first CTS is the one it may have answered). Retransmissions
@@ -444,7 +454,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // Early timeout: a quiet period after the tail. Every packet that still arrives (a repair of
   // an early loss) starts it again, so repairs in flight are waited for; only a sender that
   // fell silent with holes left (lost repairs, a dead sender) meets it before the deadline.
-  if ((h.flags & kFlagTail) && m.bounded) m.tail_seen = true;
+  if ((h.flags & kFlagTail) && m.bounded && !m.whole) m.tail_seen = true;
   if (m.tail_seen) {
     // Without a policy, the fraction applies to the receive's own budget (its estimate).
     const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0 ? m.deadline_ns - m.head_ns

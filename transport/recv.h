@@ -10,7 +10,9 @@
 // Message slot states. The legal edges, the only ones set_msg_state_locked() accepts:
 //   Free     -> Posted    irecv
 //   Posted   -> Complete  every packet arrived, or (bounded) the deadline, the early timeout,
-//                         the sender's expiry notice or its departure ended it
+//                         the sender's expiry notice or its departure ended it (a receive
+//                         posted MsgDelivery::kUntilStarted: the deadline only before its first
+//                         DATA, then only the fallback bound against a sender that went silent)
 //   Complete -> Free      test() reported it
 // Meanings:
 //   Free      unused
@@ -65,6 +67,10 @@ class RecvConn final : public Conn, public RecvComm {
     State state = State::kFree;
     bool bounded = false;
     bool exact = false;     // pinned exact on a bounded connection (MsgDelivery::kExact)
+    // Bounded until its sender starts (MsgDelivery::kUntilStarted), and `whole` once it did:
+    // from its first DATA on no deadline or early timeout cuts it (only the fallback bound).
+    bool until_started = false;
+    bool whole = false;
     bool started = false;   // first DATA seen: size and packet count known
     bool tail_seen = false; // a tail-flagged packet arrived (bounded early timeout)
     uint8_t* buf = nullptr;

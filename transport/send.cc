@@ -135,9 +135,10 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
   m.req.seq = next_seq_;
   m.req.caller_data = nullptr;
   if (!set_state_locked(m, State::kWaitCts)) return fatal_;
-  m.bounded = false;  // decided by the receiver's CTS
+  m.bounded = m.whole = false;  // decided by the receiver's CTS
   m.exact = how == MsgDelivery::kExact;
-  m.expire_early = how == MsgDelivery::kAsConnection;
+  // kUntilStarted is the receiver's choice; a sender that passes it means kAsConnection.
+  m.expire_early = how == MsgDelivery::kAsConnection || how == MsgDelivery::kUntilStarted;
   m.expired = false;
   bool earlier_done = true;
   for (uint32_t s = oldest_; s != next_seq_; ++s) earlier_done &= slot(s).state == State::kDone;
@@ -172,6 +173,7 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
 void SendConn::start_locked(Msg& m, const CtsRecord& cts, uint64_t now) {
   if (cts.exact) m.exact = true;  // the receiver will wait for every byte
   m.bounded = cts.bounded && may_expire_locked(m);
+  m.whole = m.bounded && cts.whole;
   m.grant = m.bounded && cts.credit != 0 ? cts.credit : UINT32_MAX;
   const uint64_t capacity = cts.capacity;
   if (m.size > capacity) {
@@ -293,6 +295,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   cts.capacity = h.msg_size;
   cts.bounded = bounded;
   cts.exact = (h.flags & kFlagExact) != 0;
+  cts.whole = (h.flags & kFlagWhole) != 0;
   cts.credit = h.credit;
   cts.valid = true;
   if (s < next_seq_) {

@@ -21,7 +21,8 @@
 //                        without a CTS, or its receiver left; bounded: the receiver's floor
 //                        passed it (it ended the receive by its deadline); any mode: the
 //                        CTS's buffer is too small (an error)
-//   Sending -> Done      acknowledged, completed by the receiver, or given up (bounded)
+//   Sending -> Done      acknowledged, completed by the receiver, or given up (bounded, and
+//                        not whole: a whole one only after the long fallback without progress)
 //   Done    -> Free      test() reported it
 // Meanings:
 //   Free      unused
@@ -79,6 +80,9 @@ class SendConn final : public Conn, public SendComm {
     State state = State::kFree;
     bool bounded = false;
     bool exact = false;         // pinned exact: by the isend or by the receiver's CTS
+    // Bounded, but the receiver waits for every byte once it started (its CTS said kFlagWhole,
+    // MsgDelivery::kUntilStarted): never cut at the budget, only the receiver's FINAL ends it.
+    bool whole = false;
     bool expire_early = false;  // may expire before its CTS (MsgDelivery::kAsConnection)
     bool expired = false;
     bool burst_head = false;  // it started a burst when posted (starts_burst, deadline.h)
@@ -104,6 +108,7 @@ class SendConn final : public Conn, public SendComm {
     uint64_t capacity = 0;
     bool bounded = false;
     bool exact = false;
+    bool whole = false;
     bool valid = false;
     uint16_t credit = 0;
   };

@@ -1,7 +1,8 @@
 // SendConn: bounded messages that run out of time. A message of a bounded connection that its
 // sender knows to be bounded never waits forever: without a CTS it expires (and the receiver is
 // told); under way, a bounded message stops at the receiver's budget, and an exact one
-// (calibration) whose receiver stopped acknowledging is abandoned after a long fallback. A
+// (calibration) or a whole one (send.h) whose receiver stopped acknowledging is abandoned after
+// a long fallback. A
 // message pinned exact (MsgDelivery::kExact, or the receiver's CTS said so) never expires, and
 // one whose sender asked the receiver waits for its CTS: a receiver that died is found by the
 // keepalive (liveness.h) and fails the connection instead. Normally the receiver's FINAL ends a
@@ -30,9 +31,10 @@ void SendConn::expire_bounded_locked(uint64_t now) {
       expired_mask_ |= uint64_t{1} << (s % 64);
       if (!expire_unstarted_locked(m)) return;
       send_expired_notice_locked(s);
-    } else if (m.state == State::kSending && m.bounded && now - m.started_ns >= give_up) {
+    } else if (m.state == State::kSending && m.bounded && !m.whole &&
+               now - m.started_ns >= give_up) {
       give_up_locked(m);
-    } else if (m.state == State::kSending && !m.bounded &&
+    } else if (m.state == State::kSending && (!m.bounded || m.whole) &&
                now - m.progress_ns >= std::max(give_up, kFallbackGiveUpNs)) {
       give_up_locked(m);
     }

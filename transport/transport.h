@@ -48,6 +48,14 @@ enum class MsgDelivery : uint8_t {
   // Sender only: the caller does not know, the receiver's CTS decides, and until it arrives
   // the send never expires (it might turn out exact).
   kAskReceiver = 2,
+  // Receiver only, on a bounded connection: bounded until its sender starts, whole after. The
+  // deadline cuts it only if no byte of it has arrived by then (a straggler, a stalled rank);
+  // once its first DATA arrived every byte is waited for, as in an exact receive, so that a
+  // slow but live sender costs time, never data. liboptireduce's phase 2 (the all-gather of the
+  // reduced shards) uses it: a partly received shard would leave the ranks with different
+  // results. Its CTS tells the sender, which then never cuts it once started. On isend it
+  // means kAsConnection.
+  kUntilStarted = 3,
 };
 
 // Per-connection behaviour chosen by the creator (the sender's choice is carried to the

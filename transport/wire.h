@@ -13,7 +13,7 @@ namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
 // 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs
-inline constexpr uint8_t kWireVersion = 4;
+inline constexpr uint8_t kWireVersion = 5;
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -50,8 +50,12 @@ enum : uint16_t {
   kFlagExact = 1u << 5,    // CTS on a bounded connection: this message is pinned exact (NCCL's
                            // LL/LL128 transfer): the receiver never completes it without all
                            // its data, so the sender must neither expire nor cut it
+  kFlagWhole = 1u << 6,    // CTS of a bounded message: cut by its deadline only while its
+                           // sender has not started it; from its first DATA on, the receiver
+                           // waits for every byte, so a started send is never cut at its budget
+                           // (MsgDelivery::kUntilStarted)
 };
-inline constexpr uint16_t kKnownFlags = 0x3F;
+inline constexpr uint16_t kKnownFlags = 0x7F;
 
 // The decoded header. Field meanings per type:
 //   token       random 64-bit connection identifier from the listen handle, with kReplyTokenBit

@@ -23,7 +23,7 @@ NCCL_ERROR = 8
 # optiDataType_t, optiRedOp_t, optiMode_t, optiErasure_t, optiGatherFill_t
 FLOAT32, FLOAT16, BFLOAT16, FLOAT64 = 0, 1, 2, 3
 SUM, AVG = 0, 1
-EXACT, BOUNDED = 0, 1
+EXACT, BOUNDED, UNTIL_STARTED = 0, 1, 2  # optiMode_t (UNTIL_STARTED: allgatherMode only)
 ERASURE_RESCALE, ERASURE_ZERO = 0, 1
 INCAST_MAX, INCAST_AUTO = 0, -1
 GATHER_FILL_ZERO, GATHER_FILL_OWN = 0, 1

@@ -8,6 +8,7 @@ from . import _library as L
 from .errors import check
 
 _MODES = {"exact": L.EXACT, "bounded": L.BOUNDED}
+_GATHER_MODES = {"exact": L.EXACT, "bounded": L.BOUNDED, "started": L.UNTIL_STARTED}
 _ERASURES = {"rescale": L.ERASURE_RESCALE, "zero": L.ERASURE_ZERO}
 _INCAST_NAMES = {"max": L.INCAST_MAX, "auto": L.INCAST_AUTO}
 _GATHER_FILLS = {"zero": L.GATHER_FILL_ZERO, "own": L.GATHER_FILL_OWN}
@@ -49,10 +50,14 @@ def _int(name, v, lo, hi=None):
 
 
 def _convert(name, v):
-    if name in ("mode", "allgather_mode"):
+    if name == "mode":
         if v not in _MODES:
             raise _bad(name, v, "must be 'exact' or 'bounded'")
         return _MODES[v]
+    if name == "allgather_mode":
+        if v not in _GATHER_MODES:
+            raise _bad(name, v, "must be 'started', 'bounded' or 'exact'")
+        return _GATHER_MODES[v]
     if name == "gather_fill":
         if v not in _GATHER_FILLS:
             raise _bad(name, v, "must be 'zero' or 'own'")
@@ -104,6 +109,7 @@ def describe(opts):
     erasures = {v: k for k, v in _ERASURES.items()}
     incasts = {v: k for k, v in _INCAST_NAMES.items()}
     gather_fills = {v: k for k, v in _GATHER_FILLS.items()}
+    gather_modes = {v: k for k, v in _GATHER_MODES.items()}
     return {
         "mode": modes.get(opts.mode, opts.mode),
         "incast": incasts.get(opts.incast, opts.incast),
@@ -114,6 +120,6 @@ def describe(opts):
         "safeguard_redo": bool(opts.safeguardRedo),
         "exact_below": opts.exactBelowBytes,
         "nonfinite_agree": bool(opts.nonfiniteAgree),
-        "allgather_mode": modes.get(opts.allgatherMode, opts.allgatherMode),
+        "allgather_mode": gather_modes.get(opts.allgatherMode, opts.allgatherMode),
         "gather_fill": gather_fills.get(opts.gatherFill, opts.gatherFill),
     }

@@ -121,8 +121,10 @@ class OptiReduceState:
     (fraction in [0, 1]), safeguard_redo (bool), exact_below (bytes), nonfinite_agree (bool:
     bounded calls agree exactly whether any rank's bucket held a NaN/Inf and then give every
     rank a non-finite bucket alike, so a GradScaler skips the step on every rank or on none),
-    allgather_mode ('bounded' | 'exact': whether bounded calls cut phase 2 too; exact keeps
-    every replica's gradient identical but waits for a straggler there), gather_fill ('zero' |
+    allgather_mode ('started' | 'bounded' | 'exact': how bounded calls run phase 2; started cuts
+    only a peer whose shard has not begun to arrive by the deadline and receives the rest whole,
+    bounded cuts it like phase 1, exact keeps every replica's gradient identical but waits for a
+    straggler there), gather_fill ('zero' |
     'own': what an element lost in phase 2 becomes). A bad value raises ValueError naming the
     option.
     """

@@ -157,6 +157,7 @@ class SimExchange final : public Exchange {
     lk.unlock();
     if (m.data.size() != r.bytes) return fail("message size differs from the receive");
     std::memcpy(dst, m.data.data(), r.bytes);
+    // kUntilStarted: a message that arrived is whole (the deadline cut only absent ones).
     if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size);
     return Status::ok();
   }

@@ -37,7 +37,7 @@ class Options(unittest.TestCase):
     def test_none_keeps_the_library_default(self):
         d = options.describe(options.make_options())
         self.assertEqual(d["mode"], "exact")
-        self.assertEqual(d["allgather_mode"], "bounded")
+        self.assertEqual(d["allgather_mode"], "started")
         self.assertEqual(d["gather_fill"], "zero")
         self.assertEqual(options.describe(options.make_options(mode=None)), d)
 

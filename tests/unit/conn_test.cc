@@ -617,6 +617,64 @@ TEST(PerMessage, AnAbsentSenderCostsItsBurstOneDeadline) {
   EXPECT_EQ(rig.r->stats().deadline_hits, 4u);
 }
 
+// A receive bounded until its sender starts (liboptireduce's phase 2): a sender that started
+// is waited for past the deadline and every byte arrives, on both ends (the sender must not cut
+// it at the budget either, or the receiver would wait for bytes that never come); the same
+// losses cut a plain bounded receive at its deadline.
+TEST(PerMessage, AReceiveBoundedUntilStartedWaitsForASenderThatStarted) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  const auto src = pattern(10'000, 26);
+  std::vector<uint8_t> dst(src.size(), 0);
+  // A first message teaches the sender the receiver's 50 ms budget, after which it would cut.
+  ASSERT_TRUE(transfer(rig, src, dst, MsgDelivery::kAsConnection, MsgDelivery::kAsConnection, 100));
+  const uint64_t t0 = rig.clock.now_ns();
+  drop_odd_packets_for(rig, 150);
+  std::fill(dst.begin(), dst.end(), 0);
+  ASSERT_TRUE(
+      transfer(rig, src, dst, MsgDelivery::kAsConnection, MsgDelivery::kUntilStarted, 2000));
+  EXPECT_GE(rig.clock.now_ns() - t0, 150'000'000u) << "it waited for repairs past the deadline";
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
+  EXPECT_EQ(rig.r->stats().early_timeouts, 0u);
+  EXPECT_EQ(rig.r->stats().bytes_expected, 20'000u) << "a bounded receive all the same";
+  EXPECT_EQ(rig.r->stats().bytes_lost, 0u);
+  EXPECT_EQ(rig.s->stats().cut_sends, 0u);
+  // The same losses and a plain bounded receive: cut at the deadline, half of it missing.
+  drop_odd_packets_for(rig, 150);
+  std::vector<uint8_t> dst2(src.size(), 0);
+  ASSERT_TRUE(
+      transfer(rig, src, dst2, MsgDelivery::kAsConnection, MsgDelivery::kAsConnection, 200));
+  EXPECT_EQ(rig.r->stats().deadline_hits, 1u);
+  EXPECT_EQ(rig.r->stats().bytes_lost, 5'000u);
+}
+
+// ... and a sender that never starts is cut at the deadline as before, the rest of its burst at
+// once (a straggler costs the others one deadline, whatever the receive's delivery).
+TEST(PerMessage, AReceiveBoundedUntilStartedStillCutsASenderThatNeverStarted) {
+  Rig rig(Delivery::kBounded, Fill::kMarker);
+  std::vector<std::vector<uint8_t>> dst(2, std::vector<uint8_t>(2000));
+  Request* rr[2];
+  for (int i = 0; i < 2; ++i)
+    ASSERT_TRUE(
+        rig.r->irecv(dst[size_t(i)].data(), 2000, MsgDelivery::kUntilStarted, &rr[i]).is_ok());
+  bool done[2] = {false, false};
+  int ms = 0;
+  for (; ms < 500 && !(done[0] && done[1]); ++ms) {
+    size_t sz = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (!done[i]) {
+        ASSERT_TRUE(rig.r->test(rr[i], &done[i], &sz).is_ok());
+      }
+    }
+    if (!(done[0] && done[1])) rig.clock.advance_ms(1);
+  }
+  EXPECT_GE(ms, 49);
+  EXPECT_LE(ms, 52) << "two receives of one burst cost one 50 ms deadline";
+  EXPECT_TRUE(all_marker(dst[0]));
+  EXPECT_TRUE(all_marker(dst[1]));
+  EXPECT_EQ(rig.r->stats().deadline_hits, 2u);
+}
+
 TEST(PerMessage, AnExpiredMessageThatTheReceiverPinnedExactIsAnErrorNotAHang) {
   for (const bool posted_late : {true, false}) {
     SCOPED_TRACE(posted_late ? "the expiry came before the receive" : "the CTS was lost");
