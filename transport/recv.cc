@@ -113,7 +113,6 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.bounded = params_.delivery == Delivery::kBounded && !m.exact &&
               !(policy_ != nullptr && policy_->calibrating());
   m.until_started = m.bounded && how == MsgDelivery::kUntilStarted;
-  m.whole = false;
   if (!set_msg_state_locked(m, State::kPosted, now)) return fatal_;
   m.started = m.tail_seen = false;
   m.buf = static_cast<uint8_t*>(data);
@@ -188,15 +187,17 @@ void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
     m.deadline_ns = now;
     return;
   }
-  m.deadline_ns = now + (m.whole     ? kFallbackNs
-                         : m.started ? budget_locked(m.size)
-                                     : start_allowance_locked(m.capacity));
+  m.deadline_ns = now + (m.started ? started_budget_locked(m) : start_allowance_locked(m.capacity));
 }
 
 uint64_t RecvConn::budget_locked(uint64_t bytes) const {
   if (policy_ != nullptr) return policy_->budget_ns(bytes);
   if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
   return kDefaultBudgetNs;
+}
+
+uint64_t RecvConn::started_budget_locked(const Msg& m) const {
+  return m.whole() ? kFallbackNs : budget_locked(m.size);
 }
 
 uint64_t RecvConn::start_allowance_locked(uint64_t bytes) const {
@@ -433,9 +434,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     // A receive bounded only until its sender starts is whole from here: its deadline becomes
     // the fallback bound (a sender that falls silent mid-message; a dead one fails sooner, by
     // the keepalive), and the early timeout never arms.
-    m.whole = m.until_started;
-    if (m.bounded && m.deadline_ns != 0)
-      m.deadline_ns = now + (m.whole ? kFallbackNs : budget_locked(m.size));
+    if (m.bounded && m.deadline_ns != 0) m.deadline_ns = now + started_budget_locked(m);
   }
   // The first DATA a CTS unlocked: a sample of the RTT, never below it (the sender may have
   // posted or polled late; the first CTS is the one it may have answered). Retransmissions
@@ -454,7 +453,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // Early timeout: a quiet period after the tail. Every packet that still arrives (a repair of
   // an early loss) starts it again, so repairs in flight are waited for; only a sender that
   // fell silent with holes left (lost repairs, a dead sender) meets it before the deadline.
-  if ((h.flags & kFlagTail) && m.bounded && !m.whole) m.tail_seen = true;
+  if ((h.flags & kFlagTail) && m.bounded && !m.whole()) m.tail_seen = true;
   if (m.tail_seen) {
     // Without a policy, the fraction applies to the receive's own budget (its estimate).
     const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0 ? m.deadline_ns - m.head_ns

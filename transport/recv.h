@@ -67,10 +67,9 @@ class RecvConn final : public Conn, public RecvComm {
     State state = State::kFree;
     bool bounded = false;
     bool exact = false;     // pinned exact on a bounded connection (MsgDelivery::kExact)
-    // Bounded until its sender starts (MsgDelivery::kUntilStarted), and `whole` once it did:
+    // Bounded until its sender starts (MsgDelivery::kUntilStarted), and whole() once it did:
     // from its first DATA on no deadline or early timeout cuts it (only the fallback bound).
     bool until_started = false;
-    bool whole = false;
     bool started = false;   // first DATA seen: size and packet count known
     bool tail_seen = false; // a tail-flagged packet arrived (bounded early timeout)
     uint8_t* buf = nullptr;
@@ -92,6 +91,8 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
     uint32_t pkts_since_ack = 0;
+
+    bool whole() const { return until_started && first_data_ns != 0; }
   };
 
   int rx_guesses(RxGuesses* out) override;
@@ -121,6 +122,9 @@ class RecvConn final : public Conn, public RecvComm {
   uint64_t budget_locked(uint64_t bytes) const;
   // How long a bounded receive waits for a sender that has not started (DeadlinePolicy).
   uint64_t start_allowance_locked(uint64_t bytes) const;
+  // How long a bounded receive whose sender started may take from then: its budget, or the
+  // fallback bound once it is whole.
+  uint64_t started_budget_locked(const Msg& m) const;
   // When a CTS is first repeated: from the RTT this receiver measured (rtt_), or a
   // conservative figure before it measured any (recv.cc).
   uint64_t cts_resend_ns_locked() const;

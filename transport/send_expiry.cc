@@ -2,11 +2,11 @@
 // sender knows to be bounded never waits forever: without a CTS it expires (and the receiver is
 // told); under way, a bounded message stops at the receiver's budget, and an exact one
 // (calibration) or a whole one (send.h) whose receiver stopped acknowledging is abandoned after
-// a long fallback. A
-// message pinned exact (MsgDelivery::kExact, or the receiver's CTS said so) never expires, and
-// one whose sender asked the receiver waits for its CTS: a receiver that died is found by the
-// keepalive (liveness.h) and fails the connection instead. Normally the receiver's FINAL ends a
-// bounded message first (send_recovery.cc); these timers are for a receiver that went quiet.
+// a long fallback. A message pinned exact (MsgDelivery::kExact, or the receiver's CTS said so)
+// never expires, and one whose sender asked the receiver waits for its CTS: a receiver that died
+// is found by the keepalive (liveness.h) and fails the connection instead. Normally the
+// receiver's FINAL ends a bounded message first (send_recovery.cc); these timers are for a
+// receiver that went quiet.
 #include <algorithm>
 
 #include "transport/send.h"
