@@ -51,22 +51,8 @@ def _train(scenario, lib, outdir):
         state = ort.OptiReduceState(mode="bounded" if scenario == "bounded_loss" else "exact")
         ddp.register_comm_hook(state, ort.allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(100 + rank)
-    w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
     steps = 40 if scenario == "bounded_loss" else 12
-    losses, lost, expected = [], 0, 0
-    for _ in range(steps):
-        x = torch.randn(128, 64, generator=g)
-        y = (x @ w_true).argmax(dim=1)
-        loss = torch.nn.functional.cross_entropy(ddp(x.to(dev)), y.to(dev))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if state is not None:
-            s = state.step_stats()
-            lost += s["elements_lost"]
-            expected += s["elements_expected"]
+    losses, lost, expected = ranks.train(torch, ddp, opt, state, rank, steps, dev)
     result["losses"] = losses
     result["weights"] = [p.detach().flatten().cpu().tolist() for p in model.parameters()]
     result["lost"], result["expected"] = lost, expected

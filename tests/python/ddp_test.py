@@ -49,25 +49,10 @@ def _train(scenario, lib, outdir):
             state._fail_at_call = 5  # the library call of this rank's 5th bucket raises
         ddp.register_comm_hook(state, ort.allreduce_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
-    teacher = torch.Generator().manual_seed(7)
-    w_true = torch.randn(64, 10, generator=teacher)
     steps = 30 if scenario == "bounded_loss" else 12
-    losses, lost, expected = [], 0, 0
     t0 = time.monotonic()
     try:
-        for _ in range(steps):
-            x = torch.randn(128, 64, generator=g)
-            y = (x @ w_true).argmax(dim=1)
-            loss = torch.nn.functional.cross_entropy(ddp(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            if state is not None:
-                s = state.step_stats()
-                lost += s["elements_lost"]
-                expected += s["elements_expected"]
+        losses, lost, expected = ranks.train(torch, ddp, opt, state, rank, steps, "cpu")
     except Exception as e:  # noqa: BLE001 - the scenario reports what surfaced
         result["error"] = f"{type(e).__name__}: {e}"
         result["error_after_s"] = time.monotonic() - t0

@@ -130,6 +130,28 @@ def ddp_model(torch):
                                torch.nn.Linear(512, 10))
 
 
+def train(torch, ddp, opt, state, rank, steps, device):
+    """The DDP tests' training loop: each rank its own shard of a teacher's labels, the same
+    teacher on every rank. Returns (losses, elements lost, elements expected) as the hook's
+    per-step statistics count them (0, 0 without a state)."""
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
+    w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
+    losses, lost, expected = [], 0, 0
+    for _ in range(steps):
+        x = torch.randn(128, 64, generator=g)
+        y = (x @ w_true).argmax(dim=1)
+        loss = torch.nn.functional.cross_entropy(ddp(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+        if state is not None:
+            s = state.step_stats()
+            lost += s["elements_lost"]
+            expected += s["elements_expected"]
+    return losses, lost, expected
+
+
 def dtype_averages(torch, state, rank, world, count, device):
     """The hook's average of each bucket dtype against the exact one: {str(dtype): equal}.
     Multiples of the rank count at magnitudes every dtype holds exactly, so the average is exact
