@@ -180,12 +180,8 @@ void BoundedGroup::on_complete(const StepReport& st) {
     if (st.how == RecvEnd::kExpired) ++stats_.expired;
   }
   if (st.how == RecvEnd::kExpired) return;  // says nothing about the network
-  if (st.bounded && (st.received > 0 || st.network_ns > 0)) {
-    // A pipelined step's network time covers only its end: it may widen the budget by its
-    // losses, but cannot show that the budget was wide enough without the stretch.
-    governor_.on_step(st.bytes, st.received, st.pipelined ? UINT64_MAX : st.network_ns,
-                      unstretched_budget_locked(st.bytes));
-  }
+  if (st.bounded && (st.received > 0 || st.network_ns > 0))
+    governor_.on_step(st.bytes, st.received);
   // An abandoned exact receive (dead sender) measured nothing but the fallback bound.
   if (calibrating_ && !st.bounded && st.how == RecvEnd::kAll) {
     if (st.pipelined) {

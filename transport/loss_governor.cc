@@ -2,19 +2,15 @@
 #include "transport/loss_governor.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace optireduce {
 
-void LossGovernor::on_step(uint64_t bytes, uint64_t received, uint64_t network_ns,
-                           uint64_t unstretched_ns) {
+void LossGovernor::on_step(uint64_t bytes, uint64_t received) {
   if (bytes == 0) return;
   const double lost =
       1.0 - static_cast<double>(std::min(received, bytes)) / static_cast<double>(bytes);
-  if (lost > target_) {
-    stretch_ = std::min(kMaxStretch, stretch_ * (1.0 + lost));
-  } else if (received >= bytes && network_ns <= unstretched_ns) {
-    stretch_ = std::max(1.0, stretch_ * (1.0 - kGiveBack));
-  }
+  stretch_ = std::clamp(stretch_ * std::exp(lost - target_), 1.0, kMaxStretch);
 }
 
 }  // namespace optireduce

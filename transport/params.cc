@@ -104,7 +104,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_EARLY_FRACTION", &Config::early_fraction, 0, 1, nullptr,
    "Bounded mode: once tail packets arrived, close a step after this fraction of the estimate tC."},
   {"OPTIREDUCE_LOSS_TARGET", &Config::loss_target, 0, 1, nullptr,
-   "Bounded mode: a step that loses more than this fraction of its bytes to its deadline stretches the next steps' deadlines (by up to 4x, given back as soon as steps fit the calibrated budget again), so that a burst of background traffic costs time rather than most of several steps' data. 1: never stretch; a fixed OPTIREDUCE_TIMEOUT_MS is never stretched."},
+   "Bounded mode: the fraction of their bytes that started steps may lose to their deadlines, on average. Each step that started stretches the deadlines by exp(lost - target) (up to 4x): a step that lost more than the target widens the next ones, one that lost less gives time back, and over many steps the loss settles at the target. Stragglers (senders that never started) are the start allowance's and stretch nothing. 1: never stretch; a fixed OPTIREDUCE_TIMEOUT_MS is never stretched."},
   {"OPTIREDUCE_STATS_EVERY", &Config::stats_every, 0, 1'000'000'000, nullptr,
    "Bounded mode: log a compact statistics line every N steps per communicator; 0 = never."},
   {"OPTIREDUCE_FAULT_SEED", &Config::fault_seed, 0, 1.8e19, nullptr,
