@@ -22,8 +22,8 @@ enum class Mode : uint8_t {
   kBounded = 1,  // a receive ends by its deadline; missing bytes hold the erasure marker
   // Bounded until each sender starts: a receive whose first bytes have not arrived by its
   // deadline ends (all of it missing, the erasure marker); one that started arrives whole
-  // (MsgDelivery::kUntilStarted). An exchange that cannot carry it per receive runs it as
-  // kBounded (the GPU path's, cuda/gpu_comm.cc).
+  // (MsgDelivery::kUntilStarted). The GPU path's exchange carries it on a sibling communicator
+  // of its own (cuda/gpu_comm.cc); where that sibling is missing it runs as kBounded.
   kUntilStarted = 2,
 };
 

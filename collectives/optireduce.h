@@ -76,8 +76,9 @@ typedef struct {
                                  is cut at the deadline only if none of it has arrived by then (a
                                  straggler costs the others at most a deadline per phase), and
                                  received whole once it started, so a slow but live peer costs time
-                                 rather than data and every rank keeps the same result bits; on the
-                                 GPU path it runs as optiBounded. optiBounded: cut at its deadline
+                                 rather than data and every rank keeps the same result bits (the GPU
+                                 path decides it per NCCL chunk, on a second sibling communicator).
+                                 optiBounded: cut at its deadline
                                  like phase 1; a rank estimates what it lost there on its own, and
                                  replicas drift apart (docs/architecture.md, "Replicas drift under
                                  loss"). optiExact: every rank gets the same result bits, and a
@@ -127,7 +128,8 @@ optiResult_t optiOptionsDefault(optiOptions_t* opts);
 
 /* GPU path: a communicator over the ranks of `nccl`. Creates the bounded NCCL communicator
  * (ncclCommSplit with config.trafficClass = OPTIREDUCE_BOUNDED_TRAFFIC_CLASS) when mode is
- * optiBounded. Collective over the ranks of `nccl`. opts may be NULL (environment). */
+ * optiBounded, and a second one (the class after it) for phase 2 when allgatherMode is
+ * optiUntilStarted. Collective over the ranks of `nccl`. opts may be NULL (environment). */
 optiResult_t optiCommInit(optiComm_t* comm, struct ncclComm* nccl, const optiOptions_t* opts);
 
 /* Host path, rendezvous from the torchrun-style environment: MASTER_ADDR, MASTER_PORT, RANK,

@@ -1,7 +1,9 @@
 // The GPU path of liboptireduce: Kernels on device memory (launchers of kernels.cu on the
 // caller's stream) and an Exchange of grouped ncclSend/ncclRecv on NCCL communicators, the
-// bounded one split off the user's with config.trafficClass = OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
-// (the plugin runs that communicator bounded, filling holes with the erasure marker).
+// bounded ones split off the user's with config.trafficClass = OPTIREDUCE_BOUNDED_TRAFFIC_CLASS
+// (the plugin runs that communicator bounded, filling holes with the erasure marker) and, for a
+// phase 2 bounded until each sender starts, the class after it. The phase's delivery must ride
+// on the communicator: NCCL's grouped calls carry nothing else from here to the plugin.
 // Everything is stream-ordered: optiAllReduce returns once the work is enqueued; statistics
 // are read back when asked for (optiGetStats), unless the safeguard must redo, which waits.
 #include <cuda_runtime.h>
@@ -253,8 +255,8 @@ class CudaKernels final : public Kernels {
 // With the default incast (all N-1 at once) a phase is one group.
 class NcclExchange final : public Exchange {
  public:
-  NcclExchange(ncclComm_t exact, ncclComm_t bounded, int rank, int n)
-      : exact_(exact), bounded_(bounded), rank_(rank), n_(n) {}
+  NcclExchange(ncclComm_t exact, ncclComm_t bounded, ncclComm_t until_started, int rank, int n)
+      : exact_(exact), bounded_(bounded), until_started_(until_started), rank_(rank), n_(n) {}
   int rank() const override { return rank_; }
   int size() const override { return n_; }
   bool receiver_paced() const override { return false; }
@@ -298,9 +300,7 @@ class NcclExchange final : public Exchange {
  private:
   // One group: these receives, and the sends to the peers at distance first_d..last_d.
   ncclResult_t run_group(int first_d, int last_d, std::span<RecvOp> recvs) {
-    // kUntilStarted runs bounded here: NCCL's grouped calls carry no per-phase delivery to the
-    // plugin, and exact would make a straggler cost the others all of its lateness.
-    ncclComm_t c = lossy(mode_) && bounded_ != nullptr ? bounded_ : exact_;
+    ncclComm_t c = comm_for(mode_);
     ncclResult_t r = ncclGroupStart();
     for (RecvOp& op : recvs) {
       if (r == ncclSuccess) r = ncclRecv(op.data, op.bytes, nccl_bytes(), op.peer, c, stream_);
@@ -318,8 +318,17 @@ class NcclExchange final : public Exchange {
     return r == ncclSuccess ? e : r;
   }
 
+  // The communicator whose traffic class gives the plugin the phase's delivery. kUntilStarted
+  // without its sibling (the options changed to it after optiCommInit) runs bounded: exact would
+  // make a straggler cost the others all of its lateness.
+  ncclComm_t comm_for(Mode m) const {
+    if (!lossy(m) || bounded_ == nullptr) return exact_;
+    return m == Mode::kUntilStarted && until_started_ != nullptr ? until_started_ : bounded_;
+  }
+
   ncclComm_t exact_;
   ncclComm_t bounded_;
+  ncclComm_t until_started_;
   int rank_;
   int n_;
   int incast_ = 1;
@@ -334,7 +343,8 @@ class NcclExchange final : public Exchange {
 
 struct GpuState {
   ncclComm_t user = nullptr;
-  ncclComm_t bounded = nullptr;  // ours: destroyed with the communicator
+  ncclComm_t bounded = nullptr;        // ours: destroyed with the communicator
+  ncclComm_t until_started = nullptr;  // ours, phase 2's when it runs until started
   std::unique_ptr<NcclExchange> ex;
   std::unique_ptr<CudaKernels> k;
   uint64_t pending_calls = 0;  // calls whose counters are still on the device
@@ -390,19 +400,29 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
   if (std::string why = setup_error(opts); !why.empty())
     return api_fail(optiInvalidUsage, "optiCommInit: " + why);
   if (opts.mode == optiBounded) {
-    // The sibling: bounded by its traffic class, over OptiReduce by its netName, and with
-    // resources of its own (a child that shares its parent's must keep the parent's network).
-    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.trafficClass = int(global_config().bounded_traffic_class);
-    cfg.netName = kPluginNetName;
-    cfg.splitShare = 0;
-    const ncclResult_t r = ncclCommSplit(nccl, 0, rank, &st->bounded, &cfg);
-    if (r != ncclSuccess)
+    // The siblings: bounded by their traffic class, over OptiReduce by their netName, and with
+    // resources of their own (a child that shares its parent's must keep the parent's network).
+    const auto split = [&](int64_t traffic_class, ncclComm_t* out) {
+      ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+      cfg.trafficClass = int(traffic_class);
+      cfg.netName = kPluginNetName;
+      cfg.splitShare = 0;
+      const ncclResult_t r = ncclCommSplit(nccl, 0, rank, out, &cfg);
+      if (r == ncclSuccess) return optiSuccess;
       return api_fail(optiNcclError,
                       std::string("optiCommInit: ncclCommSplit: ") + ncclGetErrorString(r) +
                           " (is the OptiReduce plugin loaded: NCCL_NET_PLUGIN=optireduce?)");
+    };
+    const int64_t tc = global_config().bounded_traffic_class;
+    if (optiResult_t r = split(tc, &st->bounded); r != optiSuccess) return r;
+    if (opts.allgatherMode == optiUntilStarted) {
+      if (optiResult_t r = split(tc + 1, &st->until_started); r != optiSuccess) {
+        ncclCommDestroy(st->bounded);
+        return r;
+      }
+    }
   }
-  st->ex = std::make_unique<NcclExchange>(nccl, st->bounded, rank, n);
+  st->ex = std::make_unique<NcclExchange>(nccl, st->bounded, st->until_started, rank, n);
   st->k = std::make_unique<CudaKernels>();
   if (!st->k->init()) return api_fail(optiCudaError, "optiCommInit: CUDA allocation failed");
   // Every rank needs the same seed for D: rank 0 draws it and broadcasts it once, exactly.
@@ -495,11 +515,12 @@ optiResult_t gpu_destroy(optiComm* comm, bool abort) {
   GpuState* st = comm->gpu_state;
   if (st == nullptr) return optiSuccess;
   comm->tar.reset();
-  if (st->bounded) {
+  for (ncclComm_t c : {st->bounded, st->until_started}) {
+    if (c == nullptr) continue;
     if (abort) {
-      ncclCommAbort(st->bounded);
+      ncclCommAbort(c);
     } else {
-      ncclCommDestroy(st->bounded);
+      ncclCommDestroy(c);
     }
   }
   delete st;

@@ -94,6 +94,19 @@ RecvWrap* as_recv(void* comm) {
   return (w != nullptr && w->magic == kRecvMagic) ? static_cast<RecvWrap*>(w) : nullptr;
 }
 
+// What a traffic class asks of a communicator: liboptireduce's two siblings are named by
+// OPTIREDUCE_BOUNDED_TRAFFIC_CLASS (phase 1, bounded) and the class after it (phase 2, bounded
+// until each sender starts); every other class, and none, leaves the communicator as
+// OPTIREDUCE_MODE says.
+enum class SiblingClass : uint8_t { kNone, kBounded, kUntilStarted };
+
+SiblingClass sibling_class(int traffic_class, const Config& cfg) {
+  if (traffic_class == nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF) return SiblingClass::kNone;
+  if (traffic_class == cfg.bounded_traffic_class) return SiblingClass::kBounded;
+  if (traffic_class == cfg.bounded_traffic_class + 1) return SiblingClass::kUntilStarted;
+  return SiblingClass::kNone;
+}
+
 const char* delivery_name(Delivery d) {
   return d == Delivery::kBounded ? "bounded" : "exact";
 }
@@ -144,10 +157,11 @@ ncclResult_t make_context(uint64_t comm_id, int traffic_class, int abi,
   const Config& cfg = engine->config();
   auto c = std::make_shared<Context>();
   c->comm_id = comm_id;
-  const bool by_class = traffic_class != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
-                        traffic_class == cfg.bounded_traffic_class;
+  const SiblingClass sibling = sibling_class(traffic_class, cfg);
+  const bool by_class = sibling != SiblingClass::kNone;
   c->bounded = cfg.mode == ModeChoice::kBounded || by_class;
   c->p2p_only = by_class;
+  c->until_started = sibling == SiblingClass::kUntilStarted;
   c->abi = abi;
   c->env = NcclEnvFacts::from_environment();
   // The bounded traffic class is liboptireduce's: its kernels find losses by the marker, and
@@ -367,16 +381,19 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
     void* state = nullptr;
     std::memcpy(&state, state_slot, sizeof(state));
 
-    // v10 names the traffic class per connection; it means liboptireduce's communicator, which
-    // needs the marker (see init).
-    const bool by_class = config != nullptr &&
-                          config->trafficClass != nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF &&
-                          config->trafficClass == c->engine->config().bounded_traffic_class;
+    // v10 names the traffic class per connection; it means one of liboptireduce's
+    // communicators, which need the marker (see init).
+    const SiblingClass sibling = config != nullptr
+                                     ? sibling_class(config->trafficClass, c->engine->config())
+                                     : SiblingClass::kNone;
+    const bool by_class = sibling != SiblingClass::kNone;
     const bool bounded = c->bounded || by_class;
     ConnOptions opts;
     opts.delivery = bounded ? Delivery::kBounded : Delivery::kExact;
     opts.fill = by_class ? Fill::kMarker : c->fill;
     opts.group = c->group.get();
+    // The receiver learns it from the handshake: on v8-v10 its context knows no class.
+    opts.until_started = c->until_started || sibling == SiblingClass::kUntilStarted;
 
     std::unique_ptr<SendComm> out;
     const Status s = c->engine->connect(dev, h, opts, &state, &out);

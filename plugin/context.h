@@ -31,8 +31,10 @@ struct Context {
   // Deadlines of this communicator's bounded connections (tB, tC, calibration) are shared:
   // see docs/architecture.md, "Where deadlines come from". Outlives every comm (they hold ctx).
   std::unique_ptr<BoundedGroup> group;
-  // The context was made bounded by liboptireduce's traffic class: point-to-point only.
+  // The context was made bounded by one of liboptireduce's traffic classes: point-to-point only.
   bool p2p_only = false;
+  // ... by the class of its phase-2 sibling: receives bounded until their sender starts.
+  bool until_started = false;
   int abi = 11;      // the net ABI version NCCL loaded the plugin with
   NcclEnvFacts env;  // NCCL's protocol settings, read at init
   // What the last setNetAttr said (transfer_kind.h). NCCL's proxy thread writes it and then

@@ -42,6 +42,7 @@ struct ConnParams {
   uint64_t peer_window = 0;   // bytes the receiving side can buffer
   Delivery delivery = Delivery::kExact;
   Fill fill = Fill::kZero;
+  bool until_started = false;  // ConnOptions::until_started, carried to the receiver in HELLO
 };
 
 // Derives the payload per packet from the smaller of both sides' datagram limits. A multiple of

@@ -61,6 +61,8 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     params.peer_window = peer.window_bytes;
     params.delivery = (peer.features & kFeatureBounded) ? Delivery::kBounded : Delivery::kExact;
     params.fill = (peer.features & kFeatureMarkerFill) ? Fill::kMarker : Fill::kZero;
+    params.until_started =
+        params.delivery == Delivery::kBounded && (peer.features & kFeatureUntilStarted) != 0;
     auto conn = std::make_unique<RecvConn>(cfg, engine_->clock(), std::move(ep_), params,
                                            engine_->registry());
     conn->set_hello_ack(body);
@@ -102,6 +104,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     params.peer_window = peer.window_bytes;
     params.delivery = opts_.delivery;
     params.fill = opts_.fill;
+    params.until_started = opts_.delivery == Delivery::kBounded && opts_.until_started;
     auto path = engine->path_to(dev_, *ep_, params.pkt_payload);
     auto conn = std::make_unique<SendConn>(engine->config(), engine->clock(), std::move(ep_),
                                            params, engine->registry(), std::move(path));
@@ -123,7 +126,8 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     mine.window_bytes =
         EngineImpl::window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
     mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
-                    (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0);
+                    (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0) |
+                    (opts_.until_started ? kFeatureUntilStarted : 0);
     uint8_t body[kHelloBodyBytes];
     encode_hello(mine, body);
     PacketHeader hh;

@@ -112,7 +112,8 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.exact = how == MsgDelivery::kExact;
   m.bounded = params_.delivery == Delivery::kBounded && !m.exact &&
               !(policy_ != nullptr && policy_->calibrating());
-  m.until_started = m.bounded && how == MsgDelivery::kUntilStarted;
+  m.until_started = m.bounded && (how == MsgDelivery::kUntilStarted ||
+                                  (how == MsgDelivery::kAsConnection && params_.until_started));
   if (!set_msg_state_locked(m, State::kPosted, now)) return fatal_;
   m.started = m.tail_seen = false;
   m.buf = static_cast<uint8_t*>(data);

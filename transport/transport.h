@@ -66,6 +66,10 @@ struct ConnOptions {
   // Bounded mode: the group that shares timeout estimates (a communicator; see bounded.h).
   // May be null: deadlines are then a fixed budget (OPTIREDUCE_TIMEOUT_MS, else 1 s).
   BoundedGroup* group = nullptr;
+  // Bounded connections only: the receiver posts every receive that does not say otherwise
+  // (MsgDelivery::kAsConnection) as kUntilStarted. For a caller that cannot say it per
+  // receive: NCCL's grouped calls on liboptireduce's phase-2 sibling communicator.
+  bool until_started = false;
 };
 
 // The bytes a listener hands to its peer out of band (NCCL: the 128-byte handle). Pointer-free.

@@ -129,6 +129,8 @@ struct HelloBody {
 inline constexpr uint32_t kHelloBodyBytes = 16;
 inline constexpr uint32_t kFeatureBounded = 1u << 0;     // the sender asks for bounded delivery
 inline constexpr uint32_t kFeatureMarkerFill = 1u << 1;  // bounded holes get the erasure marker
+// The receiver posts its receives bounded until their sender starts (ConnOptions::until_started).
+inline constexpr uint32_t kFeatureUntilStarted = 1u << 2;
 void encode_hello(const HelloBody& b, uint8_t* buf);
 bool decode_hello(const uint8_t* buf, size_t len, HelloBody* out);
 

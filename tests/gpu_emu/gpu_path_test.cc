@@ -262,6 +262,88 @@ TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
   bounded_under_loss(false, "marker");
 }
 
+// Phase 2 bounded until each sender starts (the default OPTIREDUCE_ALLGATHER_MODE): on the GPU
+// path it rides on a second sibling communicator, whose receives the plugin posts
+// kUntilStarted. NCCL sends each shard in 128 KiB chunks, each a message of its own, so the
+// unit of loss in phase 2 is a whole chunk: a chunk that started arrives whole, lost packets
+// repaired. Under 10% injected drops and a 20 ms deadline, phase 2 run `bounded` cuts chunks
+// part-way (a count of lost elements that no chunk size divides) and the ranks drift; run
+// `started`, every call's phase-2 loss is whole chunks, and a call in which no rank lost a
+// chunk leaves every rank with the same bits.
+void phase_two_under_loss(optiMode_t allgather) {
+  Env env = kLoss;
+  env.push_back({"OPTIREDUCE_FAULT_DROP", "0.1"});
+  const std::string r = run_ranks(
+      4,
+      [allgather](Mesh& m) {
+        optiOptions_t o = bounded_options(false);
+        o.allgatherMode = allgather;
+        RankComms rc(m, o);
+        const optiComm_t comm = rc.comm;
+        constexpr size_t kChunkElems = emu::kChunkBytes / sizeof(float);
+        const size_t count = size_t(m.n) * 2 * kChunkElems;  // every shard is two chunks
+        DeviceVec buf(count);
+        uint64_t lost1 = 0, agreed = 0;
+        for (int c = 0; c < 5; ++c) {
+          std::vector<float> mine(count);
+          for (size_t i = 0; i < count; ++i) mine[i] = float(std::sin(double(i + 17 * m.rank + c)));
+          buf.put(mine);
+          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
+          optiStats_t last{};
+          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          lost1 += last.elementsLost[0];
+          HCHECK(last.elementsLost[1] % kChunkElems == 0,
+                 "rank %d call %d: phase 2 lost %llu elements, not whole chunks of %zu", m.rank, c,
+                 (unsigned long long)last.elementsLost[1], kChunkElems);
+          // Every rank's result, as a 64-bit FNV-1a digest, and whether it lost in phase 2.
+          const std::vector<float> out = buf.get();
+          uint64_t digest = 1469598103934665603ull;
+          const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
+          for (size_t b = 0; b < count * sizeof(float); ++b)
+            digest = (digest ^ bytes[b]) * 1099511628211ull;
+          const uint64_t report[2] = {digest, last.elementsLost[1]};
+          for (int j = 0; j < m.n; ++j)
+            if (j != m.rank) m.channel[size_t(j)]->send_bytes(report, sizeof(report));
+          bool any_lost2 = report[1] != 0, same = true;
+          for (int j = 0; j < m.n; ++j) {
+            if (j == m.rank) continue;
+            uint64_t theirs[2];
+            m.channel[size_t(j)]->recv_bytes(theirs, sizeof(theirs));
+            any_lost2 |= theirs[1] != 0;
+            same &= theirs[0] == digest;
+          }
+          if (any_lost2) continue;
+          HCHECK(same, "rank %d call %d: no rank lost a chunk in phase 2, yet the results differ",
+                 m.rank, c);
+          ++agreed;
+        }
+        std::printf("rank %d: phase 1 lost %llu elements; %llu of 5 calls lost no phase-2 chunk\n",
+                    m.rank, (unsigned long long)lost1, (unsigned long long)agreed);
+        // Some rank's phase 1 must have lost data, or the drops outlived no deadline and the run
+        // shows nothing about phase 2 (a single rank may see none in four calls).
+        for (int j = 0; j < m.n; ++j)
+          if (j != m.rank) m.channel[size_t(j)]->send_bytes(&lost1, sizeof(lost1));
+        uint64_t lost1_all = lost1;
+        for (int j = 0; j < m.n; ++j) {
+          if (j == m.rank) continue;
+          uint64_t theirs = 0;
+          m.channel[size_t(j)]->recv_bytes(&theirs, sizeof(theirs));
+          lost1_all += theirs;
+        }
+        HCHECK(lost1_all > 0, "no rank lost anything in phase 1: the drops outlived no deadline");
+        rc.destroy();
+      },
+      env, 180);
+  EXPECT_EQ(r, "");
+}
+
+TEST(GpuPath, PhaseTwoLosesOnlyWholeChunksByDefault) {
+  optiOptions_t o;
+  ASSERT_EQ(optiOptionsDefault(&o), optiSuccess);
+  ASSERT_EQ(o.allgatherMode, optiUntilStarted);
+  phase_two_under_loss(o.allgatherMode);
+}
+
 // Defect 4: two buckets in flight on two streams, as DDP overlaps them. Each call needs its own
 // scratch (the encoded vector, the receive slots, the counters): with one shared set, bucket
 // B's encode runs on its stream while bucket A's phases still read and write the same encoded
