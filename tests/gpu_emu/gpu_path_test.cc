@@ -126,6 +126,31 @@ const Env kLoss = {
     {"OPTIREDUCE_CALIBRATION_STEPS", "0"},
 };
 
+// kLoss with 10% drops: enough that some loss outlives the 20 ms deadline. At kLoss's 2% the
+// transport repairs nearly every hole in time, and runs that lost nothing (twice in CI) proved
+// nothing; at 10% (30% failed connection set-up) every run lost 10-60% of its elements.
+Env heavy_loss() {
+  Env env = kLoss;
+  env.push_back({"OPTIREDUCE_FAULT_DROP", "0.1"});
+  return env;
+}
+
+// Every rank's `mine`, in rank order, over the test's mesh (small values only: each is written
+// to every peer before any is read).
+template <class T>
+std::vector<T> all_gather(Mesh& m, const T& mine) {
+  for (int j = 0; j < m.n; ++j)
+    if (j != m.rank) m.channel[size_t(j)]->send_bytes(&mine, sizeof(T));
+  std::vector<T> all(size_t(m.n));
+  for (int j = 0; j < m.n; ++j) {
+    if (j == m.rank)
+      all[size_t(j)] = mine;
+    else
+      m.channel[size_t(j)]->recv_bytes(&all[size_t(j)], sizeof(T));
+  }
+  return all;
+}
+
 template <class T>
 struct DeviceArray {
   T* p = nullptr;
@@ -233,11 +258,7 @@ TEST(GpuPath, ExactAllReduceIsBitExactOnFourRanks) {
 // Bounded under injected loss, without Hadamard (the estimates are checked to the element) and
 // with it (the decoder's d/k): the library must see the losses, whatever OPTIREDUCE_FILL says.
 void bounded_under_loss(bool hadamard, const char* fill) {
-  Env env = kLoss;
-  // Enough loss that some of it outlives the 20 ms deadline: at kLoss's 2% the transport now
-  // repairs nearly every hole in time, and a run that lost nothing (twice in CI) proves nothing.
-  // At 10% (30% failed connection set-up) every run here lost 10-60% of its elements.
-  env.push_back({"OPTIREDUCE_FAULT_DROP", "0.1"});
+  Env env = heavy_loss();
   if (fill != nullptr) env.push_back({"OPTIREDUCE_FILL", fill});
   const std::string r = run_ranks(
       4,
@@ -271,8 +292,6 @@ TEST(GpuPath, BoundedUnderLossWithMarkerFill) {
 // `started`, every call's phase-2 loss is whole chunks, and a call in which no rank lost a
 // chunk leaves every rank with the same bits.
 void phase_two_under_loss(optiMode_t allgather) {
-  Env env = kLoss;
-  env.push_back({"OPTIREDUCE_FAULT_DROP", "0.1"});
   const std::string r = run_ranks(
       4,
       [allgather](Mesh& m) {
@@ -301,16 +320,13 @@ void phase_two_under_loss(optiMode_t allgather) {
           const auto* bytes = reinterpret_cast<const unsigned char*>(out.data());
           for (size_t b = 0; b < count * sizeof(float); ++b)
             digest = (digest ^ bytes[b]) * 1099511628211ull;
-          const uint64_t report[2] = {digest, last.elementsLost[1]};
-          for (int j = 0; j < m.n; ++j)
-            if (j != m.rank) m.channel[size_t(j)]->send_bytes(report, sizeof(report));
-          bool any_lost2 = report[1] != 0, same = true;
-          for (int j = 0; j < m.n; ++j) {
-            if (j == m.rank) continue;
-            uint64_t theirs[2];
-            m.channel[size_t(j)]->recv_bytes(theirs, sizeof(theirs));
-            any_lost2 |= theirs[1] != 0;
-            same &= theirs[0] == digest;
+          struct Report {
+            uint64_t digest, lost2;
+          };
+          bool any_lost2 = false, same = true;
+          for (const Report& x : all_gather(m, Report{digest, last.elementsLost[1]})) {
+            any_lost2 |= x.lost2 != 0;
+            same &= x.digest == digest;
           }
           if (any_lost2) continue;
           HCHECK(same, "rank %d call %d: no rank lost a chunk in phase 2, yet the results differ",
@@ -321,19 +337,12 @@ void phase_two_under_loss(optiMode_t allgather) {
                     m.rank, (unsigned long long)lost1, (unsigned long long)agreed);
         // Some rank's phase 1 must have lost data, or the drops outlived no deadline and the run
         // shows nothing about phase 2 (a single rank may see none in four calls).
-        for (int j = 0; j < m.n; ++j)
-          if (j != m.rank) m.channel[size_t(j)]->send_bytes(&lost1, sizeof(lost1));
-        uint64_t lost1_all = lost1;
-        for (int j = 0; j < m.n; ++j) {
-          if (j == m.rank) continue;
-          uint64_t theirs = 0;
-          m.channel[size_t(j)]->recv_bytes(&theirs, sizeof(theirs));
-          lost1_all += theirs;
-        }
+        uint64_t lost1_all = 0;
+        for (uint64_t x : all_gather(m, lost1)) lost1_all += x;
         HCHECK(lost1_all > 0, "no rank lost anything in phase 1: the drops outlived no deadline");
         rc.destroy();
       },
-      env, 180);
+      heavy_loss(), 180);
   EXPECT_EQ(r, "");
 }
 
@@ -408,10 +417,8 @@ TEST(GpuDefect, LossesAreSeenWithoutHadamardWhateverTheFill) {
 // rank-order sum bit for bit. The agreement must move device memory (the emulator fails a host
 // pointer handed to ncclSend) and read the flags only once the stream has produced them.
 void safeguard(bool redo) {
-  Env env = kLoss;
-  // Both checks need lossy calls on every rank: at kLoss's 2% the transport repairs nearly every
-  // hole in time, and a CI run had a rank with none (as bounded_under_loss above, which see).
-  env.push_back({"OPTIREDUCE_FAULT_DROP", "0.1"});
+  // Both checks need lossy calls on every rank (heavy_loss).
+  const Env env = heavy_loss();
   const std::string r = run_ranks(
       4,
       [redo](Mesh& m) {
