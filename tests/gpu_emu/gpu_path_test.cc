@@ -170,6 +170,15 @@ struct DeviceArray {
 };
 using DeviceVec = DeviceArray<float>;
 
+// One fp32 sum of `in`, in place in `buf`; the call's own statistics.
+optiStats_t sum_in_place(optiComm_t comm, DeviceVec& buf, const std::vector<float>& in) {
+  buf.put(in);
+  CHECK_OPTI(optiAllReduce(buf.p, buf.p, buf.n, optiFloat32, optiSum, comm, nullptr));
+  optiStats_t last{};
+  CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+  return last;
+}
+
 // Every rank's input, value(i, rank) at element i, and the check that a result is their sum in
 // rank order, bit for bit (what the exact paths, the library's and NCCL's, promise).
 struct RankInputs {
@@ -306,10 +315,7 @@ void phase_two_under_loss(optiMode_t allgather) {
         for (int c = 0; c < 5; ++c) {
           std::vector<float> mine(count);
           for (size_t i = 0; i < count; ++i) mine[i] = float(std::sin(double(i + 17 * m.rank + c)));
-          buf.put(mine);
-          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
-          optiStats_t last{};
-          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          const optiStats_t last = sum_in_place(comm, buf, mine);
           lost1 += last.elementsLost[0];
           HCHECK(last.elementsLost[1] % kChunkElems == 0,
                  "rank %d call %d: phase 2 lost %llu elements, not whole chunks of %zu", m.rank, c,
@@ -434,10 +440,7 @@ void safeguard(bool redo) {
         for (int c = 0; c < calls; ++c) {
           std::vector<float> mine(count);
           for (size_t i = 0; i < count; ++i) mine[i] = float(std::cos(double(i + 31 * m.rank + c)));
-          buf.put(mine);
-          CHECK_OPTI(optiAllReduce(buf.p, buf.p, count, optiFloat32, optiSum, comm, nullptr));
-          optiStats_t last{};
-          CHECK_OPTI(optiGetStats(comm, &last, nullptr));
+          const optiStats_t last = sum_in_place(comm, buf, mine);
           if (last.elementsLost[0] + last.elementsLost[1] > 0) ++lossy_calls;
           if (!redo) continue;
           const std::vector<float> out = buf.get();
