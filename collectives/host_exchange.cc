@@ -5,10 +5,12 @@
 #include "collectives/host_exchange.h"
 
 #include <chrono>
+#include <cinttypes>
 #include <cstring>
 #include <thread>
 
 #include "transport/bounded.h"
+#include "transport/log.h"
 
 namespace optireduce::coll {
 namespace {
@@ -34,9 +36,29 @@ void backoff(int* spins) {
   }
 }
 
+// One line per connection at close (OPTIREDUCE_LOG=info), as the plugin logs its own: where a
+// rank's time went under loss (retransmissions, timer expiries, probes) and what it dropped.
+void log_close(const char* dir, int mode, int peer, const ConnStats& s) {
+  OR_INFO("%s %s conn with rank %d: msgs %" PRIu64 " bytes %" PRIu64 " data %" PRIu64
+          " retx %" PRIu64 " rto %" PRIu64 " probes %" PRIu64 " cts resent %" PRIu64
+          " drops malformed/token/stale/dup/bounds/unexpected %" PRIu64 "/%" PRIu64 "/%" PRIu64
+          "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 " lost %" PRIu64 "/%" PRIu64 " B",
+          mode == 0 ? "exact" : "bounded", dir, peer, s.msgs, s.bytes, s.data_pkts, s.retx_pkts,
+          s.rto_events, s.probes, s.cts_resent, s.drop_malformed, s.drop_token, s.drop_stale,
+          s.drop_duplicate, s.drop_bounds, s.drop_unexpected, s.bytes_lost, s.bytes_expected);
+}
+
 }  // namespace
 
 HostExchange::~HostExchange() {
+  if (log_enabled(LogLevel::kInfo)) {
+    for (int m = 0; m < 2; ++m) {
+      for (size_t p = 0; p < send_[m].size(); ++p)
+        if (send_[m][p]) log_close("send", m, int(p), send_[m][p]->stats());
+      for (size_t p = 0; p < recv_[m].size(); ++p)
+        if (recv_[m][p]) log_close("recv", m, int(p), recv_[m][p]->stats());
+    }
+  }
   // Comms before the group their receives report to, and everything before the engine.
   for (int m = 0; m < 2; ++m) {
     send_[m].clear();
