@@ -36,8 +36,10 @@ struct Rig {
   std::unique_ptr<RecvConn> r;
 
   // one_way_ns: the link's latency each way (0: none; the RTT is then the polling rounds').
+  // until_started: ConnParams::until_started on both ends, as the handshake gives it.
   explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero,
-               int64_t peer_timeout_ms = Config().peer_timeout_ms, uint64_t one_way_ns = 0) {
+               int64_t peer_timeout_ms = Config().peer_timeout_ms, uint64_t one_way_ns = 0,
+               bool until_started = false) {
     cfg.timeout_ms = 50;
     cfg.peer_timeout_ms = peer_timeout_ms;
     auto p = make_mem_pair(kDgram, &clock, one_way_ns);
@@ -50,6 +52,7 @@ struct Rig {
     cp.peer_window = 256 * 1024;
     cp.delivery = d;
     cp.fill = f;
+    cp.until_started = until_started;
     s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr);
     r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
   }
@@ -626,8 +629,11 @@ TEST(PerMessage, AnAbsentSenderCostsItsBurstOneDeadline) {
 // is waited for past the deadline and every byte arrives, on both ends (the sender must not cut
 // it at the budget either, or the receiver would wait for bytes that never come); the same
 // losses cut a plain bounded receive at its deadline.
-TEST(PerMessage, AReceiveBoundedUntilStartedWaitsForASenderThatStarted) {
-  Rig rig(Delivery::kBounded, Fill::kMarker);
+// A connection made until started (ConnOptions::until_started: the GPU path's phase-2
+// sibling, whose grouped NCCL calls say nothing per receive) posts its receives so unless they
+// say otherwise: `recv_how` kAsConnection there behaves as kUntilStarted on a plain connection.
+void expect_started_sender_waited_for(bool connection_until_started, MsgDelivery recv_how) {
+  Rig rig(Delivery::kBounded, Fill::kMarker, Config().peer_timeout_ms, 0, connection_until_started);
   const auto src = pattern(10'000, 26);
   std::vector<uint8_t> dst(src.size(), 0);
   // A first message teaches the sender the receiver's 50 ms budget, after which it would cut.
@@ -635,8 +641,7 @@ TEST(PerMessage, AReceiveBoundedUntilStartedWaitsForASenderThatStarted) {
   const uint64_t t0 = rig.clock.now_ns();
   drop_odd_packets_for(rig, 150);
   std::fill(dst.begin(), dst.end(), 0);
-  ASSERT_TRUE(
-      transfer(rig, src, dst, MsgDelivery::kAsConnection, MsgDelivery::kUntilStarted, 2000));
+  ASSERT_TRUE(transfer(rig, src, dst, MsgDelivery::kAsConnection, recv_how, 2000));
   EXPECT_GE(rig.clock.now_ns() - t0, 150'000'000u) << "it waited for repairs past the deadline";
   EXPECT_EQ(src, dst);
   EXPECT_EQ(rig.r->stats().deadline_hits, 0u);
@@ -644,8 +649,17 @@ TEST(PerMessage, AReceiveBoundedUntilStartedWaitsForASenderThatStarted) {
   EXPECT_EQ(rig.r->stats().bytes_expected, 20'000u) << "a bounded receive all the same";
   EXPECT_EQ(rig.r->stats().bytes_lost, 0u);
   EXPECT_EQ(rig.s->stats().cut_sends, 0u);
+  if (connection_until_started) return;
   // The same losses and a plain bounded receive: cut at the deadline, half of it missing.
   expect_plain_bounded_cut(rig, src, 150);
+}
+
+TEST(PerMessage, AReceiveBoundedUntilStartedWaitsForASenderThatStarted) {
+  expect_started_sender_waited_for(false, MsgDelivery::kUntilStarted);
+}
+
+TEST(PerMessage, AConnectionMadeUntilStartedPostsItsReceivesSo) {
+  expect_started_sender_waited_for(true, MsgDelivery::kAsConnection);
 }
 
 // ... and a sender that never starts is cut at the deadline as before, the rest of its burst at
