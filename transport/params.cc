@@ -70,7 +70,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_SHARED_ENDPOINT", &Config::shared_endpoint, 0, 1, nullptr,
    "One UDP socket per device and thread, shared by every connection that thread opens, incoming datagrams told apart by their connection's token; 0 gives each connection a socket of its own (what an idle connection costs then grows with their number)."},
   {"OPTIREDUCE_LOG", &Config::log, 0, 0, "none|warn|info|trace",
-   "Log level outside NCCL (inside NCCL, NCCL_DEBUG governs)."},
+   "Log level outside NCCL (inside NCCL, NCCL_DEBUG governs). `info` adds one line per connection when a host-path communicator closes: messages, retransmissions, timer expiries, probes, drops."},
   {"OPTIREDUCE_RTO_MIN_US", &Config::rto_min_us, 50, 10'000'000, nullptr,
    "Lower bound of the retransmission timeout in microseconds. Above it the timeout follows the RTT each connection measures (the larger of 2 x smoothed RTT and smoothed RTT + 4 x its variation; 20 ms before the first sample), so it suits a 10 us fabric and a millisecond network alike; lost tail packets and lost CTS are repaired after a few RTTs, by the tail loss probe and the CTS repeat, without waiting for it."},
   {"OPTIREDUCE_RTO_MAX_US", &Config::rto_max_us, 1000, 60'000'000, nullptr,
