@@ -350,6 +350,20 @@ struct GpuState {
   uint64_t pending_calls = 0;  // calls whose counters are still on the device
   // The last call's counters are still on the device: `last` gets them at collection.
   bool last_pending = false;
+
+  // Ends the siblings (ours; the user's communicator is theirs): destroyed, or aborted when
+  // the peers may be gone or stuck (optiCommAbort, a failed optiCommInit).
+  void close_siblings(bool abort) {
+    for (ncclComm_t* c : {&bounded, &until_started}) {
+      if (*c == nullptr) continue;
+      if (abort) {
+        ncclCommAbort(*c);
+      } else {
+        ncclCommDestroy(*c);
+      }
+      *c = nullptr;
+    }
+  }
 };
 
 namespace {
@@ -394,6 +408,13 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
     return api_fail(optiCudaError, "optiCommInit: no CUDA device");
   auto st = std::make_unique<GpuState>();
   st->user = nccl;
+  // Every failure from here on aborts the siblings made so far, which nothing else would end.
+  struct AbortOnFailure {
+    GpuState* st;
+    ~AbortOnFailure() {
+      if (st != nullptr) st->close_siblings(true);
+    }
+  } abort_on_failure{st.get()};
   int rank = 0, n = 0;
   if (ncclCommUserRank(nccl, &rank) != ncclSuccess || ncclCommCount(nccl, &n) != ncclSuccess)
     return api_fail(optiNcclError, "optiCommInit: the NCCL communicator is not usable");
@@ -416,10 +437,7 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
     const int64_t tc = global_config().bounded_traffic_class;
     if (optiResult_t r = split(tc, &st->bounded); r != optiSuccess) return r;
     if (opts.allgatherMode == optiUntilStarted) {
-      if (optiResult_t r = split(tc + 1, &st->until_started); r != optiSuccess) {
-        ncclCommDestroy(st->bounded);
-        return r;
-      }
+      if (optiResult_t r = split(tc + 1, &st->until_started); r != optiSuccess) return r;
     }
   }
   st->ex = std::make_unique<NcclExchange>(nccl, st->bounded, st->until_started, rank, n);
@@ -448,6 +466,7 @@ optiResult_t gpu_init(optiComm* comm, struct ncclComm* nccl, const optiOptions_t
   comm->seed = seed;
   comm->kernels = nullptr;
   comm->tar = std::make_unique<Tar>(st->ex.get(), st->k.get(), seed);
+  abort_on_failure.st = nullptr;
   comm->gpu_state = st.release();
   return optiSuccess;
 }
@@ -515,14 +534,7 @@ optiResult_t gpu_destroy(optiComm* comm, bool abort) {
   GpuState* st = comm->gpu_state;
   if (st == nullptr) return optiSuccess;
   comm->tar.reset();
-  for (ncclComm_t c : {st->bounded, st->until_started}) {
-    if (c == nullptr) continue;
-    if (abort) {
-      ncclCommAbort(c);
-    } else {
-      ncclCommDestroy(c);
-    }
-  }
+  st->close_siblings(abort);
   delete st;
   comm->gpu_state = nullptr;
   return optiSuccess;
