@@ -5,7 +5,6 @@
 #include "collectives/host_exchange.h"
 
 #include <chrono>
-#include <cinttypes>
 #include <cstring>
 #include <thread>
 
@@ -39,13 +38,8 @@ void backoff(int* spins) {
 // One line per connection at close (OPTIREDUCE_LOG=info), as the plugin logs its own: where a
 // rank's time went under loss (retransmissions, timer expiries, probes) and what it dropped.
 void log_close(const char* dir, int mode, int peer, const ConnStats& s) {
-  OR_INFO("%s %s conn with rank %d: msgs %" PRIu64 " bytes %" PRIu64 " data %" PRIu64
-          " retx %" PRIu64 " rto %" PRIu64 " probes %" PRIu64 " cts resent %" PRIu64
-          " drops malformed/token/stale/dup/bounds/unexpected %" PRIu64 "/%" PRIu64 "/%" PRIu64
-          "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 " lost %" PRIu64 "/%" PRIu64 " B",
-          mode == 0 ? "exact" : "bounded", dir, peer, s.msgs, s.bytes, s.data_pkts, s.retx_pkts,
-          s.rto_events, s.probes, s.cts_resent, s.drop_malformed, s.drop_token, s.drop_stale,
-          s.drop_duplicate, s.drop_bounds, s.drop_unexpected, s.bytes_lost, s.bytes_expected);
+  OR_INFO("%s %s conn with rank %d: %s", mode == 0 ? "exact" : "bounded", dir, peer,
+          conn_stats_text(s).c_str());
 }
 
 }  // namespace

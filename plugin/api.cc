@@ -198,15 +198,8 @@ void retire(Wrap* w, std::vector<Wrap*> Context::*live, ConnStats Context::*ctx_
   const ConnStats s = w->comm->stats();
   add_stats(&(c.*ctx_closed), s, false);
   add_stats(&(state.*proc_closed), s, false);
-  OR_INFO("close %s comm %p (%s): msgs %" PRIu64 " bytes %" PRIu64 " data %" PRIu64 " retx %" PRIu64
-          " rto %" PRIu64
-          " drops malformed/token/stale/dup/bounds/unexpected "
-          "%" PRIu64 "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 "/%" PRIu64 " lost %" PRIu64
-          "/%" PRIu64 " B",
-          w->magic == kSendMagic ? "send" : "recv", static_cast<void*>(w),
-          delivery_name(w->comm->delivery()), s.msgs, s.bytes, s.data_pkts, s.retx_pkts,
-          s.rto_events, s.drop_malformed, s.drop_token, s.drop_stale, s.drop_duplicate,
-          s.drop_bounds, s.drop_unexpected, s.bytes_lost, s.bytes_expected);
+  OR_INFO("close %s comm %p (%s): %s", w->magic == kSendMagic ? "send" : "recv",
+          static_cast<void*>(w), delivery_name(w->comm->delivery()), conn_stats_text(s).c_str());
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 // The one list of a connection's counters. ConnStats below, the plugin's sums (plugin/stats.h)
 // and the public C struct optireduceNetCounters (plugin/optireduce_net.h, proved member by member
@@ -64,5 +65,9 @@ struct ConnStatsListedOnly {
 // A member written into ConnStats by hand would be summed and reported by nobody.
 static_assert(sizeof(ConnStats) == sizeof(detail::ConnStatsListedOnly),
               "ConnStats has a member outside OPTIREDUCE_CONN_STATS: add it to the list instead");
+
+// What a connection did, as its close line logs it (the plugin's and the host path's): traffic,
+// retransmissions, timer expiries, probes, CTS resends, drops by reason, bounded losses.
+std::string conn_stats_text(const ConnStats& s);
 
 }  // namespace optireduce
