@@ -138,6 +138,8 @@ const ParamSpec kParams[] = {
    "TAR: buffers smaller than this many bytes always go exactly (norms, loss values)."},
   {"OPTIREDUCE_NONFINITE_AGREE", &Config::nonfinite_agree, 0, 1, nullptr,
    "TAR, bounded calls: each rank scans its input for NaN/Inf and the ranks agree exactly (a 1-byte all-to-all, shared with the safeguard's redo) whether any had one; then every rank's output is the quiet NaN throughout (the exact result with OPTIREDUCE_SAFEGUARD_REDO), so all ranks take the same decision (e.g. a GradScaler skipping the step). Off, a NaN lost in transit can come out finite on some ranks only. Costs each bounded call a wait for the slowest rank to finish its pass, which gives up bounded mode's tolerance of stragglers: off by default."},
+  {"OPTIREDUCE_RESYNC_STEPS", &Config::resync_steps, 0, 1000000, nullptr,
+   "PyTorch hook (`optireduce.torch`; the libraries validate it and nothing else): every this many steps of a bounded training, the hook asks in one exact 4-byte call whether any rank lost phase-2 elements since the last time (its replica then drifted from its peers'), and if one did, averages the model's parameters exactly during that step's backward pass, so every replica holds the same bits again. 0: never. Exact mode and OPTIREDUCE_ALLGATHER_MODE=exact never drift."},
   {"OPTIREDUCE_HOME", &Config::home, 0, 0, nullptr,
    "Build tools only (the libraries never read it): where `nccl-tests-patches/apply-and-build.sh` finds an installed liboptireduce, the install prefix holding `include/optireduce.h` (docs/gpu.md)."},
   {"OPTIREDUCE_NCCL_TESTS_DIR", &Config::nccl_tests_dir, 0, 0, nullptr,

@@ -77,6 +77,7 @@ struct Config {
   bool safeguard_redo = false;    // OPTIREDUCE_SAFEGUARD_REDO
   int64_t exact_below_bytes = 4096;  // OPTIREDUCE_EXACT_BELOW
   bool nonfinite_agree = false;      // OPTIREDUCE_NONFINITE_AGREE
+  int64_t resync_steps = 20;         // OPTIREDUCE_RESYNC_STEPS (the PyTorch hook reads it)
 
   // --- build and test tools: read by scripts, never by the libraries; in the table so that they
   // are documented with the rest and a process that inherits them gets no unknown-variable warning

@@ -191,6 +191,18 @@ def main(argv=None):
         dist.all_reduce(t)  # the default group's Gloo allreduce, outside the timed steps
         return float(t[0] / t[1])
 
+    def replica_spread():
+        """How far the replicas drifted apart: max over ranks of |w_r - mean| / |mean| (0 when
+        every rank holds the same parameters). Outside the timed steps, over Gloo."""
+        with torch.no_grad():
+            w = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+            mean = w.clone()
+            dist.all_reduce(mean)
+            mean /= world
+            d = torch.tensor([float((w - mean).norm() / mean.norm().clamp_min(1e-30))])
+            dist.all_reduce(d, op=dist.ReduceOp.MAX)
+            return float(d[0])
+
     dist.barrier()
     setup_s = time.time() - t_init
     steps, evals = [], []
@@ -235,7 +247,7 @@ def main(argv=None):
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             acc = evaluate(eval_n)
             evals.append({"step": step + 1, "train_s": float(tt[0]), "wall_s": time.time() - wall0,
-                          "acc": acc})
+                          "acc": acc, "spread": replica_spread()})
             if rank == 0:
                 print(f"[{a.exchange} {a.env}] step {step + 1} loss {float(loss):.4f} "
                       f"test acc {acc:.4f} train {float(tt[0]):.1f} s", flush=True)
@@ -256,6 +268,7 @@ def main(argv=None):
         s["t"] = max(ts[i][0] for ts in all_t)
         s["lost_all"] = sum(ts[i][1] for ts in all_t)
         s["expected_all"] = sum(ts[i][2] for ts in all_t)
+    resyncs = state.resyncs if state is not None else 0
     if state is not None:
         state.close()
 
@@ -279,6 +292,9 @@ def main(argv=None):
             "lost_fraction": (sum(lost) / expected) if expected else 0.0,
             "expected_per_step": expected / max(len(steps), 1),
             "deadline_hits": sum((s.get("deadline_hits") or 0) for s in steps),
+            "replica_spread_max": max(e.get("spread", 0.0) for e in evals),
+            "replica_spread_final": evals[-1].get("spread", 0.0),
+            "resyncs": resyncs,
             "optireduce_env": {k: v for k, v in os.environ.items() if k.startswith("OPTIREDUCE_")},
         }
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -290,7 +306,8 @@ def main(argv=None):
         tta = f"{summary['tta_s']:.1f} s" if reached else "not reached"
         print(f"[{a.exchange} {a.env}] done: final acc {summary['final_acc']:.4f}, "
               f"time to {a.target:.0%} {tta}, step P50 {summary['step_p50_ms']:.1f} ms "
-              f"P99 {summary['step_p99_ms']:.1f} ms, lost/step {summary['lost_per_step']:.1f}",
+              f"P99 {summary['step_p99_ms']:.1f} ms, lost/step {summary['lost_per_step']:.1f}, "
+              f"replica spread max {summary['replica_spread_max']:.2e}, resyncs {resyncs}",
               flush=True)
     dist.barrier()
     dist.destroy_process_group()

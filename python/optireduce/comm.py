@@ -128,10 +128,12 @@ class Communicator:
 
 
 class Stats:
-    """optiStats_t with Python names. elements_* add both phases; lost_fraction as the library's."""
+    """optiStats_t with Python names. elements_* add both phases (elements_lost_gather: phase 2's
+    alone); lost_fraction as the library's."""
 
-    __slots__ = ("calls", "exact_calls", "elements_expected", "elements_lost", "blocks_empty",
-                 "deadline_hits", "safeguard_flags", "safeguard_redos", "tb_us", "tc_us",
+    __slots__ = ("calls", "exact_calls", "elements_expected", "elements_lost",
+                 "elements_lost_gather", "blocks_empty", "deadline_hits", "safeguard_flags",
+                 "safeguard_redos", "tb_us", "tc_us",
                  "incast", "lost_fraction", "time_us", "nonfinite_calls")
 
     @classmethod
@@ -141,6 +143,8 @@ class Stats:
         o.exact_calls = s.exactCalls
         o.elements_expected = s.elementsExpected[0] + s.elementsExpected[1]
         o.elements_lost = s.elementsLost[0] + s.elementsLost[1]
+        # Phase 2's share: an element lost there leaves this rank's result unlike its peers'.
+        o.elements_lost_gather = s.elementsLost[1]
         o.blocks_empty = s.blocksEmpty
         o.deadline_hits = s.deadlineHits
         o.safeguard_flags = s.safeguardFlags

@@ -3,6 +3,7 @@ given, else from the OPTIREDUCE_* environment (the library's own parser, so a va
 same in C and in Python). Bad values raise ValueError naming the option."""
 
 import ctypes
+import os
 
 from . import _library as L
 from .errors import check
@@ -86,6 +87,27 @@ def _convert(name, v):
     if name == "exact_below":
         return _int(name, v, 0, 1 << 30)
     raise TypeError(f"optireduce: unknown option {name!r} (known: {', '.join(FIELDS)})")
+
+
+def resync_steps(value=None):
+    """The PyTorch hook's resync_steps: the argument, else OPTIREDUCE_RESYNC_STEPS (which the
+    library validates too), else 20. An integer in [0, 1000000]; 0 turns the resync off."""
+    if value is None:
+        raw = os.environ.get("OPTIREDUCE_RESYNC_STEPS", "").strip()
+        if not raw:
+            return 20
+        try:
+            value = int(raw, 10)
+        except ValueError:
+            raise ValueError(f"optireduce: OPTIREDUCE_RESYNC_STEPS={raw!r}: must be an integer "
+                             "in [0, 1000000]") from None
+        if not 0 <= value <= 1_000_000:
+            raise ValueError(f"optireduce: OPTIREDUCE_RESYNC_STEPS={raw!r}: must be an integer "
+                             "in [0, 1000000]")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1_000_000:
+        raise _bad("resync_steps", value, "must be an integer in [0, 1000000]")
+    return value
 
 
 def make_options(**kwargs):

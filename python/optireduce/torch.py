@@ -34,7 +34,7 @@ import torch.distributed as dist
 from . import _library as L
 from .comm import Communicator, Stats
 from .errors import OptiReduceError
-from .options import describe, make_options
+from .options import describe, make_options, resync_steps as _resync_steps
 
 __all__ = ["OptiReduceState", "allreduce_hook"]
 
@@ -127,12 +127,21 @@ class OptiReduceState:
     straggler there), gather_fill ('zero' |
     'own': what an element lost in phase 2 becomes). A bad value raises ValueError naming the
     option.
+
+    resync_steps (OPTIREDUCE_RESYNC_STEPS, default 20; 0: never): bounded mode lets replicas
+    drift apart, since a rank that loses part of phase 2 (a straggler loses all of it) applies
+    a stand-in where its peers applied the owner's values. Every resync_steps steps the hook
+    asks, in one exact 4-byte call, whether any rank lost phase-2 elements since the last
+    resync, and if one did, averages every bucket's parameters exactly over the ranks during
+    that step's backward pass, before the optimizer's step: the replicas are the same bits
+    again. Exact mode and allgather_mode='exact' never drift and never resync.
+    sync_parameters(params) does the same on demand (before a checkpoint, say).
     """
 
     def __init__(self, process_group=None, store=None, *, mode=None, incast=None, hadamard=None,
                  hadamard_block=None, erasure=None, safeguard=None, safeguard_redo=None,
                  exact_below=None, nonfinite_agree=None, allgather_mode=None, gather_fill=None,
-                 timeout=datetime.timedelta(minutes=5), max_queued=256):
+                 resync_steps=None, timeout=datetime.timedelta(minutes=5), max_queued=256):
         if not dist.is_initialized():
             raise RuntimeError("optireduce: call torch.distributed.init_process_group first")
         if not isinstance(max_queued, int) or max_queued < 1:
@@ -142,6 +151,17 @@ class OptiReduceState:
                                      safeguard=safeguard, safeguard_redo=safeguard_redo,
                                      exact_below=exact_below, nonfinite_agree=nonfinite_agree,
                                      allgather_mode=allgather_mode, gather_fill=gather_fill)
+        # The same options with mode exact: the resync's calls.
+        self._exact_options = L.Options.from_buffer_copy(self._options)
+        self._exact_options.mode = L.EXACT
+        self.resync_steps = _resync_steps(resync_steps)
+        self._can_drift = (self._options.mode != L.EXACT and self._options.allgatherMode != L.EXACT)
+        self._steps_seen = 0          # steps whose last bucket reached the hook (autograd thread)
+        self._drifted = False         # this rank lost phase-2 elements in an earlier step (worker)
+        self._drifted_now = False     # ... in the step in progress
+        self._resync_step = -1        # the step whose resync was decided, and the decision
+        self._resync_go = False
+        self.resyncs = 0              # resyncs that averaged the parameters
         self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         self.size = dist.get_world_size(process_group)
@@ -239,9 +259,9 @@ class OptiReduceState:
                 self._failure = exc
         self.abort()
 
-    def allreduce_async(self, tensor):
+    def allreduce_async(self, tensor, _resync=None):
         """Averages `tensor` (contiguous fp32/fp16/bf16/fp64) over the ranks in place; returns a
-        torch.futures.Future of the tensor."""
+        torch.futures.Future of the tensor. (_resync: the hook's _Resync for the bucket.)"""
         fut = torch.futures.Future()
         if self._failure is not None:
             fut.set_exception(self._failure)
@@ -262,7 +282,10 @@ class OptiReduceState:
                 stream = torch.cuda.current_stream(tensor.device).cuda_stream
                 comm.allreduce(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], L.AVG,
                                stream)
-                self._record(comm.stats()[0])
+                last = comm.stats()[0]
+                self._record(last)
+                if _resync is not None:
+                    self._after_bucket(comm, _resync, last, tensor.device, stream)
                 fut.set_result(tensor)
             except Exception as e:  # noqa: BLE001 - surfaced through the Future
                 self._fail(e)
@@ -270,7 +293,7 @@ class OptiReduceState:
             return fut
         # A bad bucket fails in the worker, in order: the abort must not race a running call.
         self._start_worker()
-        self._queue.put((bad if bad is not None else tensor, fut))
+        self._queue.put((bad if bad is not None else tensor, fut, _resync))
         return fut
 
     def _start_worker(self):
@@ -283,7 +306,7 @@ class OptiReduceState:
             item = self._queue.get()
             if item is None:
                 return
-            tensor, fut = item
+            tensor, fut, resync = item
             if self._failure is not None:
                 fut.set_exception(self._failure)
                 continue
@@ -291,12 +314,20 @@ class OptiReduceState:
             try:
                 if isinstance(tensor, Exception):
                     raise tensor
+                if isinstance(tensor, _Call):
+                    tensor.run(self._host_comm())
+                    self._busy = False
+                    fut.set_result(None)
+                    continue
                 self._calls += 1
                 if self._fail_at_call is not None and self._calls >= self._fail_at_call:
                     raise OptiReduceError(L.INTERNAL_ERROR, "failure injected by a test")
                 comm = self._host_comm()
                 comm.allreduce(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], L.AVG)
-                self._record(comm.stats()[0])
+                last = comm.stats()[0]
+                self._record(last)
+                if resync is not None:
+                    self._after_bucket(comm, resync, last, tensor.device, None)
             except Exception as e:  # noqa: BLE001 - surfaced through the Future
                 self._busy = False
                 self._fail(e)
@@ -310,6 +341,82 @@ class OptiReduceState:
             self._queue.put(None)
             self._worker.join()
             self._worker = None
+
+    # ---- replica resync (see the class's doc)
+    def _resync_job(self, bucket):
+        """On the autograd thread, in DDP's bucket order: what the worker does after this
+        bucket's call (None: nothing)."""
+        if not self._can_drift or self.resync_steps == 0:
+            return None
+        step = self._steps_seen
+        last = bucket.is_last()
+        if last:
+            self._steps_seen += 1
+        due = (step + 1) % self.resync_steps == 0
+        return _Resync(step, last, list(bucket.parameters()) if due else None)
+
+    def _after_bucket(self, comm, job, last_stats, device, stream):
+        """After a bucket's call, in call order (the worker, or the GPU path's caller)."""
+        if last_stats.elements_lost_gather:
+            self._drifted_now = True
+        if job.params is not None:
+            if self._resync_step != job.step:
+                # The step's first bucket decides for all of its buckets: any rank drifted in an
+                # earlier step. This step's own losses count towards the next resync.
+                self._resync_step = job.step
+                flag = torch.tensor([1.0 if self._drifted else 0.0], dtype=torch.float32,
+                                    device=device)
+                self._exact_call(comm, flag, stream)
+                self._resync_go = flag.item() > 0
+                self._drifted = False
+                if self._resync_go:
+                    self.resyncs += 1
+            if self._resync_go:
+                self._average(comm, job.params, stream)
+        if job.last:
+            self._drifted = self._drifted or self._drifted_now
+            self._drifted_now = False
+
+    def _exact_call(self, comm, tensor, stream):
+        comm.set_options(self._exact_options)
+        try:
+            comm.allreduce(tensor.data_ptr(), tensor.numel(), _DTYPES[tensor.dtype], L.AVG, stream)
+        finally:
+            comm.set_options(self._options)
+
+    def _average(self, comm, params, stream):
+        """params <- their exact average over the ranks, one call per dtype."""
+        with torch.no_grad():
+            by_dtype = {}
+            for p in params:
+                by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, ps in by_dtype.items():
+                if dtype not in _DTYPES:
+                    raise TypeError(f"optireduce: cannot resync {dtype} parameters")
+                flat = torch.cat([p.detach().reshape(-1) for p in ps])
+                self._exact_call(comm, flat, stream)
+                off = 0
+                for p in ps:
+                    n = p.numel()
+                    # In place through detach(): the version counter is shared, so autograd
+                    # raises rather than use a value changed under it.
+                    p.detach().copy_(flat[off:off + n].view_as(p))
+                    off += n
+
+    def sync_parameters(self, params):
+        """Collective, outside a backward pass: averages `params` (an iterable of tensors, e.g.
+        model.parameters(), in the same order on every rank) exactly over the ranks, so that
+        every replica holds the same bits. Waits for the hook's queued calls first."""
+        params = list(params)
+        if any(p.is_cuda for p in params):
+            comm = self._gpu_comm(params[0].device)
+            stream = torch.cuda.current_stream(params[0].device).cuda_stream
+            self._average(comm, params, stream)
+            return
+        done = torch.futures.Future()
+        self._start_worker()
+        self._queue.put((_Call(lambda comm: self._average(comm, params, None)), done, None))
+        done.wait()
 
     # ---- teardown
     def close(self):
@@ -347,13 +454,21 @@ class OptiReduceState:
 
 def allreduce_hook(state, bucket):
     """DDP communication hook: averages the bucket over the ranks with Transpose AllReduce."""
-    return state.allreduce_async(bucket.buffer())
+    return state.allreduce_async(bucket.buffer(), _resync=state._resync_job(bucket))
 
 
-@atexit.register
-def _release_at_exit():
-    # A state never closed: free its sockets and threads without waiting for peers, unless a
-    # call is still running on its worker (then the process exit ends it).
-    for s in list(_live_states):
-        if not s._busy and (s._host is not None or s._gpu is not None):
-            s.abort()
+class _Resync:
+    """What the worker does for the resync after a bucket's call: the step it belongs to,
+    whether it is the step's last bucket, and its parameters on a resync step (else None)."""
+
+    __slots__ = ("step", "last", "params")
+
+    def __init__(self, step, last, params):
+        self.step, self.last, self.params = step, last, params
+
+
+class _Call:
+    """A queued job other than a bucket (sync_parameters): runs on the worker, in order."""
+
+    def __init__(self, run):
+        self.run = run

@@ -54,6 +54,26 @@ class Options(unittest.TestCase):
                 self.assertIn(name, str(cm.exception))
         with self.assertRaises(TypeError):
             options.make_options(colour="blue")
+        for value in (-1, 1_000_001, 2.5, True, "20"):
+            with self.subTest(name="resync_steps", value=value):
+                with self.assertRaises(ValueError) as cm:
+                    options.resync_steps(value)
+                self.assertIn("resync_steps", str(cm.exception))
+
+    def test_resync_steps_comes_from_the_argument_else_the_environment(self):
+        self.assertEqual(options.resync_steps(), 20)
+        self.assertEqual(options.resync_steps(0), 0)
+        os.environ["OPTIREDUCE_RESYNC_STEPS"] = "7"
+        try:
+            self.assertEqual(options.resync_steps(), 7)
+            self.assertEqual(options.resync_steps(3), 3)
+            for raw in ("x", "-1", "2000000"):
+                os.environ["OPTIREDUCE_RESYNC_STEPS"] = raw
+                with self.assertRaises(ValueError) as cm:
+                    options.resync_steps()
+                self.assertIn("OPTIREDUCE_RESYNC_STEPS", str(cm.exception))
+        finally:
+            del os.environ["OPTIREDUCE_RESYNC_STEPS"]
 
     def test_environment_is_the_default_and_is_validated(self):
         code = ("import sys, optireduce; from optireduce import options; "
