@@ -2,7 +2,8 @@
 NCCL communicator the state builds from the store) under an unmodified PyTorch. Two processes on
 one GPU, each its own NCCL node (NCCL_HOSTID), so NCCL's traffic goes through the plugin; Gloo
 is the process group, as in ddp_test.py. Exact mode gives DDP's own result, every bucket dtype
-is averaged, and bounded mode under injected loss trains and counts its losses. Skips without
+is averaged, bounded mode under injected loss trains and counts its losses, and drifted
+replicas are made the same bits again. Skips without
 PyTorch or without a CUDA device.
 
     ddp_cuda_test.py LIB PLUGIN      the tests (liboptireduce.so, libnccl-net-optireduce.so)
@@ -44,6 +45,13 @@ def _train(scenario, lib, outdir):
         ranks.report(outdir, rank, result)
         return
 
+    if scenario in ("resync", "no_resync"):
+        result.update(ranks.drift_and_resync(torch, ort, DDP, dist, scenario == "resync", rank,
+                                             dev))
+        ranks.report(outdir, rank, result)
+        dist.destroy_process_group()
+        return
+
     model = ranks.ddp_model(torch).to(dev)
     ddp = DDP(model, device_ids=[0], bucket_cap_mb=0.1)
     state = None
@@ -82,6 +90,9 @@ class DdpHookCuda(unittest.TestCase):
         for r in self.run_ranks("dtypes"):
             for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
                 self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
+
+    def test_drifted_replicas_are_made_the_same_bits_again(self):
+        ranks.assert_resynced(self, self.run_ranks("resync"), self.run_ranks("no_resync"))
 
     def test_bounded_mode_under_loss_trains_and_counts_its_losses(self):
         res = self.run_ranks("bounded_loss", env={"OPTIREDUCE_FAULT_DROP": "0.05"})

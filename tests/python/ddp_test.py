@@ -7,7 +7,6 @@ failure on one rank raises on every rank.
     ddp_test.py worker SCENARIO LIB OUTDIR    one rank (launched by the tests)
 """
 
-import hashlib
 import os
 import sys
 import time
@@ -42,7 +41,8 @@ def _train(scenario, lib, outdir):
         return
 
     if scenario in ("resync", "no_resync"):
-        _resync(torch, ort, DDP, dist, scenario, rank, result)
+        result.update(ranks.drift_and_resync(torch, ort, DDP, dist, scenario == "resync", rank,
+                                             "cpu"))
         ranks.report(outdir, rank, result)
         dist.destroy_process_group()
         return
@@ -77,52 +77,6 @@ def _train(scenario, lib, outdir):
     dist.destroy_process_group()
 
 
-def _resync(torch, ort, DDP, dist, scenario, rank, result):
-    """Bounded training in which rank 1's replica drifts after step 2 (its parameters moved, and
-    its state told it lost phase-2 elements, as a straggler would have). With resync_steps=5 the
-    hook averages the parameters during step 5's backward pass; then sync_parameters at the end.
-    Reports digests of the parameters after step 5's backward pass and after the final sync,
-    and how far the former is from the exact average of the replicas before that step."""
-    model = ranks.ddp_model(torch)
-    ddp = DDP(model, bucket_cap_mb=0.1)
-    state = ort.OptiReduceState(mode="bounded", resync_steps=5 if scenario == "resync" else 0)
-    ddp.register_comm_hook(state, ort.allreduce_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(100 + rank)
-    w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
-
-    def flat():
-        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
-
-    def digest(t):
-        return hashlib.sha256(t.numpy().tobytes()).hexdigest()
-
-    for step in range(7):
-        x = torch.randn(128, 64, generator=g)
-        y = (x @ w_true).argmax(dim=1)
-        if step == 4:
-            mean = flat()
-            dist.all_reduce(mean)  # Gloo, outside the hook: the replicas' average before it
-            mean /= dist.get_world_size()
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        if step == 4:  # the resync step: the hook averaged the parameters during backward
-            got = flat()
-            result["at_resync"] = digest(got)
-            result["at_resync_off_mean"] = float((got - mean).abs().max())
-        opt.step()
-        if step == 1 and rank == 1:
-            with torch.no_grad():
-                for p in model.parameters():
-                    p.add_(0.01)
-            state._drifted = True  # the worker is idle between steps
-    state.sync_parameters(model.parameters())
-    result["after_sync"] = digest(flat())
-    result["resyncs"] = state.resyncs
-    state.close()
-
-
 # ---------------------------------------------------------------- tests
 LIB = None
 
@@ -154,22 +108,7 @@ class DdpHook(unittest.TestCase):
             self.assertEqual(r["last_stats"]["elements_expected"] > 0, True)
 
     def test_drifted_replicas_are_made_the_same_bits_again(self):
-        res = self.run_ranks("resync")
-        for r in res:
-            self.assertEqual(r["at_resync"], res[0]["at_resync"],
-                             f"rank {r['rank']} differs from rank 0 after the resync step")
-            self.assertLess(r["at_resync_off_mean"], 1e-6, "the resync is not the average")
-            self.assertGreaterEqual(r["resyncs"], 1)
-            self.assertEqual(r["after_sync"], res[0]["after_sync"],
-                             f"rank {r['rank']} differs from rank 0 after sync_parameters")
-        # Without the resync, the drift stays (so the test above can fail); sync_parameters
-        # still ends it.
-        off = self.run_ranks("no_resync")
-        self.assertNotEqual(off[1]["at_resync"], off[0]["at_resync"])
-        self.assertGreater(off[1]["at_resync_off_mean"], 1e-3)
-        for r in off:
-            self.assertEqual(r["resyncs"], 0)
-            self.assertEqual(r["after_sync"], off[0]["after_sync"])
+        ranks.assert_resynced(self, self.run_ranks("resync"), self.run_ranks("no_resync"))
 
     def test_every_bucket_dtype_is_averaged(self):
         for r in self.run_ranks("dtypes"):

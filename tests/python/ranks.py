@@ -165,3 +165,71 @@ def dtype_averages(torch, state, rank, world, count, device):
         result[str(dt)] = bool(torch.equal(got, want))
     return result
 
+
+def drift_and_resync(torch, ort, DDP, dist, resync, rank, device):
+    """Bounded training in which rank 1's replica drifts after step 2 (its parameters moved, and
+    its state told it lost phase-2 elements, as a straggler would have). With resync the hook
+    (resync_steps=5) averages the parameters during step 5's backward pass; sync_parameters
+    follows the last step either way. Returns digests of the parameters after step 5's backward
+    pass and after the final sync, how far the former is from the exact average of the replicas
+    before that step, and the state's resync count."""
+    import hashlib
+    model = ddp_model(torch).to(device)
+    ddp = DDP(model, bucket_cap_mb=0.1)
+    state = ort.OptiReduceState(mode="bounded", resync_steps=5 if resync else 0)
+    ddp.register_comm_hook(state, ort.allreduce_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank)
+    w_true = torch.randn(64, 10, generator=torch.Generator().manual_seed(7))
+
+    def flat():
+        return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu().clone()
+
+    def digest(t):
+        return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+    out = {}
+    for step in range(7):
+        x = torch.randn(128, 64, generator=g)
+        y = (x @ w_true).argmax(dim=1)
+        if step == 4:
+            mean = flat()
+            dist.all_reduce(mean)  # Gloo, outside the hook: the replicas' average before it
+            mean /= dist.get_world_size()
+        loss = torch.nn.functional.cross_entropy(ddp(x.to(device)), y.to(device))
+        opt.zero_grad()
+        loss.backward()
+        if step == 4:  # the resync step: the hook averaged the parameters during backward
+            got = flat()
+            out["at_resync"] = digest(got)
+            out["at_resync_off_mean"] = float((got - mean).abs().max())
+        opt.step()
+        if step == 1 and rank == 1:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.01)
+            state._drifted = True  # the worker is idle between steps
+    state.sync_parameters(model.parameters())
+    out["after_sync"] = digest(flat())
+    out["resyncs"] = state.resyncs
+    state.close()
+    return out
+
+
+def assert_resynced(test, on, off):
+    """drift_and_resync's results with and without the resync: with it, every rank holds the
+    same bits after the resync step, and they are the replicas' average; without it, rank 1
+    stays off (so the first check can fail); sync_parameters ends the drift either way."""
+    for r in on:
+        test.assertEqual(r["at_resync"], on[0]["at_resync"],
+                         f"rank {r['rank']} differs from rank 0 after the resync step")
+        test.assertLess(r["at_resync_off_mean"], 1e-6, "the resync is not the average")
+        test.assertGreaterEqual(r["resyncs"], 1)
+    test.assertNotEqual(off[1]["at_resync"], off[0]["at_resync"])
+    test.assertGreater(off[1]["at_resync_off_mean"], 1e-3)
+    for res in (on, off):
+        for r in res:
+            test.assertEqual(r["after_sync"], res[0]["after_sync"],
+                             f"rank {r['rank']} differs from rank 0 after sync_parameters")
+    for r in off:
+        test.assertEqual(r["resyncs"], 0)
