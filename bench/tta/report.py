@@ -81,6 +81,10 @@ def agg(rs):
         "lost": mean([x["lost_per_step"] for x in s]),
         "lost_frac": mean([x["lost_fraction"] for x in s]),
         "train_s": mean([x["train_s"] for x in s]),
+        # Runs older than these fields give None (shown as "-").
+        "cpu": mean([x["cpu_ms_per_step"] for x in s if x.get("cpu_ms_per_step") is not None]),
+        "spread": mean([x["replica_spread_max"] for x in s
+                        if x.get("replica_spread_max") is not None]),
     }
 
 
@@ -222,7 +226,8 @@ def main():
     envs = envs_of(runs)
     cols = ["env", "exchange", "seed", "steps_run", "tta_s", "steps_to_target", "final_acc",
             "final_acc_subset", "step_p50_ms", "step_p99_ms", "step_mean_ms", "lost_per_step",
-            "lost_fraction", "deadline_hits", "train_s", "wall_s"]
+            "lost_fraction", "deadline_hits", "train_s", "wall_s", "cpu_ms_per_step",
+            "replica_spread_max", "replica_spread_final", "resyncs"]
     with open(os.path.join(d, "runs.csv"), "w") as f:
         f.write(",".join(cols) + "\n")
         for r in sorted(runs, key=lambda r: (r["env_dir"], r["summary"]["exchange"],
@@ -241,8 +246,9 @@ def main():
              "times are training time, evaluations excluded; means over seeds, step P50/P99 "
              "medians over seeds).", "",
              "| environment | exchange | time to target (s) | vs ddp-gloo | steps to target | "
-             "final accuracy | step P50 / P99 (ms) | lost elements per step (fraction) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "final accuracy | step P50 / P99 (ms) | lost elements per step (fraction) | "
+             "replica spread (max) | CPU per step, all ranks (ms) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for env in envs:
         base = cell(runs, env, "ddp-gloo")
         bt = agg(base)["tta"] if base else None
@@ -261,7 +267,8 @@ def main():
             if env.startswith("sweep-"):
                 name = f"sweep: {100 * float(env.split('-', 1)[1]):g}% injected loss"
             lines.append(f"| {name} | {ex} | {tta} | {ratio} | {fmt(a['steps'], '.0f')} | "
-                         f"{100 * a['final']:.2f}% | {fmt(a['p50'])} / {fmt(a['p99'])} | {lost} |")
+                         f"{100 * a['final']:.2f}% | {fmt(a['p50'])} / {fmt(a['p99'])} | {lost} | "
+                         f"{fmt(a['spread'], '.1e')} | {fmt(a['cpu'], '.0f')} |")
     lines += ["", "| goal | measured | verdict |", "|---|---|---|"]
     gl = goals(runs)
     for what, measured, ok in gl:

@@ -26,6 +26,7 @@ import json
 import math
 import os
 import random
+import resource
 import struct
 import sys
 import time
@@ -205,6 +206,7 @@ def main(argv=None):
 
     dist.barrier()
     setup_s = time.time() - t_init
+    ru0 = resource.getrusage(resource.RUSAGE_SELF)
     steps, evals = [], []
     train_s = 0.0
     wall0 = time.time()
@@ -256,6 +258,11 @@ def main(argv=None):
                 if a.stop_at_target:
                     break
     wall_s = time.time() - wall0
+    # CPU time of this process (every thread: training, the hook's worker, the transport's
+    # progress thread) over the steps and their evaluations: what the exchange costs the cores
+    # that the ranks share.
+    ru1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu_s = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     final_acc = evaluate()  # the whole (or --test-limit) test set, once, after the budget
 
     # Per-step times of every rank; a step's figure is its slowest rank's.
@@ -263,6 +270,8 @@ def main(argv=None):
     all_t = [None] * world
     dist.all_gather_object(all_t, [(s["t"], s.get("elements_lost") or 0,
                                     s.get("elements_expected") or 0) for s in steps])
+    all_cpu = [None] * world
+    dist.all_gather_object(all_cpu, cpu_s)
     for i, s in enumerate(steps):
         s["t_rank0"] = s["t"]
         s["t"] = max(ts[i][0] for ts in all_t)
@@ -292,6 +301,7 @@ def main(argv=None):
             "lost_fraction": (sum(lost) / expected) if expected else 0.0,
             "expected_per_step": expected / max(len(steps), 1),
             "deadline_hits": sum((s.get("deadline_hits") or 0) for s in steps),
+            "cpu_s": sum(all_cpu), "cpu_ms_per_step": 1e3 * sum(all_cpu) / max(len(steps), 1),
             "replica_spread_max": max(e.get("spread", 0.0) for e in evals),
             "replica_spread_final": evals[-1].get("spread", 0.0),
             "resyncs": resyncs,
@@ -307,7 +317,8 @@ def main(argv=None):
         print(f"[{a.exchange} {a.env}] done: final acc {summary['final_acc']:.4f}, "
               f"time to {a.target:.0%} {tta}, step P50 {summary['step_p50_ms']:.1f} ms "
               f"P99 {summary['step_p99_ms']:.1f} ms, lost/step {summary['lost_per_step']:.1f}, "
-              f"replica spread max {summary['replica_spread_max']:.2e}, resyncs {resyncs}",
+              f"replica spread max {summary['replica_spread_max']:.2e}, resyncs {resyncs}, "
+              f"CPU {summary['cpu_ms_per_step']:.0f} ms/step (all ranks)",
               flush=True)
     dist.barrier()
     dist.destroy_process_group()
