@@ -356,6 +356,31 @@ TEST_F(KernelsEmu, ThePlantedBugsAreEachReported) {
   EXPECT_NE(early.find("is not reached by every thread"), std::string::npos) << early;
 }
 
+// 16 bytes per thread, checked as kernels.cu's vector accesses are (the copy itself by memcpy,
+// which the host does not fault on).
+__global__ void copy_by_16_bytes(const uint32_t* in, uint32_t* out) {
+  const uint32_t* p = in + 4 * threadIdx.x;
+  OR_CHECK_ALIGNED(p, 16);
+  std::memcpy(out + 4 * threadIdx.x, p, 16);
+  __syncthreads();  // the others wait here for the thread that stopped
+}
+
+TEST_F(KernelsEmu, AMisalignedVectorAccessIsReportedAndTheNextLaunchRuns) {
+  Device dev;
+  std::vector<uint32_t> v(4 * 64 + 1);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = uint32_t(i);
+  const uint32_t* in = dev.upload(v);
+  auto* out = static_cast<uint32_t*>(dev.alloc(4 * 64 * sizeof(uint32_t)));
+  OR_LAUNCH(copy_by_16_bytes, 1, 64, 0, nullptr)(in + 1, out);
+  EXPECT_NE(emu::last_error_text().find("misaligned address"), std::string::npos)
+      << emu::last_error_text();
+  emu::clear_error();
+  // The stopped threads start afresh: an aligned launch on the same scheduler runs clean.
+  OR_LAUNCH(copy_by_16_bytes, 1, 64, 0, nullptr)(in, out);
+  EXPECT_EQ(emu::last_error_text(), "");
+  EXPECT_EQ(first_mismatch(out, v.data(), 4 * 64), size_t(4 * 64));
+}
+
 // A warp reduction whose mask names lanes that a 48-thread block does not have.
 __global__ void partial_warp_sum(unsigned* out) {
   unsigned v = threadIdx.x;
