@@ -4,6 +4,11 @@
 // collectives/elem.h and math.h, the same functions the host kernels use; the host kernels are the
 // oracles in the tests. The same source also runs on the CPU under tests/kernels_emu
 // (device_compat.h).
+//
+// reduce and fill move 16 bytes per access (Run) where every pointer allows it (16-byte aligned),
+// else one element per thread; the element math is the same either way: a 16-bit element is 2
+// bytes to move and a few dozen instructions to convert and convert back, so one 2-byte load per
+// thread and source left them bound by instructions rather than by DRAM.
 #include "cuda/device_compat.h"
 #include "cuda/launch.h"
 
@@ -34,6 +39,31 @@ __host__ __device__ unsigned log2_pow2(uint64_t x) {
 #else
   return unsigned(__builtin_ctzll(x));
 #endif
+}
+
+// N consecutive elements as one access: 16 bytes (ld/st.v4), or fewer for short runs; longer
+// runs take one 16-byte access per 16 bytes. The address must be a multiple of the alignment,
+// which every caller checks on its base pointers (is_aligned16) and keeps by indexing runs at
+// multiples of N.
+template <class S, unsigned N>
+struct alignas(N * sizeof(S) < 16 ? N * sizeof(S) : 16) Run {
+  S e[N];
+};
+
+bool is_aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+template <unsigned N, class S>
+__device__ __forceinline__ Run<S, N> load_run(const S* p) {
+  OR_CHECK_ALIGNED(p, alignof(Run<S, N>));
+  return *reinterpret_cast<const Run<S, N>*>(p);
+}
+
+template <unsigned N, class S>
+__device__ __forceinline__ void store_run(S* p, const Run<S, N>& r) {
+  OR_CHECK_ALIGNED(p, alignof(Run<S, N>));
+  *reinterpret_cast<Run<S, N>*>(p) = r;
 }
 
 __device__ uint64_t dim_of(uint64_t b, uint64_t count, uint64_t block) {
@@ -355,31 +385,57 @@ struct ReduceArgs {
   bool last;   // write the output (else the workspace)
 };
 
-template <DType T>
+// Elements [i, i + N) of the reduction, each source's N elements in one run (N = 1: one
+// element). Returns the erased elements found.
+template <DType T, unsigned N>
+__device__ __forceinline__ unsigned reduce_run(const ReduceArgs& a, typename Elem<T>::A* sum,
+                                               typename Elem<T>::A* got, typename Elem<T>::S* out,
+                                               uint64_t i, int nranks, RedOp op, Erasure policy) {
+  using E = Elem<T>;
+  using S = typename E::S;
+  using A = typename E::A;
+  Run<A, N> acc, cnt;
+  if (a.first) {
+    for (unsigned j = 0; j < N; ++j) acc.e[j] = cnt.e[j] = A(0);
+  } else {
+    acc = load_run<N>(sum + i);
+    cnt = load_run<N>(got + i);
+  }
+  unsigned lost = 0;
+  for (int k = 0; k < a.nsrc; ++k) {  // rank order, as the host kernel: same rounding
+    const Run<S, N> v = load_run<N>(static_cast<const S*>(a.srcs[k]) + i);
+    const bool lossy = a.lossy[k] != 0;
+    for (unsigned j = 0; j < N; ++j) {
+      const bool erased = lossy && v.e[j] == E::kMarker;
+      acc.e[j] += erased ? A(0) : E::load(v.e[j]);
+      cnt.e[j] += erased ? A(0) : A(1);
+      lost += erased ? 1 : 0;
+    }
+  }
+  if (a.last) {
+    Run<S, N> o;
+    for (unsigned j = 0; j < N; ++j)
+      o.e[j] = E::store(finish_reduce(acc.e[j], cnt.e[j], A(nranks), op, policy));
+    store_run<N>(out + i, o);
+  } else {
+    store_run<N>(sum + i, acc);
+    store_run<N>(got + i, cnt);
+  }
+  return lost;
+}
+
+// N elements per thread and trip (16 bytes of each source where every pointer is 16-byte
+// aligned, else N = 1); the last n % N elements one per thread.
+template <DType T, unsigned N>
 __global__ void reduce_kernel(ReduceArgs a, typename Elem<T>::A* sum, typename Elem<T>::A* got,
                               typename Elem<T>::S* out, uint64_t n, int nranks, RedOp op,
                               Erasure policy, unsigned long long* counters) {
-  using E = Elem<T>;
-  using A = typename E::A;
+  const uint64_t id = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x, runs = n / N;
   unsigned lost = 0;
-  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n;
-       i += uint64_t(gridDim.x) * blockDim.x) {
-    A acc = a.first ? A(0) : sum[i];
-    A cnt = a.first ? A(0) : got[i];
-    for (int k = 0; k < a.nsrc; ++k) {  // rank order, as the host kernel: same rounding
-      const typename E::S v = static_cast<const typename E::S*>(a.srcs[k])[i];
-      const bool erased = a.lossy[k] && v == E::kMarker;
-      acc += erased ? A(0) : E::load(v);
-      cnt += erased ? A(0) : A(1);
-      lost += erased ? 1 : 0;
-    }
-    if (a.last) {
-      out[i] = E::store(finish_reduce(acc, cnt, A(nranks), op, policy));
-    } else {
-      sum[i] = acc;
-      got[i] = cnt;
-    }
-  }
+  for (uint64_t r = id; r < runs; r += uint64_t(gridDim.x) * blockDim.x)
+    lost += reduce_run<T, N>(a, sum, got, out, r * N, nranks, op, policy);
+  if (N > 1 && id < n - runs * N)
+    lost += reduce_run<T, 1>(a, sum, got, out, runs * N + id, nranks, op, policy);
   add_count(&counters[kLostPhase1], lost);
 }
 
@@ -388,11 +444,15 @@ int reduce_t(const void* const* srcs, const uint8_t* lossy, int nranks, void* ou
              RedOp op, Erasure policy, void* work, unsigned long long* counters, Stream s) {
   using E = Elem<T>;
   using A = typename E::A;
+  using S = typename E::S;
+  constexpr unsigned V = 16 / sizeof(S);
   // The workspace only when one launch cannot take every source (reduce_work_bytes is 0
   // otherwise): no kernel gets a pointer past the end of an allocation, used or not.
   const bool staged = nranks > kMaxSourcesPerLaunch;
   A* sum = staged ? static_cast<A*>(work) : nullptr;
   A* got = staged ? sum + n : nullptr;
+  bool vec = is_aligned16(out) && is_aligned16(sum) && is_aligned16(got);
+  for (int k = 0; k < nranks; ++k) vec = vec && is_aligned16(srcs[k]);
   for (int first = 0; first < nranks; first += kMaxSourcesPerLaunch) {
     ReduceArgs a{};
     a.nsrc = nranks - first < kMaxSourcesPerLaunch ? nranks - first : kMaxSourcesPerLaunch;
@@ -402,27 +462,54 @@ int reduce_t(const void* const* srcs, const uint8_t* lossy, int nranks, void* ou
     }
     a.first = first == 0;
     a.last = first + a.nsrc == nranks;
-    OR_LAUNCH(reduce_kernel<T>, blocks_for(n), kThreads, 0, s)
-    (a, sum, got, static_cast<typename E::S*>(out), n, nranks, op, policy, counters);
+    if (vec) {
+      const auto kernel = reduce_kernel<T, V>;  // one macro argument
+      OR_LAUNCH(kernel, blocks_for(n / V), kThreads, 0, s)
+      (a, sum, got, static_cast<S*>(out), n, nranks, op, policy, counters);
+    } else {
+      const auto kernel = reduce_kernel<T, 1>;
+      OR_LAUNCH(kernel, blocks_for(n), kThreads, 0, s)
+      (a, sum, got, static_cast<S*>(out), n, nranks, op, policy, counters);
+    }
   }
   return int(cudaGetLastError());
 }
 
-template <DType T>
+// Elements [i, i + N) of the fill. own is read only where something was lost (rarely), and the
+// store is skipped where nothing was lost in place (dst == rcv): the same bytes either way.
+template <DType T, unsigned N>
+__device__ __forceinline__ unsigned fill_run(typename Elem<T>::S* dst,
+                                             const typename Elem<T>::S* rcv,
+                                             const typename Elem<T>::S* own, uint64_t i,
+                                             typename Elem<T>::A sc) {
+  using E = Elem<T>;
+  const Run<typename E::S, N> v = load_run<N>(rcv + i);
+  unsigned lost = 0;
+  for (unsigned j = 0; j < N; ++j) lost += v.e[j] == E::kMarker ? 1 : 0;
+  if (lost == 0) {
+    if (dst != rcv) store_run<N>(dst + i, v);
+    return 0;
+  }
+  const Run<typename E::S, N> w = load_run<N>(own + i);
+  Run<typename E::S, N> o;
+  for (unsigned j = 0; j < N; ++j)
+    o.e[j] = v.e[j] == E::kMarker ? E::store(E::load(w.e[j]) * sc) : v.e[j];
+  store_run<N>(dst + i, o);
+  return lost;
+}
+
+// As reduce_kernel: N elements per thread and trip, the last n % N one per thread.
+template <DType T, unsigned N>
 __global__ void fill_kernel(typename Elem<T>::S* dst, const typename Elem<T>::S* rcv,
                             const typename Elem<T>::S* own, uint64_t n, double own_scale,
                             Erasure policy, unsigned long long* counters) {
-  using E = Elem<T>;
-  using A = typename E::A;
+  using A = typename Elem<T>::A;
   const A sc = policy == Erasure::kZero ? A(0) : A(own_scale);
+  const uint64_t id = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x, runs = n / N;
   unsigned lost = 0;
-  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n;
-       i += uint64_t(gridDim.x) * blockDim.x) {
-    const typename E::S v = rcv[i];
-    const bool erased = v == E::kMarker;
-    dst[i] = erased ? E::store(E::load(own[i]) * sc) : v;
-    lost += erased ? 1 : 0;
-  }
+  for (uint64_t r = id; r < runs; r += uint64_t(gridDim.x) * blockDim.x)
+    lost += fill_run<T, N>(dst, rcv, own, r * N, sc);
+  if (N > 1 && id < n - runs * N) lost += fill_run<T, 1>(dst, rcv, own, runs * N + id, sc);
   add_count(&counters[kLostPhase2], lost);
 }
 
@@ -430,9 +517,18 @@ template <DType T>
 int fill_t(void* dst, const void* rcv, const void* own, size_t n, double own_scale, Erasure policy,
            unsigned long long* counters, Stream s) {
   using S = typename Elem<T>::S;
-  OR_LAUNCH(fill_kernel<T>, blocks_for(n), kThreads, 0, s)
-  (static_cast<S*>(dst), static_cast<const S*>(rcv), static_cast<const S*>(own), n, own_scale,
-   policy, counters);
+  constexpr unsigned V = 16 / sizeof(S);
+  if (is_aligned16(dst) && is_aligned16(rcv) && is_aligned16(own)) {
+    const auto kernel = fill_kernel<T, V>;  // one macro argument
+    OR_LAUNCH(kernel, blocks_for(n / V), kThreads, 0, s)
+    (static_cast<S*>(dst), static_cast<const S*>(rcv), static_cast<const S*>(own), n, own_scale,
+     policy, counters);
+  } else {
+    const auto kernel = fill_kernel<T, 1>;
+    OR_LAUNCH(kernel, blocks_for(n), kThreads, 0, s)
+    (static_cast<S*>(dst), static_cast<const S*>(rcv), static_cast<const S*>(own), n, own_scale,
+     policy, counters);
+  }
   return int(cudaGetLastError());
 }
 

@@ -24,9 +24,11 @@ class Device {
   ~Device() {
     for (void* p : allocs_) emu::device_free(p);
   }
+  // At `shift` elements past an allocation's (16-byte aligned) start: shift % (16 / sizeof(T))
+  // != 0 makes the kernels take their element-by-element paths.
   template <class T>
-  T* upload(const std::vector<T>& v) {
-    T* p = static_cast<T*>(alloc(v.size() * sizeof(T)));
+  T* upload(const std::vector<T>& v, size_t shift = 0) {
+    T* p = static_cast<T*>(alloc((v.size() + shift) * sizeof(T))) + shift;
     std::memcpy(p, v.data(), v.size() * sizeof(T));
     return p;
   }
@@ -126,8 +128,9 @@ TEST_F(KernelsEmu, HadamardMultiPassMatchesTheHostBitForBit) {
 }
 
 template <DType T>
-void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op) {
-  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " ranks " << n << " len " << len);
+void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message()
+               << "dtype " << int(T) << " ranks " << n << " len " << len << " shift " << shift);
   using S = typename Elem<T>::S;
   std::vector<std::vector<S>> src;
   std::vector<const void*> host_ptrs, dev_ptrs;
@@ -140,7 +143,7 @@ void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op) {
       for (size_t i = len / 4; i < len / 2 + size_t(s); ++i) src.back()[i] = Elem<T>::kMarker;
     }
     host_ptrs.push_back(src.back().data());
-    dev_ptrs.push_back(dev.upload(src.back()));
+    dev_ptrs.push_back(dev.upload(src.back(), s == n - 1 ? shift : 0));
   }
   std::vector<S> out_host(len);
   const uint64_t lost =
@@ -161,11 +164,14 @@ TEST_F(KernelsEmu, ReduceMatchesTheHostBitForBit) {
   reduce_matches_host<DType::kBF16>(3, 1000, Erasure::kZero, RedOp::kSum);
   reduce_matches_host<DType::kF64>(5, 999, Erasure::kRescale, RedOp::kSum);
   reduce_matches_host<DType::kF32>(20, 700, Erasure::kRescale, RedOp::kSum);  // two launches
+  // A source that is not 16-byte aligned: one element per thread.
+  reduce_matches_host<DType::kF16>(4, 1001, Erasure::kRescale, RedOp::kSum, 1);
+  reduce_matches_host<DType::kF64>(3, 100, Erasure::kZero, RedOp::kAvg, 1);
 }
 
 template <DType T>
-void fill_matches_host(size_t n, Erasure policy) {
-  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n);
+void fill_matches_host(size_t n, Erasure policy, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n << " shift " << shift);
   using S = typename Elem<T>::S;
   auto rcv = random_elems<T>(n, 5);
   const auto own = random_elems<T>(n, 6);
@@ -174,7 +180,7 @@ void fill_matches_host(size_t n, Erasure policy) {
   const uint64_t lost = fill_lost(T, host.data(), rcv.data(), own.data(), n, 4.0, policy);
   Device dev;
   S* d_rcv = dev.upload(rcv);
-  S* d_own = dev.upload(own);
+  S* d_own = dev.upload(own, shift);
   ASSERT_EQ(cuda::fill_lost(T, d_rcv, d_rcv, d_own, n, 4.0, policy, dev.counters(), nullptr), 0)
       << emu::last_error_text();
   EXPECT_EQ(first_mismatch(d_rcv, host.data(), n), n);
@@ -186,6 +192,7 @@ TEST_F(KernelsEmu, FillMatchesTheHostBitForBit) {
   fill_matches_host<DType::kF16>(257, Erasure::kZero);
   fill_matches_host<DType::kBF16>(10000, Erasure::kRescale);
   fill_matches_host<DType::kF64>(100, Erasure::kRescale);
+  fill_matches_host<DType::kBF16>(1001, Erasure::kRescale, 3);  // not 16-byte aligned
 }
 
 // Every non-finite encoding of a type, and finite neighbours that must not count: +-Inf, quiet,
