@@ -71,9 +71,9 @@ size_t first_mismatch(const S* a, const S* b, size_t n) {
 
 // Encode and decode (with a burst of erasures) on the emulated device and on the host.
 template <DType T>
-void hadamard_matches_host(uint64_t count, uint64_t block) {
-  SCOPED_TRACE(::testing::Message()
-               << "dtype " << int(T) << " count " << count << " block " << block);
+void hadamard_matches_host(uint64_t count, uint64_t block, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " count " << count << " block "
+                                    << block << " shift " << shift);
   using S = typename Elem<T>::S;
   constexpr uint64_t kSeed = 77;
   const HadamardGeometry g{count, block};
@@ -84,7 +84,7 @@ void hadamard_matches_host(uint64_t count, uint64_t block) {
   hadamard_encode(T, in.data(), enc_host.data(), g, masks.data());
 
   Device dev;
-  S* d_in = dev.upload(in);
+  S* d_in = dev.upload(in, shift);
   S* d_enc = static_cast<S*>(dev.alloc(g.encoded() * sizeof(S)));
   void* work = dev.alloc(cuda::hadamard_work_bytes(g, T));
   const uint64_t launches = emu::launches();
@@ -101,7 +101,7 @@ void hadamard_matches_host(uint64_t count, uint64_t block) {
   std::vector<S> dec_host(count);
   const DecodeResult r =
       hadamard_decode(T, enc_host.data(), dec_host.data(), g, masks.data(), 0.5, in.data(), 2.0);
-  S* d_enc2 = dev.upload(enc_host);
+  S* d_enc2 = dev.upload(enc_host, shift);
   S* d_dec = static_cast<S*>(dev.alloc(count * sizeof(S)));
   ASSERT_EQ(cuda::decode(T, d_enc2, d_dec, g, kSeed, 0.5, d_in, 2.0, Erasure::kRescale, work,
                          dev.counters(), nullptr),
@@ -118,6 +118,13 @@ TEST_F(KernelsEmu, HadamardInSharedMemoryMatchesTheHostBitForBit) {
   hadamard_matches_host<DType::kBF16>(4099, 4096);  // one full block and a 3-element tail
   hadamard_matches_host<DType::kF64>(777, 64);
   hadamard_matches_host<DType::kF32>(3, 2);  // blocks of one thread
+  // encode_fast / decode_fast: blocks of 512 to 4096 (1 to 8 warps), tails of 512 and more.
+  hadamard_matches_host<DType::kF16>(9000, 2048);  // a 808-element tail: d = 1024
+  hadamard_matches_host<DType::kF64>(2600, 512);   // a 40-element tail: the general path
+  hadamard_matches_host<DType::kBF16>(3 * 4096 + 600, 4096);
+  // Pointers not 16-byte aligned: element by element, the same results.
+  hadamard_matches_host<DType::kF16>(5000, 1024, 1);
+  hadamard_matches_host<DType::kF32>(4100, 4096, 2);
 }
 
 TEST_F(KernelsEmu, HadamardMultiPassMatchesTheHostBitForBit) {
