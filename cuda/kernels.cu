@@ -498,14 +498,15 @@ __global__ void decode_fast(const typename Elem<T>::S* in, typename Elem<T>::S* 
   const unsigned t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const uint64_t base = (first + blockIdx.x) * block;
   const unsigned n = count - base < d ? unsigned(count - base) : d;
+  S raw[kPerThread / V][V];  // every load issued before any is used, as in encode_fast
+  for (unsigned k = 0; k < kPerThread / V; ++k)
+    load_elems<V>(in + base + warp * kWarpSpan + 32 * V * k + V * lane, raw[k], vec, V);
   A x[kPerThread];
   unsigned erased = 0;
   for (unsigned k = 0; k < kPerThread / V; ++k) {
-    S raw[V];
-    load_elems<V>(in + base + warp * kWarpSpan + 32 * V * k + V * lane, raw, vec, V);
     for (unsigned r = 0; r < V; ++r) {
-      const bool lost = raw[r] == E::kMarker;
-      x[k * V + r] = lost ? A(0) : E::load(raw[r]);
+      const bool lost = raw[k][r] == E::kMarker;
+      x[k * V + r] = lost ? A(0) : E::load(raw[k][r]);
       erased += lost ? 1 : 0;
     }
   }
@@ -689,20 +690,41 @@ __device__ __forceinline__ unsigned reduce_run(const ReduceArgs& a, typename Ele
     cnt = load_run<N>(got + i);
   }
   unsigned lost = 0;
-  for (int k = 0; k < a.nsrc; ++k) {  // rank order, as the host kernel: same rounding
-    const Run<S, N> v = load_run<N>(static_cast<const S*>(a.srcs[k]) + i);
-    const bool lossy = a.lossy[k] != 0;
-    for (unsigned j = 0; j < N; ++j) {
-      const bool erased = lossy && v.e[j] == E::kMarker;
-      acc.e[j] += erased ? A(0) : E::load(v.e[j]);
-      cnt.e[j] += erased ? A(0) : A(1);
-      lost += erased ? 1 : 0;
+  // kInFlight sources' runs are loaded before any is added: a thread keeps that many loads in
+  // flight, which the DRAM's latency needs (a loop that loads one source at a time has one).
+  constexpr int kInFlight = 4;
+  for (int k0 = 0; k0 < a.nsrc; k0 += kInFlight) {
+    Run<S, N> v[kInFlight];
+    for (int q = 0; q < kInFlight; ++q)
+      if (k0 + q < a.nsrc) v[q] = load_run<N>(static_cast<const S*>(a.srcs[k0 + q]) + i);
+    for (int q = 0; q < kInFlight && k0 + q < a.nsrc; ++q) {  // rank order, as the host kernel
+      if (a.lossy[k0 + q] != 0) {
+        for (unsigned j = 0; j < N; ++j) {
+          const bool erased = v[q].e[j] == E::kMarker;
+          acc.e[j] += erased ? A(0) : E::load(v[q].e[j]);
+          cnt.e[j] += erased ? A(0) : A(1);
+          lost += erased ? 1 : 0;
+        }
+      } else {  // a source without loss skips the marker test (the same for every thread)
+        for (unsigned j = 0; j < N; ++j) {
+          acc.e[j] += E::load(v[q].e[j]);
+          cnt.e[j] += A(1);
+        }
+      }
     }
   }
   if (a.last) {
+    // A sum to which every rank contributed is finish_reduce's sum times nranks / nranks = 1:
+    // the sum itself, as the host's lossless path writes it, without a division per element.
+    bool whole = op == RedOp::kSum;
+    for (unsigned j = 0; j < N; ++j) whole = whole && cnt.e[j] == A(nranks);
     Run<S, N> o;
-    for (unsigned j = 0; j < N; ++j)
-      o.e[j] = E::store(finish_reduce(acc.e[j], cnt.e[j], A(nranks), op, policy));
+    if (whole) {
+      for (unsigned j = 0; j < N; ++j) o.e[j] = E::store(acc.e[j]);
+    } else {
+      for (unsigned j = 0; j < N; ++j)
+        o.e[j] = E::store(finish_reduce(acc.e[j], cnt.e[j], A(nranks), op, policy));
+    }
     store_run<N>(out + i, o);
   } else {
     store_run<N>(sum + i, acc);
