@@ -63,6 +63,7 @@ struct State {
   const std::function<void()>* body = nullptr;
   std::vector<unsigned char> shared;
   std::string error;
+  bool misaligned = false;  // this launch made a misaligned vector access (check_aligned)
   int schedules = 1;
   uint64_t launches = 0;
   ThreadCoords outside;  // what current() returns outside a kernel
@@ -285,6 +286,7 @@ bool run_block(State& s, int schedule, dim3 grid, dim3 block, uint3 bid) {
       resume(f);
       s.running = -1;
     }
+    if (s.misaligned) return false;
     unsigned at_barrier = 0, done = 0;
     for (unsigned t = 0; t < s.nthreads; ++t) {
       at_barrier += s.fibers[t].wait == Wait::kBarrier;
@@ -394,6 +396,20 @@ void shuffle(unsigned mask, void* v, size_t bytes, int delta, bool xor_lanes) {
 }
 }  // namespace
 
+// The thread stops there, as a GPU's would at the fault (the host might fault too: the compiler
+// may use aligned vector instructions), and the launch fails when its epoch ends.
+void check_aligned(const void* p, size_t bytes) {
+  State& s = st();
+  if (s.running < 0 || reinterpret_cast<uintptr_t>(p) % bytes == 0) return;
+  Fiber& f = s.fibers[size_t(s.running)];
+  s.misaligned = true;
+  fail("a kernel accessed " + std::to_string(bytes) + " bytes at a misaligned address (" +
+       std::to_string(reinterpret_cast<uintptr_t>(p) % bytes) + " past a multiple) at " +
+       where(f.coords));
+  f.wait = Wait::kDone;  // in_body stays set: reset_stuck_fibers restarts it
+  yield_to_scheduler();  // never resumed
+}
+
 void shfl_down(unsigned mask, void* v, size_t bytes, int delta) {
   shuffle(mask, v, bytes, delta, false);
 }
@@ -420,6 +436,7 @@ bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& 
     return false;
   }
   s.nthreads = unsigned(threads);
+  s.misaligned = false;
   // Parked fibers hold references into this vector: it must never move them.
   if (s.fibers.capacity() < kMaxThreadsPerBlock) s.fibers.reserve(kMaxThreadsPerBlock);
   if (s.fibers.size() < threads) {

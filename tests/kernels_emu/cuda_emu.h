@@ -16,6 +16,8 @@
 //    on shared or global memory, one block writing another's range): with set_schedules(n > 1)
 //    every launch runs n times from the same device memory, threads and blocks in different
 //    orders (forward, reverse, seeded shuffles), and must leave every allocation byte-identical;
+//  - a vector access (16 bytes, say) at an address that is not a multiple of its size
+//    (check_aligned, which kernels.cu calls through device_compat.h's OR_CHECK_ALIGNED);
 //  - reading shared memory that this block has not written: it starts, in each schedule, filled
 //    with a different pattern, so such a read makes the result schedule-dependent.
 // Not modelled: memory ordering between threads within an epoch (an epoch runs to completion),
@@ -65,6 +67,9 @@ bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& 
 std::string last_error_text();
 void* dynamic_shared();
 void syncthreads();
+// A vector access of `bytes` (a power of two) at p: a GPU faults unless p is a multiple of it,
+// and the emulation fails the launch.
+void check_aligned(const void* p, size_t bytes);
 // The warp shuffles on `bytes` (<= 8) bytes at `v`: v from lane + delta (own v past lane 31),
 // or from lane ^ lane_mask.
 void shfl_down(unsigned mask, void* v, size_t bytes, int delta);

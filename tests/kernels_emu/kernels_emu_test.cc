@@ -24,9 +24,11 @@ class Device {
   ~Device() {
     for (void* p : allocs_) emu::device_free(p);
   }
+  // At `shift` elements past an allocation's (16-byte aligned) start: shift % (16 / sizeof(T))
+  // != 0 makes the kernels take their element-by-element paths.
   template <class T>
-  T* upload(const std::vector<T>& v) {
-    T* p = static_cast<T*>(alloc(v.size() * sizeof(T)));
+  T* upload(const std::vector<T>& v, size_t shift = 0) {
+    T* p = static_cast<T*>(alloc((v.size() + shift) * sizeof(T))) + shift;
     std::memcpy(p, v.data(), v.size() * sizeof(T));
     return p;
   }
@@ -69,9 +71,9 @@ size_t first_mismatch(const S* a, const S* b, size_t n) {
 
 // Encode and decode (with a burst of erasures) on the emulated device and on the host.
 template <DType T>
-void hadamard_matches_host(uint64_t count, uint64_t block) {
-  SCOPED_TRACE(::testing::Message()
-               << "dtype " << int(T) << " count " << count << " block " << block);
+void hadamard_matches_host(uint64_t count, uint64_t block, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " count " << count << " block "
+                                    << block << " shift " << shift);
   using S = typename Elem<T>::S;
   constexpr uint64_t kSeed = 77;
   const HadamardGeometry g{count, block};
@@ -82,7 +84,7 @@ void hadamard_matches_host(uint64_t count, uint64_t block) {
   hadamard_encode(T, in.data(), enc_host.data(), g, masks.data());
 
   Device dev;
-  S* d_in = dev.upload(in);
+  S* d_in = dev.upload(in, shift);
   S* d_enc = static_cast<S*>(dev.alloc(g.encoded() * sizeof(S)));
   void* work = dev.alloc(cuda::hadamard_work_bytes(g, T));
   const uint64_t launches = emu::launches();
@@ -99,7 +101,7 @@ void hadamard_matches_host(uint64_t count, uint64_t block) {
   std::vector<S> dec_host(count);
   const DecodeResult r =
       hadamard_decode(T, enc_host.data(), dec_host.data(), g, masks.data(), 0.5, in.data(), 2.0);
-  S* d_enc2 = dev.upload(enc_host);
+  S* d_enc2 = dev.upload(enc_host, shift);
   S* d_dec = static_cast<S*>(dev.alloc(count * sizeof(S)));
   ASSERT_EQ(cuda::decode(T, d_enc2, d_dec, g, kSeed, 0.5, d_in, 2.0, Erasure::kRescale, work,
                          dev.counters(), nullptr),
@@ -116,6 +118,13 @@ TEST_F(KernelsEmu, HadamardInSharedMemoryMatchesTheHostBitForBit) {
   hadamard_matches_host<DType::kBF16>(4099, 4096);  // one full block and a 3-element tail
   hadamard_matches_host<DType::kF64>(777, 64);
   hadamard_matches_host<DType::kF32>(3, 2);  // blocks of one thread
+  // encode_fast / decode_fast: blocks of 512 to 4096 (1 to 8 warps), tails of 512 and more.
+  hadamard_matches_host<DType::kF16>(9000, 2048);  // a 808-element tail: d = 1024
+  hadamard_matches_host<DType::kF64>(2600, 512);   // a 40-element tail: the general path
+  hadamard_matches_host<DType::kBF16>(3 * 4096 + 600, 4096);
+  // Pointers not 16-byte aligned: element by element, the same results.
+  hadamard_matches_host<DType::kF16>(5000, 1024, 1);
+  hadamard_matches_host<DType::kF32>(4100, 4096, 2);
 }
 
 TEST_F(KernelsEmu, HadamardMultiPassMatchesTheHostBitForBit) {
@@ -126,8 +135,9 @@ TEST_F(KernelsEmu, HadamardMultiPassMatchesTheHostBitForBit) {
 }
 
 template <DType T>
-void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op) {
-  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " ranks " << n << " len " << len);
+void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message()
+               << "dtype " << int(T) << " ranks " << n << " len " << len << " shift " << shift);
   using S = typename Elem<T>::S;
   std::vector<std::vector<S>> src;
   std::vector<const void*> host_ptrs, dev_ptrs;
@@ -140,7 +150,7 @@ void reduce_matches_host(int n, size_t len, Erasure policy, RedOp op) {
       for (size_t i = len / 4; i < len / 2 + size_t(s); ++i) src.back()[i] = Elem<T>::kMarker;
     }
     host_ptrs.push_back(src.back().data());
-    dev_ptrs.push_back(dev.upload(src.back()));
+    dev_ptrs.push_back(dev.upload(src.back(), s == n - 1 ? shift : 0));
   }
   std::vector<S> out_host(len);
   const uint64_t lost =
@@ -161,11 +171,14 @@ TEST_F(KernelsEmu, ReduceMatchesTheHostBitForBit) {
   reduce_matches_host<DType::kBF16>(3, 1000, Erasure::kZero, RedOp::kSum);
   reduce_matches_host<DType::kF64>(5, 999, Erasure::kRescale, RedOp::kSum);
   reduce_matches_host<DType::kF32>(20, 700, Erasure::kRescale, RedOp::kSum);  // two launches
+  // A source that is not 16-byte aligned: one element per thread.
+  reduce_matches_host<DType::kF16>(4, 1001, Erasure::kRescale, RedOp::kSum, 1);
+  reduce_matches_host<DType::kF64>(3, 100, Erasure::kZero, RedOp::kAvg, 1);
 }
 
 template <DType T>
-void fill_matches_host(size_t n, Erasure policy) {
-  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n);
+void fill_matches_host(size_t n, Erasure policy, size_t shift = 0) {
+  SCOPED_TRACE(::testing::Message() << "dtype " << int(T) << " n " << n << " shift " << shift);
   using S = typename Elem<T>::S;
   auto rcv = random_elems<T>(n, 5);
   const auto own = random_elems<T>(n, 6);
@@ -174,7 +187,7 @@ void fill_matches_host(size_t n, Erasure policy) {
   const uint64_t lost = fill_lost(T, host.data(), rcv.data(), own.data(), n, 4.0, policy);
   Device dev;
   S* d_rcv = dev.upload(rcv);
-  S* d_own = dev.upload(own);
+  S* d_own = dev.upload(own, shift);
   ASSERT_EQ(cuda::fill_lost(T, d_rcv, d_rcv, d_own, n, 4.0, policy, dev.counters(), nullptr), 0)
       << emu::last_error_text();
   EXPECT_EQ(first_mismatch(d_rcv, host.data(), n), n);
@@ -186,6 +199,7 @@ TEST_F(KernelsEmu, FillMatchesTheHostBitForBit) {
   fill_matches_host<DType::kF16>(257, Erasure::kZero);
   fill_matches_host<DType::kBF16>(10000, Erasure::kRescale);
   fill_matches_host<DType::kF64>(100, Erasure::kRescale);
+  fill_matches_host<DType::kBF16>(1001, Erasure::kRescale, 3);  // not 16-byte aligned
 }
 
 // Every non-finite encoding of a type, and finite neighbours that must not count: +-Inf, quiet,
@@ -354,6 +368,31 @@ TEST_F(KernelsEmu, ThePlantedBugsAreEachReported) {
             std::string::npos);
   const std::string early = run_fwht_copy<Bug::kEarlyExit>(2);
   EXPECT_NE(early.find("is not reached by every thread"), std::string::npos) << early;
+}
+
+// 16 bytes per thread, checked as kernels.cu's vector accesses are (the copy itself by memcpy,
+// which the host does not fault on).
+__global__ void copy_by_16_bytes(const uint32_t* in, uint32_t* out) {
+  const uint32_t* p = in + 4 * threadIdx.x;
+  OR_CHECK_ALIGNED(p, 16);
+  std::memcpy(out + 4 * threadIdx.x, p, 16);
+  __syncthreads();  // the others wait here for the thread that stopped
+}
+
+TEST_F(KernelsEmu, AMisalignedVectorAccessIsReportedAndTheNextLaunchRuns) {
+  Device dev;
+  std::vector<uint32_t> v(4 * 64 + 1);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = uint32_t(i);
+  const uint32_t* in = dev.upload(v);
+  auto* out = static_cast<uint32_t*>(dev.alloc(4 * 64 * sizeof(uint32_t)));
+  OR_LAUNCH(copy_by_16_bytes, 1, 64, 0, nullptr)(in + 1, out);
+  EXPECT_NE(emu::last_error_text().find("misaligned address"), std::string::npos)
+      << emu::last_error_text();
+  emu::clear_error();
+  // The stopped threads start afresh: an aligned launch on the same scheduler runs clean.
+  OR_LAUNCH(copy_by_16_bytes, 1, 64, 0, nullptr)(in, out);
+  EXPECT_EQ(emu::last_error_text(), "");
+  EXPECT_EQ(first_mismatch(out, v.data(), 4 * 64), size_t(4 * 64));
 }
 
 // A warp reduction whose mask names lanes that a 48-thread block does not have.
