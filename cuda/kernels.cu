@@ -375,14 +375,17 @@ __device__ __forceinline__ unsigned left(unsigned n, unsigned i) {
 }
 
 // Butterflies between registers j and j + h for h = lo, 2 lo, .. < hi (every j with j & h = 0).
+// Pairs are enumerated as (b + o, b + o + h), b a multiple of 2h and o < h, so that every
+// index is visibly in bounds (a compiler proves it; one that skipped j & h != 0 could not).
 template <unsigned lo, unsigned hi, class A>
 __device__ __forceinline__ void reg_stages(A (&x)[kPerThread]) {
   for (unsigned h = lo; h < hi; h <<= 1) {
-    for (unsigned j = 0; j < kPerThread; ++j) {
-      if ((j & h) != 0) continue;
-      const A a = x[j], b = x[j + h];
-      x[j] = a + b;
-      x[j + h] = a - b;
+    for (unsigned b = 0; b < kPerThread; b += 2 * h) {
+      for (unsigned o = 0; o < h; ++o) {
+        const A a = x[b + o], c = x[b + o + h];
+        x[b + o] = a + c;
+        x[b + o + h] = a - c;
+      }
     }
   }
 }
@@ -694,7 +697,7 @@ __device__ __forceinline__ unsigned reduce_run(const ReduceArgs& a, typename Ele
   // flight, which the DRAM's latency needs (a loop that loads one source at a time has one).
   constexpr int kInFlight = 4;
   for (int k0 = 0; k0 < a.nsrc; k0 += kInFlight) {
-    Run<S, N> v[kInFlight];
+    Run<S, N> v[kInFlight] = {};  // those past nsrc stay unread (zeroed for the compiler)
     for (int q = 0; q < kInFlight; ++q)
       if (k0 + q < a.nsrc) v[q] = load_run<N>(static_cast<const S*>(a.srcs[k0 + q]) + i);
     for (int q = 0; q < kInFlight && k0 + q < a.nsrc; ++q) {  // rank order, as the host kernel
