@@ -166,5 +166,38 @@ TEST_F(Gpu, FillMatchesHost) {
   EXPECT_EQ(counters()[kLostPhase2], lost);
 }
 
+// The fp16 conversions, which the GPU runs through its own cvt instructions (collectives/math.h)
+// and the host through the portable sequence: every one of the 65536 halves, converted to fp32,
+// scaled (factors that make ties, subnormals, values that overflow to inf, and negatives) and
+// converted back by the fill of a wholly lost shard, equals the host's bit for bit. Where the
+// host gives a NaN the device must too; the payload may differ there, since the GPU's multiply
+// returns its canonical NaN where the host's keeps the operand's.
+TEST_F(Gpu, Fp16ConversionsMatchHostBitForBit) {
+  constexpr size_t n = 65536;
+  std::vector<uint16_t> own(n), rcv(n, kMarker16), host(n);
+  for (size_t i = 0; i < n; ++i) own[i] = uint16_t(i);
+  uint16_t* d_own = upload(own);
+  uint16_t* d_dst = static_cast<uint16_t*>(device(n * sizeof(uint16_t)));
+  uint16_t* d_rcv = upload(rcv);
+  for (double scale : {1.0, 1.0 / 3, 0.7, 1.0 + 1.0 / 2048, 0x1p-12, 0x1p-20, 3.0, 4096.0, -1.5}) {
+    fill_lost(DType::kF16, host.data(), rcv.data(), own.data(), n, scale, Erasure::kRescale);
+    ASSERT_EQ(cuda::fill_lost(DType::kF16, d_dst, d_rcv, d_own, n, scale, Erasure::kRescale,
+                              counters_, nullptr),
+              0);
+    const auto dev = download(d_dst, n);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const bool host_nan = (host[i] & 0x7C00u) == 0x7C00u && (host[i] & 0x3FFu) != 0;
+      const bool dev_nan = (dev[i] & 0x7C00u) == 0x7C00u && (dev[i] & 0x3FFu) != 0;
+      if (host_nan ? !dev_nan : dev[i] != host[i]) {
+        if (++wrong <= 5)
+          ADD_FAILURE() << "scale " << scale << ": half 0x" << std::hex << i << " gives 0x"
+                        << dev[i] << " on the device, 0x" << host[i] << " on the host";
+      }
+    }
+    EXPECT_EQ(wrong, 0u) << "scale " << scale;
+  }
+}
+
 }  // namespace
 }  // namespace optireduce::coll
