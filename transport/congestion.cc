@@ -218,6 +218,13 @@ uint64_t Path::tokens(uint64_t now) {
   return pacer_.available(now);
 }
 
+uint64_t Path::retry_ns(uint64_t now, uint64_t bytes, uint64_t fallback_ns) {
+  std::lock_guard<std::mutex> l(mu_);
+  const uint64_t paced = pacer_.next_time_ns(now, bytes);
+  if (paced > now) return paced;
+  return now + fallback_ns;
+}
+
 void Path::on_sent(uint64_t bytes) {
   std::lock_guard<std::mutex> l(mu_);
   inflight_ += bytes;

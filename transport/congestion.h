@@ -168,6 +168,10 @@ class Path {
   // The pacer's tokens alone: retransmissions replace packets that already left flight, so
   // they are paced but not held back by the window (a full window must not stall repair).
   uint64_t tokens(uint64_t now);
+  // When a connection that found no room for `bytes` should look again: when the pacer will
+  // have them, if the pacer held it back; else (the window full of other connections' bytes,
+  // whose ACKs free it without telling this one) `fallback_ns` from now.
+  uint64_t retry_ns(uint64_t now, uint64_t bytes, uint64_t fallback_ns);
   void on_sent(uint64_t bytes);
   // `acked` bytes were acknowledged, `left_flight` of them were still counted in flight (a
   // packet already declared lost was not); rtt_ns = 0: no sample (whole_rtt_ns: as on_ack).

@@ -207,6 +207,14 @@ class SendConn final : public Conn, public SendComm {
   const uint64_t flow_window_;
   uint64_t inflight_ = 0;        // this connection's bytes sent and not acknowledged or lost
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
+  // When transmit_locked() should run again for work the path or the datapath held back; 0:
+  // none (send_tx.cc).
+  uint64_t retry_ns_ = 0;
+  // How soon to look again when no pacer time says: a quarter of the RTT (an ACK of another
+  // connection on the path frees the window within one), within [20 us, 1 ms].
+  uint64_t retry_fallback_ns() const {
+    return std::clamp<uint64_t>(rtt_.srtt_ns() / 4, 20'000, 1'000'000);
+  }
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
   // tells us its budget; a posted send that waits longer than that for its CTS expires (before

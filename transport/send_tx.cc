@@ -26,6 +26,11 @@ void SendConn::transmit_locked(uint64_t now) {
     bool retx;
     size_t retx_index;  // position in retx_ (retransmissions only)
   } pend[kBatch];
+  // Work that the path held back (its pacer, or its window full of other connections' bytes)
+  // must come back by itself: nothing of ours may be in flight to bring an ACK, and a shared
+  // endpoint's connection is visited only for a timer (next_timer_locked) or its owner's call.
+  retry_ns_ = 0;
+  uint32_t held = 0;  // bytes of the packet the path held back (0: none)
   for (;;) {
     uint64_t tokens = path_->tokens(now);
     int n = 0;
@@ -37,7 +42,10 @@ void SendConn::transmit_locked(uint64_t now) {
         continue;
       }
       const uint32_t len = pkt_len(m, r.pkt);
-      if (len > tokens) break;
+      if (len > tokens) {
+        held = len;
+        break;
+      }
       PacketHeader h;
       h.type = PacketType::kData;
       h.flags = kFlagRetx | (m.bounded ? kFlagBounded : 0);
@@ -63,7 +71,11 @@ void SendConn::transmit_locked(uint64_t now) {
       while (m.next_new < m.npkts && n < kBatch) {
         const uint32_t i = m.next_new;
         const uint32_t len = pkt_len(m, i);
-        if (len > room || len > flow) break;
+        if (len > flow) break;  // our own packets in flight: their ACKs come back to us
+        if (len > room) {
+          held = len;
+          break;
+        }
         if (i >= m.cum + kSackBits) break;  // beyond what one SACK can describe
         if (i >= m.grant) break;            // beyond the receiver's credit
         PacketHeader h;
@@ -83,7 +95,10 @@ void SendConn::transmit_locked(uint64_t now) {
       }
       if (m.next_new < m.npkts) break;  // keep message order on the wire
     }
-    if (n == 0) return;
+    if (n == 0) {
+      if (held != 0) retry_ns_ = path_->retry_ns(now, held, retry_fallback_ns());
+      return;
+    }
     const int sent = flush_locked();
     // Roll back what the datapath did not take (in reverse, so next_new rewinds correctly).
     for (int k = n - 1; k >= sent; --k) {
@@ -115,7 +130,11 @@ void SendConn::transmit_locked(uint64_t now) {
       retx_.clear();
       retx_head_ = 0;
     }
-    if (sent < n) return;  // the datapath is full; try again on the next call
+    if (sent < n) {  // the datapath is full; try again on the next call, or after a while
+      retry_ns_ = now + retry_fallback_ns();
+      return;
+    }
+    held = 0;  // the next batch asks the path again
   }
 }
 
