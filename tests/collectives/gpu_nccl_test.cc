@@ -13,7 +13,10 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +39,12 @@ using optireduce::testing::temp_dir;
 constexpr int kRanks = 2;
 constexpr int kSkip = 77;
 constexpr int kRankTimeoutS = 100;  // each case takes seconds; a hang ends here
+// A diagnosis option (`STALL_MS=N` among main's arguments): rank 1 sleeps N ms before every
+// fifth bounded call past the calibration, a straggler; rank 0 must not wait for it.
+int g_stall_ms = 0;
+bool stalled_call(int c) {
+  return g_stall_ms > 0 && c >= 10 && c % 5 == 0;
+}
 
 const char* plugin_path() {
   const char* p = std::getenv("NCCL_NET_PLUGIN");
@@ -334,11 +343,17 @@ int tar_bounded_on_the_device(double drop,
         const bool hadamard = o.hadamard != 0;
         std::vector<double> err(kCalls), lost(kCalls);
         std::vector<std::vector<uint8_t>> kept(kCalls);  // results over a rough bound, to describe
+        std::vector<double> call_ms(kCalls);
         for (int c = 0; c < kCalls; ++c) {
+          if (rank == 1 && stalled_call(c)) ::usleep(useconds_t(g_stall_ms) * 1000);
+          const auto t0 = std::chrono::steady_clock::now();
           FORKED_CHECK(optiAllReduce(buf.send, buf.recv, count, optiFloat32, optiSum, comm,
                                      nullptr) == optiSuccess,
                        optiGetLastError(), "optiAllReduce call %d", c);
           std::vector<uint8_t> got = buf.result();
+          call_ms[size_t(c)] =
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                  .count();
           err[size_t(c)] = relative_error(optiFloat32, got, count);
           optiStats_t last{};
           FORKED_CHECK(optiGetStats(comm, &last, nullptr) == optiSuccess, optiGetLastError(),
@@ -415,9 +430,29 @@ int tar_bounded_on_the_device(double drop,
             (unsigned long long)rx.dropStale, (unsigned long long)rx.dropDuplicate,
             (unsigned long long)tx.retxPkts, (unsigned long long)tx.repairedPkts,
             (unsigned long long)tx.cutSends, (unsigned long long)tx.expiredSends);
+        if (g_stall_ms > 0) {
+          // What the straggler's stalls cost this rank: its calls that waited on them.
+          double worst_stalled = 0, worst_other = 0;
+          std::vector<double> other;
+          for (int c = 10; c < kCalls; ++c) {
+            if (stalled_call(c)) worst_stalled = std::max(worst_stalled, call_ms[size_t(c)]);
+            else other.push_back(call_ms[size_t(c)]);
+          }
+          std::sort(other.begin(), other.end());
+          worst_other = other.empty() ? 0 : other.back();
+          std::printf(
+              "rank %d: rank 1 stalled %d ms before calls 10, 15, ..: those took at most %.1f ms "
+              "here; the others median %.1f ms, at most %.1f ms\n",
+              rank, g_stall_ms, worst_stalled, other.empty() ? 0 : other[other.size() / 2],
+              worst_other);
+          if (rank == 0)
+            FORKED_CHECK(worst_stalled < 0.5 * g_stall_ms, "",
+                         "a %d ms straggler cost rank 0 %.1f ms in one call", g_stall_ms,
+                         worst_stalled);
+        }
         FORKED_CHECK(bad_calls == 0, "", "%d calls over the error bound", bad_calls);
         FORKED_CHECK(rx.bytesExpected > 0, "", "no bounded receive went through the plugin");
-        if (drop == 0) {
+        if (drop == 0 && g_stall_ms == 0) {
           // Before the start allowance learned from the first receive of a burst, 3-27% per
           // rank (H100, H200); since, 0.3-7%. The rest varies from run to run: two processes
           // share one GPU here, time-sliced, so a rank's kernels wait ms for the other's, which
@@ -434,8 +469,9 @@ int tar_bounded_on_the_device(double drop,
       kRankTimeoutS);
 }
 
-// Without arguments, the cases below. `--variant NAME=VALUE ...`: only the bounded case, with
-// those variables (a diagnosis on a GPU machine: which option changes the result).
+// Without arguments, the cases below. `NAME=VALUE ...`: only the bounded case, with those
+// variables (a diagnosis on a GPU machine: which option changes the result); STALL_MS=N makes
+// rank 1 a straggler (g_stall_ms).
 int main(int argc, char** argv) {
   if (!have_device()) {
     std::printf("skipped: no CUDA device\n");
@@ -454,6 +490,8 @@ int main(int argc, char** argv) {
       }
       if (a.substr(0, eq) == "OPTIREDUCE_FAULT_DROP") {
         drop = std::atof(a.c_str() + eq + 1);
+      } else if (a.substr(0, eq) == "STALL_MS") {
+        g_stall_ms = std::atoi(a.c_str() + eq + 1);
       } else {
         env.push_back({a.substr(0, eq), a.substr(eq + 1)});
       }
