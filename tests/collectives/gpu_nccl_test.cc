@@ -41,9 +41,12 @@ constexpr int kSkip = 77;
 constexpr int kRankTimeoutS = 100;  // each case takes seconds; a hang ends here
 // A diagnosis option (`STALL_MS=N` among main's arguments): rank 1 sleeps N ms before every
 // fifth bounded call past the calibration, a straggler; rank 0 must not wait for it.
+// `STALL_ONCE=1` stalls call 10 only, to see how many calls the ranks take to fall back into
+// step.
 int g_stall_ms = 0;
+bool g_stall_once = false;
 bool stalled_call(int c) {
-  return g_stall_ms > 0 && c >= 10 && c % 5 == 0;
+  return g_stall_ms > 0 && c >= 10 && (g_stall_once ? c == 10 : c % 5 == 0);
 }
 
 const char* plugin_path() {
@@ -445,6 +448,14 @@ int tar_bounded_on_the_device(double drop,
               "here; the others median %.1f ms, at most %.1f ms\n",
               rank, g_stall_ms, worst_stalled, other.empty() ? 0 : other[other.size() / 2],
               worst_other);
+          std::string line;  // from the first stall on: each call's time and lost fraction
+          for (int c = 10; c < kCalls; ++c) {
+            char cell[48];
+            std::snprintf(cell, sizeof cell, " %d:%.0fms/%.0f%%", c, call_ms[size_t(c)],
+                          100 * lost[size_t(c)]);
+            line += cell;
+          }
+          std::printf("rank %d calls:%s\n", rank, line.c_str());
           if (rank == 0)
             FORKED_CHECK(worst_stalled < 0.5 * g_stall_ms, "",
                          "a %d ms straggler cost rank 0 %.1f ms in one call", g_stall_ms,
@@ -471,7 +482,7 @@ int tar_bounded_on_the_device(double drop,
 
 // Without arguments, the cases below. `NAME=VALUE ...`: only the bounded case, with those
 // variables (a diagnosis on a GPU machine: which option changes the result); STALL_MS=N makes
-// rank 1 a straggler (g_stall_ms).
+// rank 1 a straggler (g_stall_ms), STALL_ONCE=1 once only.
 int main(int argc, char** argv) {
   if (!have_device()) {
     std::printf("skipped: no CUDA device\n");
@@ -492,6 +503,8 @@ int main(int argc, char** argv) {
         drop = std::atof(a.c_str() + eq + 1);
       } else if (a.substr(0, eq) == "STALL_MS") {
         g_stall_ms = std::atoi(a.c_str() + eq + 1);
+      } else if (a.substr(0, eq) == "STALL_ONCE") {
+        g_stall_once = std::atoi(a.c_str() + eq + 1) != 0;
       } else {
         env.push_back({a.substr(0, eq), a.substr(eq + 1)});
       }
