@@ -250,8 +250,11 @@ void SendConn::on_peer_closed_locked(uint64_t) {
 void SendConn::on_receiver_floor_locked(uint32_t floor) {
   if (params_.delivery != Delivery::kBounded) return;
   if (static_cast<int32_t>(floor - receiver_floor_) <= 0) return;  // old news (reordered)
-  if (static_cast<int32_t>(floor - oldest_) > static_cast<int32_t>(kCtsRing)) {
-    ++stats_.drop_bounds;  // beyond any receive window: not a floor this receiver can have
+  // A receiver may be any number of messages ahead of us: while we straggled it cut every
+  // receive we were late for, and posted (and cut) the next ones. Only a floor beyond what any
+  // run could reach is refused.
+  if (static_cast<int32_t>(floor - oldest_) > kFloorAheadMax) {
+    ++stats_.drop_bounds;
     return;
   }
   receiver_floor_ = floor;
@@ -282,8 +285,16 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   if (static_cast<int32_t>(s - oldest_) < 0) {
     // For a message we already finished. In bounded mode, answer a late CTS for an expired
     // message so that the receiver completes it at once instead of waiting for its deadline.
-    if (oldest_ - s <= 64 && (expired_mask_ >> (s % 64) & 1)) send_expired_notice_locked(s);
-    else ++stats_.drop_stale;
+    // Beyond the 64 outcomes we keep, a CTS means the receiver has no byte of that message
+    // (it would not ask again otherwise) and we will send none: it ended here long ago. A
+    // receiver that straggled far behind us catches up through these answers, one per receive
+    // it posts late, instead of waiting its allowance for each.
+    const uint32_t behind = oldest_ - s;
+    if (behind <= 64 ? (expired_mask_ >> (s % 64) & 1) != 0
+                     : params_.delivery == Delivery::kBounded && behind <= uint32_t(kFloorAheadMax))
+      send_expired_notice_locked(s);
+    else
+      ++stats_.drop_stale;
     return;
   }
   if (s - oldest_ >= kCtsRing) {

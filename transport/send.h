@@ -114,6 +114,11 @@ class SendConn final : public Conn, public SendComm {
   };
   // Outcome of recent messages, to answer a late CTS for an expired one.
   static constexpr uint32_t kCtsRing = 2 * kMaxRequests;
+  // How far a receiver's floor may run ahead of our oldest message, and how far behind it a
+  // late CTS may be answered (on_receiver_floor_locked, on_cts_locked): far more than any
+  // straggler falls behind (NCCL's 128 KiB chunks make thousands of messages a second), far
+  // less than the sequence space's half.
+  static constexpr int32_t kFloorAheadMax = 1 << 24;
   // sent_ns of a packet found lost and waiting in the retransmission queue.
   static constexpr uint64_t kQueued = UINT64_MAX;
 

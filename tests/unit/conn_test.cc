@@ -584,6 +584,83 @@ TEST(PerMessage, ASendThatAsksTheReceiverEndsOnceTheReceiversDeadlineEndedIt) {
   }
 }
 
+// A straggler far behind its peer catches up through the peer's word, not one allowance per
+// message. NCCL posts a step as dozens of 128 KiB chunks, so a rank 500 ms late is hundreds of
+// messages behind. Both directions: the receiver's floor (every message below it ended there)
+// is taken however far ahead it runs, and a CTS for a message that ended long ago here is
+// answered with its expiry. Before, a floor more than 64 messages ahead and a CTS more than 64
+// behind were dropped, every late message waited its own allowance, and on an H100 the two
+// ranks never fell back into step after one 500 ms stall (bench/gpu_runs/2026-11-27, run 4).
+TEST(PerMessage, AStragglerFarBehindCatchesUpAtOnce) {
+  constexpr int kFar = 200;  // messages: beyond both old bounds (64)
+  const std::vector<uint8_t> src = pattern(500, 7);
+  // The sender straggles: the receiver cut kFar receives it never sent (their CTS lost), and
+  // only the next receive's CTS gets through, carrying the floor kFar.
+  {
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    bool drop_cts = true;
+    rig.rx_ep->policy = testing::drop_type(PacketType::kCts, &drop_cts);
+    std::vector<uint8_t> dst(src.size());
+    for (int k = 0; k < kFar; ++k) {
+      Request* rr;
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+      bool done = false;
+      size_t sz = 0;
+      for (int ms = 0; ms < 200 && !done; ++ms) {
+        ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+        rig.s->poll();  // alive (it answers keepalives), but posts nothing
+        rig.clock.advance_ms(1);
+      }
+      ASSERT_TRUE(done) << k;
+    }
+    drop_cts = false;
+    Request* rr_next;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr_next).is_ok());
+    rig.s->poll();  // the CTS with the floor arrives
+    for (int k = 0; k < kFar; ++k) {
+      Request* sr;
+      ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+      ASSERT_NE(sr, nullptr);
+      bool done = false;
+      size_t sz = 0;
+      ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+      ASSERT_TRUE(done) << "send " << k << " waits, although the receiver's floor passed it";
+    }
+    EXPECT_EQ(rig.s->stats().expired_sends, uint64_t(kFar));
+  }
+  // The receiver straggles: kFar sends expired here without a CTS, then its receives come, each
+  // asking with a CTS for a message that ended long ago.
+  {
+    Rig rig(Delivery::kBounded, Fill::kMarker);
+    for (int k = 0; k < kFar; ++k) {
+      Request* sr;
+      ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+      bool done = false;
+      size_t sz = 0;
+      for (int ms = 0; ms < 20000 && !done; ++ms) {
+        ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
+        rig.r->poll();  // alive (it answers keepalives), but posts nothing
+        rig.clock.advance_ms(1);
+      }
+      ASSERT_TRUE(done) << k;
+    }
+    std::vector<uint8_t> dst(src.size());
+    for (int k = 0; k < kFar; ++k) {
+      Request* rr;
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+      bool done = false;
+      size_t sz = 0;
+      // The answer takes a round trip; an allowance (50 ms here) would be far more.
+      for (int step = 0; step < 10 && !done; ++step) {
+        rig.s->poll();
+        ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+        rig.clock.advance_us(100);
+      }
+      ASSERT_TRUE(done) << "receive " << k << " waits, although its message ended long ago";
+    }
+  }
+}
+
 // A sender absent from a burst (its first receive was cut without a packet of it) costs the
 // rest of the burst nothing more: NCCL posts a step as dozens of chunks, and one deadline each
 // made a 1.5 s straggler cost the others 2 s. A burst posted later waits for it again (a
