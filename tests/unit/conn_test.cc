@@ -26,6 +26,15 @@ using testing::pattern;
 
 constexpr uint32_t kDgram = 1048;  // 1000-byte payloads: many packets from small messages
 
+// The connection parameters of these tests: kDgram's packets, a 256 KiB receive window.
+ConnParams test_params(uint64_t token) {
+  ConnParams cp;
+  cp.token = token;
+  cp.pkt_payload = payload_for_datagram(kDgram);
+  cp.peer_window = 256 * 1024;
+  return cp;
+}
+
 struct Rig {
   FakeClock clock;
   Config cfg;
@@ -46,10 +55,7 @@ struct Rig {
     tx_ep = p.a.get();
     rx_ep = p.b.get();
     to_rx = p.ab;
-    ConnParams cp;
-    cp.token = 0xABCDEF;
-    cp.pkt_payload = payload_for_datagram(kDgram);
-    cp.peer_window = 256 * 1024;
+    ConnParams cp = test_params(0xABCDEF);
     cp.delivery = d;
     cp.fill = f;
     cp.until_started = until_started;
@@ -1168,10 +1174,7 @@ TEST(HostDelay, TheControllerSeesTheNetworksRttNotTheHostsWaits) {
   FakeClock clock;
   Config cfg;
   auto p = make_mem_pair(kDgram, &clock, 100'000);
-  ConnParams cp;
-  cp.token = 0x5151;
-  cp.pkt_payload = payload_for_datagram(kDgram);
-  cp.peer_window = 256 * 1024;
+  const ConnParams cp = test_params(0x5151);
   std::vector<uint64_t> samples;
   auto recorder = std::make_unique<RttRecorder>(&samples);
   const RttRecorder* rec = recorder.get();
@@ -1230,12 +1233,7 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
   Config cfg;
   auto pa = make_mem_pair(kDgram, &clock, 50'000);
   auto pb = make_mem_pair(kDgram, &clock, 50'000);
-  ConnParams ca;
-  ca.token = 0xA1A1;
-  ca.pkt_payload = payload_for_datagram(kDgram);
-  ca.peer_window = 256 * 1024;
-  ConnParams cb = ca;
-  cb.token = 0xB2B2;
+  const ConnParams ca = test_params(0xA1A1), cb = test_params(0xB2B2);
   auto path =
       std::make_shared<Path>(std::make_unique<FixedWindow>(8 * ca.pkt_payload), ca.pkt_payload, 0);
   SendConn sa(cfg, clock, std::move(pa.a), ca, nullptr, path);
