@@ -472,3 +472,12 @@ class _Call:
 
     def __init__(self, run):
         self.run = run
+
+
+@atexit.register
+def _release_at_exit():
+    # A state never closed: free its sockets and threads without waiting for peers, unless a
+    # call is still running on its worker (then the process exit ends it).
+    for s in list(_live_states):
+        if not s._busy and (s._host is not None or s._gpu is not None):
+            s.abort()
