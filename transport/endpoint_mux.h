@@ -101,8 +101,10 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   int quiet_calls_ = 0;
   uint64_t last_look_ns_ = 0;
   uint64_t quiet_skips_ = 0;
-  // When a connection's own caller last drained (serve() leaves the endpoint to it meanwhile).
+  // When a connection's own caller last drained, and when its drain last received mostly into
+  // place (serve() leaves the endpoint to it while both are recent).
   std::atomic<uint64_t> last_owned_drain_ns_{0};
+  std::atomic<uint64_t> last_placed_ns_{0};
 };
 
 }  // namespace optireduce
