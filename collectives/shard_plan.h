@@ -13,21 +13,30 @@
 
 namespace optireduce::coll {
 
-// Shard k covers [offset(k), offset(k) + length(k)). The first count % N shards are one element
-// longer, so lengths differ by at most one and any count works, including count < N (then the
-// last N - count shards are empty).
+// Shard k covers [offset(k), offset(k) + length(k)). Shards start on multiples of kUnit
+// elements, so that a shard is as aligned as the bucket itself (a GPU allocation: 256 bytes):
+// the kernels that reduce and fill shards take their 16-byte vector path only for aligned
+// pointers, and with shards cut anywhere most calls fell back to one element at a time. The
+// bucket is cut into units of kUnit elements (the last one short when count is not a multiple),
+// dealt out as evenly as they go: the first (units % N) shards get one unit more, and only the
+// last non-empty shard may be short. Any count works, including count < kUnit * N (then the
+// trailing shards are empty). Shards differ by at most kUnit elements.
 struct ShardPlan {
+  static constexpr uint64_t kUnit = 16;  // 32 bytes of fp16/bf16, 64 of fp32, 128 of fp64
+
   uint64_t count = 0;
   int nranks = 1;
 
-  OR_HD uint64_t base() const { return count / uint64_t(nranks); }
-  OR_HD uint64_t extra() const { return count % uint64_t(nranks); }
-  OR_HD uint64_t length(int k) const { return base() + (uint64_t(k) < extra() ? 1 : 0); }
+  OR_HD uint64_t units() const { return (count + kUnit - 1) / kUnit; }
   OR_HD uint64_t offset(int k) const {
-    const uint64_t kk = uint64_t(k);
-    return kk * base() + (kk < extra() ? kk : extra());
+    const uint64_t kk = uint64_t(k), n = uint64_t(nranks);
+    const uint64_t base = units() / n, extra = units() % n;
+    const uint64_t at = (kk * base + (kk < extra ? kk : extra)) * kUnit;
+    return at < count ? at : count;
   }
-  OR_HD uint64_t max_length() const { return base() + (extra() ? 1 : 0); }
+  OR_HD uint64_t length(int k) const { return offset(k + 1) - offset(k); }
+  // The first shard is never shorter than another.
+  OR_HD uint64_t max_length() const { return length(0); }
 };
 
 // Rounds of one phase with incast I (1 <= I <= N-1): ceil((N-1)/I) rounds. In round q, rank i

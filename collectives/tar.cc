@@ -44,9 +44,15 @@ struct Tar::Pass {
   const uint8_t* work_in = nullptr;
   uint8_t* work_out = nullptr;
   ShardPlan plan;
-  uint8_t* slots = nullptr;   // N-1 receive slots of plan.max_length() elements (phase 1)
+  uint8_t* slots = nullptr;   // N-1 receive slots of slot_bytes() each (phase 1)
   uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
   bool via_slots = false;     // phase 2 receives beside the output (bounded, in place, no HT)
+  // A receive slot holds the longest shard, rounded up so that every slot starts as aligned as
+  // the scratch (ShardPlan: the kernels' vector path wants 16-byte aligned pointers).
+  size_t slot_bytes() const {
+    constexpr size_t kAlign = 64;
+    return (size_t(plan.max_length()) * es + kAlign - 1) / kAlign * kAlign;
+  }
   // Results:
   uint64_t expected[2] = {0, 0};
   uint64_t deadline_hits = 0;
@@ -73,7 +79,7 @@ Status Tar::run_pass(Pass& p, std::string* error) {
     p.work_out = p.output;
     p.plan = ShardPlan{p.count, n};
   }
-  const size_t slots_bytes = size_t(n - 1) * p.plan.max_length() * p.es;
+  const size_t slots_bytes = size_t(n - 1) * p.slot_bytes();
   p.slots = static_cast<uint8_t*>(k_->scratch(kSlotRecv, slots_bytes));
   // Bounded without Hadamard needs the own contribution of a lost element to estimate it; in
   // place that contribution sits where the received shard would land, so receive beside it.
@@ -92,7 +98,7 @@ Status Tar::fail(const char* what, Status s, std::string* error) {
 Status Tar::phase1(Pass& p, std::string* error) {
   const int n = ex_->size(), r = ex_->rank();
   const RoundPlan rp{n, p.incast};
-  const size_t slot_bytes = p.plan.max_length() * p.es;
+  const size_t slot_bytes = p.slot_bytes();
   const uint64_t mine = p.plan.length(r);
   sends_.clear();
   recvs1_.clear();
@@ -123,7 +129,7 @@ Status Tar::phase1(Pass& p, std::string* error) {
 Status Tar::phase2(Pass& p, std::string* error) {
   const int n = ex_->size(), r = ex_->rank();
   const RoundPlan rp{n, p.incast};
-  const size_t slot_bytes = p.plan.max_length() * p.es;
+  const size_t slot_bytes = p.slot_bytes();
   const uint64_t mine = p.plan.length(r);
   recvs2_.clear();
   round_end2_.clear();

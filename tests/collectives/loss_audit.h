@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/optireduce.h"
+#include "collectives/shard_plan.h"
 
 namespace optireduce::testing {
 
@@ -28,11 +29,12 @@ inline int64_t value(int bits, uint64_t salt, uint64_t i) {
   return int64_t(mix(salt, i) >> (63 - bits)) - (int64_t(1) << bits);
 }
 
-// The shard holding element i (ShardPlan's layout: the first count % N shards one longer).
+// The shard holding element i (ShardPlan's layout).
 inline int shard_of(size_t count, int n, size_t i) {
-  const size_t base = count / size_t(n), extra = count % size_t(n);
-  return i < extra * (base + 1) ? int(i / (base + 1))
-                                : int(extra + (i - extra * (base + 1)) / base);
+  const coll::ShardPlan p{count, n};
+  int k = 0;
+  while (k + 1 < n && p.offset(k + 1) <= i) ++k;
+  return k;
 }
 
 // Bounded mode without Hadamard at N <= 8, audited element by element. Rank r contributes
@@ -135,7 +137,7 @@ inline std::string audit_call(int rank, int n, size_t count, int call, const dou
                   (unsigned long long)lost1);
     return msg;
   }
-  const uint64_t own_len = count / size_t(n) + (size_t(rank) < count % size_t(n) ? 1 : 0);
+  const uint64_t own_len = coll::ShardPlan{count, n}.length(rank);
   if (st.elementsExpected[0] != uint64_t(n - 1) * own_len ||
       st.elementsExpected[1] != count - own_len) {
     std::snprintf(msg, sizeof msg, "call %d expected %llu %llu", call,

@@ -1,26 +1,35 @@
-// Tests of collectives/shard_plan.h: shards tile the bucket for every count and N (count < N
-// included), lengths differ by at most one, and every ordered pair meets once per phase.
+// Tests of collectives/shard_plan.h: shards tile the bucket for every count and N (counts below
+// a unit per rank included), start on whole units, differ by at most a unit, and every ordered
+// pair meets once per phase.
 #include "collectives/shard_plan.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
 namespace optireduce::coll {
 namespace {
 
-TEST(ShardPlan, TilesTheBucketForAllSmallCountsAndRanks) {
+constexpr uint64_t kUnit = ShardPlan::kUnit;
+
+TEST(ShardPlan, TilesTheBucketInWholeUnitsForAllSmallCountsAndRanks) {
   for (int n = 1; n <= 17; ++n) {
-    for (uint64_t count = 0; count <= 70; ++count) {
+    for (uint64_t count = 0; count <= 3 * kUnit * 17 + 5; ++count) {
       const ShardPlan p{count, n};
+      const uint64_t units = (count + kUnit - 1) / kUnit;
       uint64_t next = 0;
       for (int k = 0; k < n; ++k) {
-        EXPECT_EQ(p.offset(k), next) << count << " " << n << " " << k;
+        ASSERT_EQ(p.offset(k), next) << count << " " << n << " " << k;
+        EXPECT_EQ(p.offset(k) % kUnit == 0 || p.offset(k) == count, true) << count << " " << k;
         const uint64_t len = p.length(k);
-        EXPECT_TRUE(len == count / n || len == count / n + 1);
-        // The longer shards come first.
-        EXPECT_EQ(len, count / n + (uint64_t(k) < count % n ? 1 : 0));
+        // The first units % N shards get one unit more; only the last non-empty one is short.
+        const uint64_t want = (units / n + (uint64_t(k) < units % n ? 1 : 0)) * kUnit;
+        if (next + want <= count)
+          EXPECT_EQ(len, want) << count << " " << n << " " << k;
+        else
+          EXPECT_EQ(len, count - next) << count << " " << n << " " << k;
         EXPECT_LE(len, p.max_length());
         next += len;
       }
@@ -29,14 +38,37 @@ TEST(ShardPlan, TilesTheBucketForAllSmallCountsAndRanks) {
   }
 }
 
-TEST(ShardPlan, CountBelowRanksGivesEmptyTrailingShards) {
+TEST(ShardPlan, CountBelowAUnitPerRankGivesEmptyTrailingShards) {
   const ShardPlan p{3, 8};
-  EXPECT_EQ(p.length(0), 1u);
-  EXPECT_EQ(p.length(2), 1u);
-  EXPECT_EQ(p.length(3), 0u);
+  EXPECT_EQ(p.length(0), 3u);
+  EXPECT_EQ(p.length(1), 0u);
   EXPECT_EQ(p.length(7), 0u);
   EXPECT_EQ(p.offset(7), 3u);
-  EXPECT_EQ(p.max_length(), 1u);
+  EXPECT_EQ(p.max_length(), 3u);
+  const ShardPlan q{3 * kUnit + 1, 8};  // four units: the last holds one element
+  EXPECT_EQ(q.length(2), kUnit);
+  EXPECT_EQ(q.length(3), 1u);
+  EXPECT_EQ(q.length(4), 0u);
+}
+
+// A GPU bucket (256-byte aligned) of any dtype: every shard starts 16-byte aligned, which is
+// what the kernels' vector path needs, and the shards stay within a unit of each other.
+TEST(ShardPlan, ShardsOfAnAlignedBucketStayAligned) {
+  for (uint64_t count : {uint64_t(1) << 20, (uint64_t(1) << 20) + 5, uint64_t(1000003)}) {
+    for (int n : {2, 3, 4, 7, 8, 16}) {
+      const ShardPlan p{count, n};
+      uint64_t lo = count, hi = 0;
+      for (int k = 0; k < n; ++k) {
+        for (uint64_t es : {2u, 4u, 8u}) EXPECT_EQ(p.offset(k) * es % 16, 0u) << count << " " << n;
+        if (k < n - 1) {
+          lo = std::min(lo, p.length(k));
+          hi = std::max(hi, p.length(k));
+        }
+      }
+      EXPECT_LE(hi - lo, kUnit);
+      EXPECT_LE(p.length(n - 1), hi);
+    }
+  }
 }
 
 TEST(ShardPlan, LargeCounts) {
