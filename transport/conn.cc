@@ -17,6 +17,20 @@ uint32_t payload_for_datagram(uint32_t max_datagram_bytes) {
   return (max_datagram_bytes - kHeaderBytes) & ~7u;
 }
 
+uint32_t receive_window_bytes(const Endpoint& ep, uint32_t pkt_payload) {
+  // The endpoint counts whole datagrams of its largest size; each carries at most pkt_payload
+  // bytes of window (fewer when the peer's datagrams are smaller, and a verbs slot holds one
+  // datagram whatever its size). A connection to a peer on a larger route than the device's
+  // (max_datagram_bytes_to) fills it in fewer. At least one packet: a sender always keeps one
+  // in flight.
+  const uint64_t datagram =
+      std::max<uint64_t>({ep.max_datagram_bytes(), uint64_t{pkt_payload} + kHeaderBytes, 1});
+  uint64_t packets = ep.receive_buffer_bytes() / datagram;
+  if (packets == 0) packets = 1;
+  const uint64_t window = packets * pkt_payload;
+  return window < UINT32_MAX ? static_cast<uint32_t>(window) : UINT32_MAX;
+}
+
 Conn::Conn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep, const ConnParams& p,
            std::shared_ptr<Registry> registry, ConnSide side)
     : cfg_(cfg),

@@ -49,6 +49,11 @@ struct ConnParams {
 // 8 keeps every packet boundary (and so every erasure-marker run) 8-byte aligned.
 uint32_t payload_for_datagram(uint32_t max_datagram_bytes);
 
+// The receive window a HELLO or HELLO_ACK advertises for `ep`: the buffering the endpoint
+// really has (Endpoint::receive_buffer_bytes, the kernel's grant rather than the size asked),
+// as payload bytes of the connection's `pkt_payload`-byte packets.
+uint32_t receive_window_bytes(const Endpoint& ep, uint32_t pkt_payload);
+
 // Which end of the connection: it decides the token of each direction (wire.h, reply_token).
 enum class ConnSide : uint8_t { kSender, kReceiver };
 

@@ -239,6 +239,15 @@ class Endpoint {
 
   // Largest datagram, header included, that reaches the peer unfragmented.
   virtual uint32_t max_datagram_bytes() const = 0;
+  // The same for datagrams to `peer` in particular, which this endpoint can also receive from
+  // it: larger where the route to that peer allows more than the device (a peer on this host,
+  // which the kernel reaches through loopback). What a connection agrees with its peer
+  // (handshake); never less than the endpoint's receive_buffer_bytes() accounting assumes,
+  // since a larger datagram only fills the buffer in fewer packets.
+  virtual uint32_t max_datagram_bytes_to(const PeerAddress& peer) const {
+    (void)peer;
+    return max_datagram_bytes();
+  }
 
   virtual const DatapathCounters& counters() const = 0;
 

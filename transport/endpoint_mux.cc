@@ -79,6 +79,9 @@ class MuxPort final : public Endpoint {
     return mux_->ep_->address_host(a);
   }
   uint32_t max_datagram_bytes() const override { return mux_->ep_->max_datagram_bytes(); }
+  uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override {
+    return mux_->ep_->max_datagram_bytes_to(peer);
+  }
   uint64_t receive_buffer_bytes() const override { return mux_->ep_->receive_buffer_bytes(); }
 
   const DatapathCounters& counters() const override {

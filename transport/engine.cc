@@ -139,17 +139,6 @@ Status EngineImpl::open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<End
   return st;
 }
 
-uint32_t EngineImpl::window_bytes(const Endpoint& ep, uint32_t pkt_payload) {
-  // The endpoint counts whole datagrams of its largest size; each carries at most pkt_payload
-  // bytes of window (fewer when the peer's datagrams are smaller, and a verbs slot holds one
-  // datagram whatever its size). At least one packet: a sender always keeps one in flight.
-  const uint64_t datagram = ep.max_datagram_bytes() > 0 ? ep.max_datagram_bytes() : 1;
-  uint64_t packets = ep.receive_buffer_bytes() / datagram;
-  if (packets == 0) packets = 1;
-  const uint64_t window = packets * pkt_payload;
-  return window < UINT32_MAX ? static_cast<uint32_t>(window) : UINT32_MAX;
-}
-
 Status EngineImpl::listen(int dev, ConnectionHandle* handle, std::unique_ptr<ListenComm>* out,
                           BoundedGroup* group) {
   *out = nullptr;

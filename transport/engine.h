@@ -44,10 +44,6 @@ class EngineImpl final : public Engine {
   // can share (OPTIREDUCE_SHARED_ENDPOINT), else an endpoint of its own; behind the fault
   // injector when OPTIREDUCE_FAULT_* asks.
   Status open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<Endpoint>* out);
-  // The receive window a HELLO or HELLO_ACK advertises for `ep`: the buffering the endpoint
-  // really has (Endpoint::receive_buffer_bytes, the kernel's grant rather than the size asked),
-  // as payload bytes of the connection's `pkt_payload`-byte packets.
-  static uint32_t window_bytes(const Endpoint& ep, uint32_t pkt_payload);
   // The congestion state of the path from device `dev` to `ep`'s peer host, shared by every
   // connection between the two (congestion.h); a private one where the host is unknown.
   std::shared_ptr<Path> path_to(int dev, const Endpoint& ep, uint32_t pkt_payload);

@@ -39,11 +39,11 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     if (!st) return st;
     const Config& cfg = engine_->config();
     HelloBody mine;
-    mine.max_datagram_bytes = ep_->max_datagram_bytes();
+    mine.max_datagram_bytes = ep_->max_datagram_bytes_to(pkts[i].from);
     const uint32_t pkt_payload =
         payload_for_datagram(std::min(mine.max_datagram_bytes, peer.max_datagram_bytes));
     // What this endpoint can hold: the window the sender keeps to (never the size asked for).
-    mine.window_bytes = EngineImpl::window_bytes(*ep_, pkt_payload);
+    mine.window_bytes = receive_window_bytes(*ep_, pkt_payload);
     mine.features = peer.features;
     uint8_t body[kHelloBodyBytes];
     encode_hello(mine, body);
@@ -99,8 +99,8 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
       continue;
     ConnParams params;
     params.token = handle_.token;
-    params.pkt_payload =
-        payload_for_datagram(std::min(ep_->max_datagram_bytes(), peer.max_datagram_bytes));
+    params.pkt_payload = payload_for_datagram(
+        std::min(ep_->max_datagram_bytes_to(handle_.addr), peer.max_datagram_bytes));
     params.peer_window = peer.window_bytes;
     params.delivery = opts_.delivery;
     params.fill = opts_.fill;
@@ -120,11 +120,10 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
   }
   if (now >= next_hello_ns_) {
     HelloBody mine;
-    mine.max_datagram_bytes = ep_->max_datagram_bytes();
+    mine.max_datagram_bytes = ep_->max_datagram_bytes_to(handle_.addr);
     // The peer's datagram size is unknown until it answers, so packets of our largest size;
     // only control packets travel this way (the receiver sends no data).
-    mine.window_bytes =
-        EngineImpl::window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
+    mine.window_bytes = receive_window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
     mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
                     (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0) |
                     (opts_.until_started ? kFeatureUntilStarted : 0);

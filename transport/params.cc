@@ -60,7 +60,9 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
    "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically."},
   {"OPTIREDUCE_MAX_DATAGRAM", &Config::max_datagram_bytes, 0, 65507, nullptr,
-   "Largest datagram in bytes, header included; 0 derives it from the interface MTU. Must be 0 or at least 256."},
+   "Largest datagram in bytes, header included; 0 derives it from the route to each peer: the "
+   "interface MTU, or loopback's for a peer on the same host (64 KiB datagrams where the kernel "
+   "has UDP GRO). A value set here holds for every peer. Must be 0 or at least 256."},
   {"OPTIREDUCE_SOCKET_BUFFER", &Config::socket_buffer_bytes, 65536, 1 << 30, nullptr,
    "UDP socket send/receive buffer in bytes (set with SO_*BUFFORCE when permitted)."},
   {"OPTIREDUCE_UDP_GSO", &Config::udp_gso, 0, 1, nullptr,

@@ -259,6 +259,7 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
   }
   const uint32_t mtu_datagram = std::min(mtu - ip_hdr - kUdpHeaderBytes, kMaxUdpPayloadBytes);
   max_datagram_ = mtu_datagram;
+  fixed_datagram_ = opts.max_datagram_bytes != 0;
   if (opts.max_datagram_bytes != 0) {
     max_datagram_ = std::max(opts.max_datagram_bytes, kMinDatagramBytes);
     if (max_datagram_ > mtu_datagram) {
@@ -382,6 +383,8 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
   Buffers& b = *buf_;
   // With GRO one receive may hold many datagrams, so its slot must hold the largest batch.
   rx_slot_bytes_ = gro_ ? kGroSlotBytes : max_datagram_;
+  rx_max_datagram_ =
+      gro_ && !fixed_datagram_ ? std::min(kGroSlotBytes, kMaxUdpPayloadBytes) : max_datagram_;
   b.slot_stride = (rx_slot_bytes_ + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
   b.rx_data = static_cast<uint8_t*>(
       std::aligned_alloc(kSlotAlign, static_cast<size_t>(b.slot_stride) * kRxSlots));
@@ -659,8 +662,11 @@ int UdpEndpoint::rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) {
   Buffers& b = *buf_;
   int n = std::min({max, kRxSlots, g.n});
   // Where the kernel coalesces datagrams (GRO), the first slot likely holds a run of them and
-  // the second starts further on than its guess: guess the first slot alone.
-  if (gro_ && 2 * max_datagram_ <= rx_slot_bytes_) n = std::min(n, 1);
+  // the second starts further on than its guess: guess the first slot alone. Datagrams of
+  // which a slot holds only one (a peer on this host: 64 KiB ones) are never coalesced.
+  const uint64_t guessed_datagram = uint64_t{g.split} + (g.n > 0 ? g.g[0].len : 0);
+  if (gro_ && 2 * std::max<uint64_t>(max_datagram_, guessed_datagram) <= rx_slot_bytes_)
+    n = std::min(n, 1);
   int guessed = 0;
   if (g.split != 0 && g.split <= rx_slot_bytes_) {
     while (guessed < n && g.g[guessed].dst != nullptr &&
@@ -846,7 +852,7 @@ int UdpEndpoint::drain_rx(RxPacket* pkts, int max) {
                     : udp_peer_address(reinterpret_cast<sockaddr*>(&b.rx_from[rx_next_]));
       do {  // at least once, so that an empty datagram is delivered too
         const uint32_t chunk = std::min(seg, len - rx_offset_);
-        if (chunk > max_datagram_) {
+        if (chunk > rx_max_datagram_) {
           // GRO's slots hold more than one datagram may be: the size limit is ours to apply.
           ++counters_.rx_truncated;
           rx_offset_ += chunk;
@@ -890,6 +896,38 @@ int UdpEndpoint::rx_burst(RxPacket* pkts, int max) {
     got = drain_rx(pkts, max);
   }
   return got;
+}
+
+uint32_t UdpEndpoint::max_datagram_bytes_to(const PeerAddress& peer) const {
+  // The route's MTU, as the kernel would apply it to a socket connected to the peer from this
+  // endpoint's address: a peer on this host is reached through loopback (MTU 65536), whatever
+  // the device's MTU. 1372-byte datagrams cost ranks on one host a packet's per-datagram work
+  // (ours and the kernel's) every 1.3 KiB where TCP moves 64 KiB segments.
+  if (fixed_datagram_ || rx_max_datagram_ <= max_datagram_) return max_datagram_;
+  sockaddr_storage to;
+  socklen_t to_len = 0;
+  if (!udp_sockaddr(peer, &to, &to_len) || to.ss_family != family_) return max_datagram_;
+  const int s = ::socket(family_, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (s < 0) return max_datagram_;
+  sockaddr_storage from = local_sa_;
+  if (family_ == AF_INET6)
+    reinterpret_cast<sockaddr_in6*>(&from)->sin6_port = 0;
+  else
+    reinterpret_cast<sockaddr_in*>(&from)->sin_port = 0;
+  const socklen_t from_len = family_ == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  int mtu = 0;
+  socklen_t mtu_len = sizeof(mtu);
+  const bool ok = ::bind(s, reinterpret_cast<const sockaddr*>(&from), from_len) == 0 &&
+                  ::connect(s, reinterpret_cast<const sockaddr*>(&to), to_len) == 0 &&
+                  ::getsockopt(s, family_ == AF_INET6 ? IPPROTO_IPV6 : IPPROTO_IP,
+                               family_ == AF_INET6 ? IPV6_MTU : IP_MTU, &mtu, &mtu_len) == 0;
+  ::close(s);
+  const uint32_t hdr =
+      (family_ == AF_INET6 ? kIpv6HeaderBytes : kIpv4HeaderBytes) + kUdpHeaderBytes;
+  if (!ok || mtu <= 0 || uint32_t(mtu) <= hdr) return max_datagram_;
+  // Never below the device's figure (receive_buffer_bytes counts in those), never above what a
+  // receive slot holds.
+  return std::clamp(uint32_t(mtu) - hdr, max_datagram_, rx_max_datagram_);
 }
 
 }  // namespace optireduce

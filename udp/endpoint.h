@@ -83,6 +83,7 @@ class UdpEndpoint final : public Endpoint {
   int rx_burst(RxPacket* pkts, int max) override;
   int rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) override;
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
+  uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override;
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override { return receive_buffer_; }
 
@@ -130,6 +131,10 @@ class UdpEndpoint final : public Endpoint {
   bool gso_ = false;
   bool gro_ = false;
   uint32_t max_datagram_ = 0;
+  // The largest datagram it receives: what max_datagram_bytes_to may agree to with a peer on
+  // a route larger than the device's (a GRO slot's worth), else max_datagram_.
+  uint32_t rx_max_datagram_ = 0;
+  bool fixed_datagram_ = false;  // EndpointOptions::max_datagram_bytes set: never larger
   uint32_t rx_slot_bytes_ = 0;
   // receive_buffer_bytes(), from the kernel's grant.
   uint64_t receive_buffer_ = 0;

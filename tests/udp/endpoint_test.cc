@@ -704,6 +704,29 @@ TEST(UdpEndpoint, MaxDatagramFollowsMtuAndOptions) {
   }
 }
 
+// A peer on this host is reached through loopback whatever the device's MTU, so the datagram
+// agreed with it is as large as that route and a receive slot allow (one 64 KiB datagram where
+// 1472-byte ones would cost 45 times the per-datagram work), never smaller than the device's;
+// a size the user fixed stays fixed. Such datagrams arrive whole beside the device-sized ones.
+TEST(UdpEndpoint, APeerOnThisHostGetsTheLoopbackRoutesDatagram) {
+  auto a = open_v4({}, 1500);
+  auto b = open_v4({}, 1500);
+  ASSERT_EQ(a->max_datagram_bytes(), 1472u);
+  if (!a->gro_active() || !b->gro_active())
+    GTEST_SKIP() << "no UDP GRO here: a receive slot holds one device-sized datagram";
+  EXPECT_EQ(a->max_datagram_bytes_to(b->local_address()), kMaxUdpPayloadBytes);
+  EXPECT_EQ(b->max_datagram_bytes_to(a->local_address()), kMaxUdpPayloadBytes);
+  EndpointOptions fixed;
+  fixed.max_datagram_bytes = 1000;
+  EXPECT_EQ(open_v4(fixed, 1500)->max_datagram_bytes_to(b->local_address()), 1000u);
+  pair_up(*a, *b);
+  Outbox out;
+  for (uint32_t i = 0; i < 20; ++i) out.add(i % 2 ? 1472 : kMaxUdpPayloadBytes - 7 * i);
+  send_all(*a, out.packets());
+  expect_intact(receive(*b, out.size()), out.size());
+  EXPECT_EQ(b->counters().rx_truncated, 0u);
+}
+
 TEST(UdpEndpoint, Ipv6LoopbackExchange) {
   auto a = open_v6();
   auto b = open_v6();

@@ -84,6 +84,20 @@ struct Rig {
   }
 };
 
+// The window a connection offers is the endpoint's buffering in that connection's packets:
+// device-sized ones, or larger ones where the route to the peer allows them (a peer on this
+// host), which fill the same buffer in fewer packets and must not be counted as many.
+TEST(ReceiveWindow, CountsTheBufferInTheConnectionsOwnPackets) {
+  auto link = make_mem_pair(kDgram);
+  const uint64_t buffer = link.b->receive_buffer_bytes();
+  const uint32_t small = payload_for_datagram(kDgram);
+  EXPECT_EQ(receive_window_bytes(*link.b, small), buffer / kDgram * small);
+  const uint32_t big = payload_for_datagram(65507);
+  EXPECT_LE(receive_window_bytes(*link.b, big), buffer);
+  EXPECT_EQ(receive_window_bytes(*link.b, big), buffer / (big + kHeaderBytes) * big);
+  EXPECT_EQ(receive_window_bytes(*link.b, uint32_t(buffer)), uint32_t(buffer));  // one packet
+}
+
 TEST(ExactTransfer, EverySizeArrivesByteExact) {
   Rig rig;
   for (size_t size : {size_t{0}, size_t{1}, size_t{7}, size_t{999}, size_t{1000}, size_t{1001},
