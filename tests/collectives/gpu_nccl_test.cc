@@ -444,10 +444,10 @@ int tar_bounded_on_the_device(double drop,
           std::sort(other.begin(), other.end());
           worst_other = other.empty() ? 0 : other.back();
           std::printf(
-              "rank %d: rank 1 stalled %d ms before calls 10, 15, ..: those took at most %.1f ms "
-              "here; the others median %.1f ms, at most %.1f ms\n",
-              rank, g_stall_ms, worst_stalled, other.empty() ? 0 : other[other.size() / 2],
-              worst_other);
+              "rank %d: rank 1 stalled %d ms before %s: those took at most %.1f ms here; the "
+              "others median %.1f ms, at most %.1f ms\n",
+              rank, g_stall_ms, g_stall_once ? "call 10" : "calls 10, 15, ..", worst_stalled,
+              other.empty() ? 0 : other[other.size() / 2], worst_other);
           std::string line;  // from the first stall on: each call's time and lost fraction
           for (int c = 10; c < kCalls; ++c) {
             char cell[48];
