@@ -551,60 +551,64 @@ TEST(Mux, AnIdleEndpointPolledInALoopIsReadEverySoOften) {
   EXPECT_EQ(raw->rx_calls - before, 100);
 }
 
+// An endpoint with two ports on the test's clock: `owner`'s caller drains it, `other` only
+// has a sink, which the progress thread (serve) or the owner's drain feeds.
+struct ServeRig {
+  explicit ServeRig(uint64_t owner_token)
+      : hub(std::make_shared<Hub>()),
+        mux(make_mux(hub, 1, nullptr, clock)),
+        peer(hub, 7),
+        owner(port(*mux, owner_token, hub_address(7))),
+        other(port(*mux, 22, hub_address(7))) {
+    other->set_rx_sink(&sink);
+  }
+  ~ServeRig() { other->set_rx_sink(nullptr); }
+  // Whether a serve() after `us` more microseconds hands `other` its datagram.
+  bool served_after_us(uint64_t us) {
+    clock.advance_us(us);
+    mux->serve();
+    return !sink.got.empty();
+  }
+
+  std::shared_ptr<Hub> hub;
+  FakeClock clock;
+  std::shared_ptr<EndpointMux> mux;
+  HubEndpoint peer;
+  std::unique_ptr<Endpoint> owner, other;
+  Recorder sink;
+};
+
 // The progress thread leaves an endpoint to a connection's caller that receives into place and
 // drained it within the last millisecond (a drain of its own would copy), and serves it once
 // that caller has been away longer.
 TEST(Mux, ServeLeavesAnEndpointToACallerThatReceivesIntoPlace) {
-  auto hub = std::make_shared<Hub>();
-  FakeClock clock;
-  auto mux = make_mux(hub, 1, nullptr, clock);
-  HubEndpoint peer(hub, 7);
-  auto owner = port(*mux, 0xA, hub_address(7));
-  auto other = port(*mux, 22, hub_address(7));
-  Recorder sink;
-  other->set_rx_sink(&sink);
+  ServeRig r(0xA);
   std::vector<uint8_t> buf(100, 0);
   Guesser own;
   own.guesses.split = kHeaderBytes;
   own.guesses.n = 1;
   own.guesses.g[0] = {buf.data(), 100, 3, 0};
-  send_raw(peer, 1, data_datagram(0xA, 3, 0, 100, 0x11));
-  ASSERT_EQ(owner->rx_into(own, 32), 1);
-  ASSERT_EQ(mux->counters().rx_placed, 1u);
-  send_raw(peer, 1, datagram(22, 5));
-  clock.advance_us(500);
-  mux->serve();
-  EXPECT_TRUE(sink.got.empty());
-  clock.advance_us(600);
-  mux->serve();
-  ASSERT_EQ(sink.got.size(), 1u);
-  EXPECT_EQ(seq_of(sink.got[0]), 5u);
-  other->set_rx_sink(nullptr);
+  send_raw(r.peer, 1, data_datagram(0xA, 3, 0, 100, 0x11));
+  ASSERT_EQ(r.owner->rx_into(own, 32), 1);
+  ASSERT_EQ(r.mux->counters().rx_placed, 1u);
+  send_raw(r.peer, 1, datagram(22, 5));
+  EXPECT_FALSE(r.served_after_us(500));
+  ASSERT_TRUE(r.served_after_us(600));
+  EXPECT_EQ(seq_of(r.sink.got[0]), 5u);
 }
 
 // A caller whose drains copy (no guesses, or guesses that miss: several peers' datagrams
 // interleaved, as in a collective's exchange) is left the endpoint only while it polls; between
 // two of its tests further apart, the progress thread hands the other connections theirs.
 TEST(Mux, ServeWaitsOnlyBrieflyForACallerThatCopies) {
-  auto hub = std::make_shared<Hub>();
-  FakeClock clock;
-  auto mux = make_mux(hub, 1, nullptr, clock);
-  HubEndpoint peer(hub, 7);
-  auto owner = port(*mux, 11, hub_address(7));
-  auto other = port(*mux, 22, hub_address(7));
-  Recorder own, sink;
-  other->set_rx_sink(&sink);
-  send_raw(peer, 1, datagram(11, 1));
-  ASSERT_EQ(owner->rx_into(own, 32), 1);
-  send_raw(peer, 1, datagram(22, 5));
-  clock.advance_us(10);
-  mux->serve();
-  EXPECT_TRUE(sink.got.empty());  // it polls: its next test hands them over
-  clock.advance_us(20);
-  mux->serve();
-  ASSERT_EQ(sink.got.size(), 1u);
-  EXPECT_EQ(seq_of(sink.got[0]), 5u);
-  other->set_rx_sink(nullptr);
+  ServeRig r(11);
+  Recorder own;
+  send_raw(r.peer, 1, datagram(11, 1));
+  ASSERT_EQ(r.owner->rx_into(own, 32), 1);
+  send_raw(r.peer, 1, datagram(22, 5));
+  EXPECT_FALSE(r.served_after_us(10));  // it polls: its next test hands them over
+  ASSERT_TRUE(r.served_after_us(20));
+  EXPECT_EQ(seq_of(r.sink.got[0]), 5u);
 }
 
 // The progress thread's pass visits connections with something to do, not every open one.
