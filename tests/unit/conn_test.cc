@@ -621,17 +621,12 @@ TEST(PerMessage, AStragglerFarBehindCatchesUpAtOnce) {
     bool drop_cts = true;
     rig.rx_ep->policy = testing::drop_type(PacketType::kCts, &drop_cts);
     std::vector<uint8_t> dst(src.size());
+    size_t sz = 0;
     for (int k = 0; k < kFar; ++k) {
       Request* rr;
       ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-      bool done = false;
-      size_t sz = 0;
-      for (int ms = 0; ms < 200 && !done; ++ms) {
-        ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
-        rig.s->poll();  // alive (it answers keepalives), but posts nothing
-        rig.clock.advance_ms(1);
-      }
-      ASSERT_TRUE(done) << k;
+      // The sender is served (it answers keepalives) but posts nothing.
+      ASSERT_TRUE(rig.run(nullptr, rr, &sz, 200, 1000)) << k;
     }
     drop_cts = false;
     Request* rr_next;
@@ -642,7 +637,6 @@ TEST(PerMessage, AStragglerFarBehindCatchesUpAtOnce) {
       ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
       ASSERT_NE(sr, nullptr);
       bool done = false;
-      size_t sz = 0;
       ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
       ASSERT_TRUE(done) << "send " << k << " waits, although the receiver's floor passed it";
     }
@@ -652,31 +646,20 @@ TEST(PerMessage, AStragglerFarBehindCatchesUpAtOnce) {
   // asking with a CTS for a message that ended long ago.
   {
     Rig rig(Delivery::kBounded, Fill::kMarker);
+    size_t sz = 0;
     for (int k = 0; k < kFar; ++k) {
       Request* sr;
       ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-      bool done = false;
-      size_t sz = 0;
-      for (int ms = 0; ms < 20000 && !done; ++ms) {
-        ASSERT_TRUE(rig.s->test(sr, &done, &sz).is_ok());
-        rig.r->poll();  // alive (it answers keepalives), but posts nothing
-        rig.clock.advance_ms(1);
-      }
-      ASSERT_TRUE(done) << k;
+      // The receiver is served (it answers keepalives) but posts nothing.
+      ASSERT_TRUE(rig.run(sr, nullptr, &sz, 20000, 1000)) << k;
     }
     std::vector<uint8_t> dst(src.size());
     for (int k = 0; k < kFar; ++k) {
       Request* rr;
       ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-      bool done = false;
-      size_t sz = 0;
       // The answer takes a round trip; an allowance (50 ms here) would be far more.
-      for (int step = 0; step < 10 && !done; ++step) {
-        rig.s->poll();
-        ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
-        rig.clock.advance_us(100);
-      }
-      ASSERT_TRUE(done) << "receive " << k << " waits, although its message ended long ago";
+      ASSERT_TRUE(rig.run(nullptr, rr, &sz, 10, 100))
+          << "receive " << k << " waits, although its message ended long ago";
     }
   }
 }
@@ -1162,23 +1145,30 @@ TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
   }
 }
 
-// The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
-// other (from, to) pair, self-loops included, is refused (and fails the connection).
-// Records the RTT samples a path's controller is given (the network's part, and the whole
-// round trip); never limits anything.
-struct RttRecorder final : CongestionController {
-  std::vector<uint64_t>* samples;
-  std::vector<uint64_t> wholes;
-  explicit RttRecorder(std::vector<uint64_t>* s) : samples(s) {}
-  uint64_t window_bytes() const override { return 64u << 20; }
+// A window of a fixed size that nothing moves, unpaced: for the tests that need a path full, and
+// the base of those that record what the path's controller is told.
+struct FixedWindow : CongestionController {
+  uint64_t bytes;
+  explicit FixedWindow(uint64_t b) : bytes(b) {}
+  uint64_t window_bytes() const override { return bytes; }
   double pacing_rate() const override { return 0; }
   using CongestionController::on_ack;
+  void on_ack(uint64_t, uint64_t, uint64_t, uint64_t) override {}
+  void on_loss(uint64_t) override {}
+  void on_timeout(uint64_t) override {}
+};
+
+// Records the RTT samples a path's controller is given (the network's part, and the whole
+// round trip); never limits anything.
+struct RttRecorder final : FixedWindow {
+  std::vector<uint64_t>* samples;
+  std::vector<uint64_t> wholes;
+  explicit RttRecorder(std::vector<uint64_t>* s) : FixedWindow(64u << 20), samples(s) {}
+  using FixedWindow::on_ack;
   void on_ack(uint64_t, uint64_t rtt_ns, uint64_t whole_ns, uint64_t) override {
     if (rtt_ns != 0) samples->push_back(rtt_ns);
     if (whole_ns != 0) wholes.push_back(whole_ns);
   }
-  void on_loss(uint64_t) override {}
-  void on_timeout(uint64_t) override {}
 };
 
 // Both processes busy elsewhere: each gets to its datagrams milliseconds after they arrived
@@ -1222,18 +1212,6 @@ TEST(HostDelay, TheControllerSeesTheNetworksRttNotTheHostsWaits) {
   EXPECT_LE(rec->wholes.size(), samples.size());
   for (uint64_t whole : rec->wholes) EXPECT_GE(whole, 2'000'000u);
 }
-
-// A window of a fixed size that nothing moves, for the tests that need a path full.
-struct FixedWindow final : CongestionController {
-  uint64_t bytes;
-  explicit FixedWindow(uint64_t b) : bytes(b) {}
-  uint64_t window_bytes() const override { return bytes; }
-  double pacing_rate() const override { return 0; }
-  using CongestionController::on_ack;
-  void on_ack(uint64_t, uint64_t, uint64_t, uint64_t) override {}
-  void on_loss(uint64_t) override {}
-  void on_timeout(uint64_t) override {}
-};
 
 // Two connections to one host share its path. One that finds the window full of the other's
 // bytes, with nothing of its own in flight, hears nothing when the other's ACKs free it. On a
@@ -1295,6 +1273,8 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
   EXPECT_EQ(dst_b, src_b);
 }
 
+// The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
+// other (from, to) pair, self-loops included, is refused (and fails the connection).
 TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
   using S = SendConn::State;
   const S all[] = {S::kFree, S::kWaitCts, S::kSending, S::kDone};
