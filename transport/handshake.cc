@@ -82,7 +82,12 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
 
 PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
                                const ConnOptions& opts)
-    : dev_(dev), ep_(std::move(ep)), handle_(h), opts_(opts), backoff_ns_(kHelloFirstRetryNs) {}
+    : dev_(dev),
+      ep_(std::move(ep)),
+      handle_(h),
+      opts_(opts),
+      max_datagram_(ep_->max_datagram_bytes_to(h.addr)),
+      backoff_ns_(kHelloFirstRetryNs) {}
 
 Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) {
   *out = nullptr;
@@ -99,8 +104,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
       continue;
     ConnParams params;
     params.token = handle_.token;
-    params.pkt_payload = payload_for_datagram(
-        std::min(ep_->max_datagram_bytes_to(handle_.addr), peer.max_datagram_bytes));
+    params.pkt_payload = payload_for_datagram(std::min(max_datagram_, peer.max_datagram_bytes));
     params.peer_window = peer.window_bytes;
     params.delivery = opts_.delivery;
     params.fill = opts_.fill;
@@ -120,7 +124,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
   }
   if (now >= next_hello_ns_) {
     HelloBody mine;
-    mine.max_datagram_bytes = ep_->max_datagram_bytes_to(handle_.addr);
+    mine.max_datagram_bytes = max_datagram_;
     // The peer's datagram size is unknown until it answers, so packets of our largest size;
     // only control packets travel this way (the receiver sends no data).
     mine.window_bytes = receive_window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));

@@ -43,6 +43,9 @@ class PendingConnect {
   std::unique_ptr<Endpoint> ep_;
   ConnectionHandle handle_;
   ConnOptions opts_;
+  // The largest datagram this side can exchange with the peer (Endpoint::max_datagram_bytes_to:
+  // over UDP a probe of the route, so asked once, not per HELLO).
+  uint32_t max_datagram_;
   uint64_t next_hello_ns_ = 0;
   uint64_t backoff_ns_;
 };
