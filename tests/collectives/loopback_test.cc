@@ -594,12 +594,14 @@ struct Drift {
   bool lost2 = false;  // some rank lost phase-2 elements
 };
 
-Drift measure_drift(bool hadamard, optiMode_t gather) {
+// `seed`: OPTIREDUCE_FAULT_SEED (kFaultEnv's by default).
+Drift measure_drift(bool hadamard, optiMode_t gather, const char* seed = nullptr) {
   const int n = 4;
   const std::string dir = temp_dir();
   Drift out_drift;
-  EXPECT_EQ(run_ranks(n, kFaultEnv, [&](int r) { return drift_rank(r, n, dir, hadamard, gather); }),
-            0);
+  auto env = kFaultEnv;
+  if (seed != nullptr) env.push_back({"OPTIREDUCE_FAULT_SEED", seed});
+  EXPECT_EQ(run_ranks(n, env, [&](int r) { return drift_rank(r, n, dir, hadamard, gather); }), 0);
   for (int r = 0; r < n; ++r) {
     out_drift.lost |= marked(dir, "lost." + std::to_string(r));
     out_drift.lost2 |= marked(dir, "lost2." + std::to_string(r));
@@ -650,11 +652,25 @@ TEST(Loopback, ReplicaDriftUnderLoss) {
   }
 }
 
+// measure_drift until phase 1 lost something, under up to three fault seeds. Whether a dropped
+// datagram costs data depends on timing: at kFaultEnv's 2% the transport repairs most holes
+// within the 20 ms deadline, and now and then every one (a fresh CI run lost nothing in one
+// of the four cases below). A higher drop rate would make phase 2 cut whole shards often,
+// which turns off the bit-for-bit check of the default all-gather.
+Drift measure_drift_with_loss(bool hadamard, optiMode_t gather) {
+  Drift d;
+  for (const char* seed : {"7", "8", "9"}) {
+    d = measure_drift(hadamard, gather, seed);
+    if (d.lost) break;
+  }
+  return d;
+}
+
 // An exact all-gather, or one bounded until each sender starts (the default): phase 1 loses data
 // under the same faults, and every rank still holds the same bits after every call.
 TEST(Loopback, ReplicasAgreeBitForBitUnderLossWithAnExactAllGather) {
   for (bool hadamard : {false, true}) {
-    const Drift d = measure_drift(hadamard, optiExact);
+    const Drift d = measure_drift_with_loss(hadamard, optiExact);
     EXPECT_TRUE(d.lost) << "nothing lost in phase 1: the test tested nothing";
     EXPECT_EQ(d.worst, 0.0);
   }
@@ -662,7 +678,7 @@ TEST(Loopback, ReplicasAgreeBitForBitUnderLossWithAnExactAllGather) {
 
 TEST(Loopback, ReplicasAgreeBitForBitUnderLossWithTheDefaultAllGather) {
   for (bool hadamard : {false, true}) {
-    const Drift d = measure_drift(hadamard, optiUntilStarted);
+    const Drift d = measure_drift_with_loss(hadamard, optiUntilStarted);
     EXPECT_TRUE(d.lost) << "nothing lost in phase 1: the test tested nothing";
     // A sender later than the deadline is cut whole by design; every shard that started
     // arrived whole, so without such a cut the ranks hold the same bits.
