@@ -64,7 +64,7 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
   // Served recently and no timer due (wake_ns): its owner is polling it. A due timer is
   // served sooner than idle_ns, since the progress thread woke for it and the owner may have
   // moved on to other requests.
-  const uint64_t wake = wake_ns();
+  const uint64_t wake = wake_ns(now);
   const bool timer_due = wake != 0 && now >= wake;
   if (shared_) {
     if (!timer_due && !ep_->rx_pending()) return;
@@ -92,8 +92,10 @@ void Conn::progress_locked(uint64_t now, bool drain) {
   // burst; also what was queued before a failure (a FINAL, say), as it would have left at once.
   flush_locked();
   const uint64_t next = fatal_.is_ok() ? next_timer_locked() : 0;
-  next_timer_ns_.store(next);  // before arm() looks at the flag (registry.h)
-  if (next != 0 && shared_ && registry_) registry_->arm(this);
+  const uint64_t pace = fatal_.is_ok() ? pace_retry_locked() : 0;
+  next_pace_ns_.store(pace);
+  next_timer_ns_.store(next);  // both before arm() looks at the flag (registry.h)
+  if ((next != 0 || pace != 0) && shared_ && registry_) registry_->arm(this);
 }
 
 void Conn::on_kept() {
@@ -330,8 +332,14 @@ ConnStats Conn::stats_snapshot() const {
   return stats_;
 }
 
-uint64_t Conn::wake_ns() const {
-  const uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
+uint64_t Conn::wake_ns(uint64_t now) const {
+  uint64_t timer = next_timer_ns_.load(std::memory_order_relaxed);
+  const uint64_t pace = next_pace_ns_.load(std::memory_order_relaxed);
+  if (pace != 0) {
+    const uint64_t drained = ep_->last_caller_drain_ns();
+    const bool clocked = drained != 0 && now - std::min(now, drained) < kCallerActiveNs;
+    if (!clocked) timer = timer == 0 ? pace : std::min(timer, pace);
+  }
   if (timer == 0) return 0;
   return std::max(timer, last_progress_ns_.load(std::memory_order_relaxed) + kOwnerGraceNs);
 }

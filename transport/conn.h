@@ -84,17 +84,30 @@ class Conn : private RxHandler, private RxSink {
   // The earliest armed timer as of the last pass, 0 if none: the progress thread sleeps until
   // then rather than a whole OPTIREDUCE_PROGRESS_US period. Read without the lock.
   uint64_t next_timer_ns() const { return next_timer_ns_.load(std::memory_order_relaxed); }
-  // When the progress thread should visit for that timer: not before kOwnerGraceNs after the
-  // owner's last pass, since an owner that polls (NCCL's test() loop) fires its own timers; so
-  // a busy connection, whose probe moves ahead with every ACK, does not wake the thread every
-  // few RTTs, while one whose owner moved on is served within the grace of its timer.
-  uint64_t wake_ns() const;
+  // When the progress thread should visit for that timer, as of `now`: not before
+  // kOwnerGraceNs after the owner's last pass, since an owner that polls (NCCL's test() loop)
+  // fires its own timers; so a busy connection, whose probe moves ahead with every ACK, does
+  // not wake the thread every few RTTs, while one whose owner moved on is served within the
+  // grace of its timer.
+  // A packet the pacer held back while others are in flight (pace_retry_locked) wakes it only
+  // if no caller has received on the endpoint for kCallerActiveNs: while callers do, the next
+  // ACK reaches this connection within their polling and its pass sends what the pacer then
+  // allows (ACK clocking), and the probe and RTO timers stand in for ACKs that never come. In
+  // bench/lab (4 ranks, 1 Gbit/s, 4 MiB) the thread woke for nearly every paced packet, about
+  // 390 times per call and rank, and those wake-ups were a sixth of the ranks' CPU.
+  uint64_t wake_ns(uint64_t now) const;
   static constexpr uint64_t kOwnerGraceNs = 50'000;
+  // Callers that received within a millisecond are taken to be polling still: a host exchange
+  // naps 20 us between tests, but on a loaded host its naps stretch to hundreds; the progress
+  // thread's own period is a millisecond too (OPTIREDUCE_PROGRESS_US).
+  static constexpr uint64_t kCallerActiveNs = 1'000'000;
 
   // Its endpoint is shared (endpoint_mux.h): the progress thread visits it only when armed.
   bool shared_endpoint() const { return shared_; }
   // A timer is armed or datagrams were kept for it: the progress thread should come by.
-  bool wants_visit() const { return next_timer_ns_.load() != 0 || ep_->rx_pending(); }
+  bool wants_visit() const {
+    return next_timer_ns_.load() != 0 || next_pace_ns_.load() != 0 || ep_->rx_pending();
+  }
 
   // Serves the connection now (what the progress thread does for idle connections).
   void poll();
@@ -150,6 +163,9 @@ class Conn : private RxHandler, private RxSink {
   // The earliest instant at which the side's timers want a pass (0: none armed), for the
   // progress thread (next_timer_ns()). Called at the end of every pass.
   virtual uint64_t next_timer_locked() const = 0;
+  // A pass the pacer wants for a packet it held back while packets of this connection are in
+  // flight (0: none), which their ACKs may bring instead (wake_ns). Not in next_timer_locked().
+  virtual uint64_t pace_retry_locked() const { return 0; }
 
   void fail_locked(Status s, const char* why);
   // The peer is gone (CLOSE, silence, ICMP): the connection fails with Errc::kRemote, which
@@ -202,6 +218,7 @@ class Conn : private RxHandler, private RxSink {
   uint64_t rx_now_ = 0;            // the pass's time, for on_rx (mu_)
   std::atomic<uint64_t> last_progress_ns_{0};
   std::atomic<uint64_t> next_timer_ns_{0};
+  std::atomic<uint64_t> next_pace_ns_{0};  // pace_retry_locked() as of the last pass
   // One burst: ctrl_n_ control packets first (they unblock the peer), then batch_n_ DATA.
   // Fixed arrays: nothing is allocated per packet.
   TxPacket batch_[kCtrlBatch + kBatch];

@@ -298,6 +298,10 @@ class Endpoint {
   virtual bool shared() const { return false; }
   // Datagrams kept for this endpoint (its sink was busy) that rx_into has not handed out yet.
   virtual bool rx_pending() const { return false; }
+  // When a caller last received on the endpoint for any of its connections, the progress
+  // thread's own receives not counted; 0: never, or the datapath cannot say. While callers
+  // keep receiving, an ACK reaches its connection within their polling (Conn::wake_ns).
+  virtual uint64_t last_caller_drain_ns() const { return 0; }
 
   // Any address of this datapath as peer_text() and peer_host() would write it.
   virtual std::string address_text(const PeerAddress&) const { return {}; }

@@ -54,7 +54,13 @@ constexpr uint64_t kOwnerServesNs = 1'000'000;
 // sleeps longer leaves its peers' ACKs and data to the progress thread.
 constexpr uint64_t kOwnerPollsNs = 20'000;
 constexpr uint64_t kMaxQuietNs = 16'000;
+// Set on the progress thread (mark_progress_thread): its drains are not a caller's.
+thread_local bool t_progress_thread = false;
 }  // namespace
+
+void mark_progress_thread() {
+  t_progress_thread = true;
+}
 
 class MuxPort final : public Endpoint {
  public:
@@ -138,6 +144,9 @@ class MuxPort final : public Endpoint {
   }
   bool shared() const override { return true; }
   bool rx_pending() const override { return backlog_.pending(); }
+  uint64_t last_caller_drain_ns() const override {
+    return mux_->last_caller_drain_ns_.load(std::memory_order_relaxed);
+  }
 
  private:
   friend class EndpointMux;
@@ -233,6 +242,7 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own) {
   if (fatal_ != 0) return -fatal_;
   const uint64_t now = clock_.now_ns();
   if (own != nullptr) last_owned_drain_ns_.store(now, std::memory_order_relaxed);
+  if (!t_progress_thread) last_caller_drain_ns_.store(now, std::memory_order_relaxed);
   if (quiet_calls_ > 0) {
     --quiet_calls_;
     if (now - last_look_ns_ < kQuietNs) {

@@ -105,6 +105,13 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   // place (serve() leaves the endpoint to it while both are recent).
   std::atomic<uint64_t> last_owned_drain_ns_{0};
   std::atomic<uint64_t> last_placed_ns_{0};
+  // When a thread other than the progress thread last drained, for anyone (MuxPort's
+  // last_caller_drain_ns).
+  std::atomic<uint64_t> last_caller_drain_ns_{0};
 };
+
+// Marks the calling thread, for the rest of its life, as the transport's progress thread: its
+// drains are not a caller's (EndpointMux::last_caller_drain_ns_).
+void mark_progress_thread();
 
 }  // namespace optireduce

@@ -214,6 +214,7 @@ void EngineImpl::progress_loop() {
   // Shortest sleep: a timer that is due but whose connection its owner holds right now is
   // served by that owner; waking again at once would spin.
   constexpr uint64_t kMinSleepNs = 20'000;
+  mark_progress_thread();
   std::unique_lock<std::mutex> lock(thread_mu_);
   uint64_t next = 0;  // the earliest timer as of the last pass
   std::vector<std::shared_ptr<EndpointMux>> muxes;
@@ -234,7 +235,7 @@ void EngineImpl::progress_loop() {
     for (const auto& mux : muxes) mux->serve();
     muxes.clear();  // a mux whose last port closed meanwhile is not kept alive by the thread
     const uint64_t t = clock_.now_ns();
-    next = registry_->visit([&](Conn* c) { c->background_progress(t, idle_ns); });
+    next = registry_->visit(t, [&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();
   }
 }

@@ -30,10 +30,10 @@ void Registry::arm(Conn* c) {
   armed_.push_back(c);
 }
 
-uint64_t Registry::prune_and_earliest() {
+uint64_t Registry::prune_and_earliest(uint64_t now) {
   uint64_t next = 0;
-  auto earliest = [&next](const Conn* c) {
-    const uint64_t t = c->wake_ns();
+  auto earliest = [&next, now](const Conn* c) {
+    const uint64_t t = c->wake_ns(now);
     if (t != 0 && (next == 0 || t < next)) next = t;
   };
   for (const Conn* c : polled_) earliest(c);

@@ -28,9 +28,9 @@ class Registry {
   // The progress thread's pass: fn(conn) for every connection it must visit, under the lock
   // that keeps connections alive; then those that want no more visits are disarmed. Returns
   // when the thread should wake for a timer (the earliest Conn::wake_ns() of those it
-  // visits), 0 if none.
+  // visits, as of `now`), 0 if none.
   template <typename Fn>
-  uint64_t visit(Fn&& fn) {
+  uint64_t visit(uint64_t now, Fn&& fn) {
     std::lock_guard<std::mutex> lock(mu_);
     due_.assign(polled_.begin(), polled_.end());
     {
@@ -38,14 +38,14 @@ class Registry {
       due_.insert(due_.end(), armed_.begin(), armed_.end());
     }
     for (Conn* c : due_) fn(c);
-    return prune_and_earliest();
+    return prune_and_earliest(now);
   }
 
   size_t size();
   size_t armed();
 
  private:
-  uint64_t prune_and_earliest();
+  uint64_t prune_and_earliest(uint64_t now);
 
   std::mutex mu_;
   std::vector<Conn*> conns_;   // every live connection

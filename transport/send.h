@@ -131,6 +131,7 @@ class SendConn final : public Conn, public SendComm {
   void transmit_locked(uint64_t now) override;
   Status test_locked(Request* req, bool* done, size_t* size, uint64_t now) override;
   uint64_t next_timer_locked() const override;
+  uint64_t pace_retry_locked() const override { return inflight_ != 0 ? retry_ns_ : 0; }
 
   // send.cc: the message's life.
   bool set_state_locked(Msg& m, State to);

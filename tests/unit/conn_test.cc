@@ -1245,7 +1245,8 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
   ASSERT_TRUE(sa.test(sra, &da, &size).is_ok());  // A fills the path's window
   ASSERT_TRUE(sb.test(srb, &db, &size).is_ok());  // B finds it full: held back
   EXPECT_EQ(sb.inflight_bytes(), 0u);
-  EXPECT_NE(sb.wake_ns(), 0u) << "held back with nothing in flight, and no timer to go on";
+  EXPECT_NE(sb.wake_ns(clock.now_ns()), 0u)
+      << "held back with nothing in flight, and no timer to go on";
   int visits = 0;
   for (int i = 0; i < 20000 && !(da && dra && drb); ++i) {
     clock.advance_us(10);
@@ -1261,7 +1262,7 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
     sa.poll();
     ra.poll();
     rb.poll();
-    const uint64_t wake = sb.wake_ns();
+    const uint64_t wake = sb.wake_ns(clock.now_ns());
     if (wake != 0 && clock.now_ns() >= wake) {
       sb.background_progress(clock.now_ns(), 500'000);
       ++visits;

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "tests/unit/pattern.h"
@@ -25,12 +26,17 @@ using testing::pattern;
 constexpr uint32_t kDgram = 1048;
 
 // Endpoints addressed by one byte; a send to an address nobody holds is reported unreachable.
+// With a clock, each datagram arrives `delay_ns` after it was sent.
 struct Hub {
   struct Datagram {
     uint8_t from;
     std::vector<uint8_t> bytes;
+    uint64_t due = 0;
   };
   std::map<uint8_t, std::deque<Datagram>> queues;
+  const Clock* clock = nullptr;
+  uint64_t delay_ns = 0;
+  uint64_t now() const { return clock != nullptr ? clock->now_ns() : 0; }
 };
 
 PeerAddress hub_address(uint8_t id) {
@@ -63,14 +69,15 @@ class HubEndpoint final : public Endpoint {
       std::memcpy(d.data(), pkts[i].hdr, pkts[i].hdr_len);
       if (pkts[i].payload_len)
         std::memcpy(d.data() + pkts[i].hdr_len, pkts[i].payload, pkts[i].payload_len);
-      q->second.push_back(Hub::Datagram{id_, std::move(d)});
+      q->second.push_back(Hub::Datagram{id_, std::move(d), hub_->now() + hub_->delay_ns});
     }
     return n;
   }
   int rx_burst(RxPacket* pkts, int max) override {
     held_.clear();
     auto& q = hub_->queues[id_];
-    while (static_cast<int>(held_.size()) < max && !q.empty()) {
+    const uint64_t now = hub_->now();
+    while (static_cast<int>(held_.size()) < max && !q.empty() && q.front().due <= now) {
       held_.push_back(std::move(q.front()));
       q.pop_front();
     }
@@ -389,14 +396,15 @@ struct Pair {
 };
 
 Pair make_pair_on(const Config& cfg, const Clock& clock, EndpointMux& smux, EndpointMux& rmux,
-                  uint64_t token, std::shared_ptr<Registry> registry = nullptr) {
+                  uint64_t token, std::shared_ptr<Registry> registry = nullptr,
+                  std::shared_ptr<Path> path = nullptr) {
   ConnParams cp;
   cp.token = token;
   cp.pkt_payload = payload_for_datagram(kDgram);
   cp.peer_window = 256 * 1024;
   Pair p;
   p.s = std::make_unique<SendConn>(cfg, clock, port(smux, reply_token(token), rmux.local_address()),
-                                   cp, registry);
+                                   cp, registry, std::move(path));
   p.r =
       std::make_unique<RecvConn>(cfg, clock, port(rmux, token, smux.local_address()), cp, registry);
   p.s->activate();
@@ -611,6 +619,82 @@ TEST(Mux, ServeWaitsOnlyBrieflyForACallerThatCopies) {
   EXPECT_EQ(seq_of(r.sink.got[0]), 5u);
 }
 
+// A send the pacer holds back while its packets are in flight goes on by the passes its ACKs
+// bring while a caller receives on the endpoint: the progress thread is not woken per paced
+// packet (Conn::wake_ns). Once no caller has received for a while, the pacer's own timer wakes
+// it again, and the progress thread's own receives do not count as a caller's.
+TEST(MuxConns, APacedSendGoesOnByItsAcksWhileACallerReceives) {
+  auto hub = std::make_shared<Hub>();
+  FakeClock clock;
+  hub->clock = &clock;
+  hub->delay_ns = 100'000;  // a 200 us round trip: ten paced datagrams in flight
+  auto m = make_mux(hub, 1, nullptr, clock);
+  Config cfg;
+  const uint32_t payload = payload_for_datagram(kDgram);
+  // 0.05 bytes per ns: a datagram every ~20 us, where the test steps 5 us at a time.
+  auto path = std::make_shared<Path>(make_default_controller(payload), payload, 0.05);
+  Pair p = make_pair_on(cfg, clock, *m, *m, 0x99, nullptr, path);
+  std::unique_ptr<Endpoint> watch = port(*m, 0x9A, PeerAddress{});
+  const auto src = pattern(400'000, 5);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr = nullptr, *rr = nullptr;
+  ASSERT_TRUE(p.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(p.s->isend(src.data(), src.size(), &sr).is_ok());
+  // The progress thread's part, run where the test says: a visit when the sender's wake is due.
+  int visits = 0;
+  auto visit_if_due = [&] {
+    const uint64_t now = clock.now_ns();
+    const uint64_t wake = p.s->wake_ns(now);
+    if (wake == 0 || now < wake) return;
+    ++visits;
+    p.s->background_progress(now, 500'000);
+  };
+  // 2 ms with a caller testing the receive only, every 100 us (a host exchange waiting on a
+  // peer, its naps stretched by a loaded host).
+  bool rdone = false;
+  size_t size = 0;
+  for (int i = 1; i <= 400; ++i) {
+    clock.advance_us(5);
+    if (i % 20 == 0) {
+      ASSERT_TRUE(p.r->test(rr, &rdone, &size).is_ok());
+    }
+    visit_if_due();
+  }
+  const uint64_t sent = p.s->stats().data_pkts;
+  EXPECT_GE(sent, 50u) << "the pacer's rate allows ~100 datagrams in 2 ms";
+  EXPECT_LE(visits, 2) << sent << " datagrams paced, the progress thread woken " << visits
+                       << " times for them";
+  ASSERT_FALSE(rdone);
+  // The caller stops. The progress thread (a thread marked as such) serves the endpoint and
+  // the sender's due timers; its drains leave last_caller_drain_ns alone, so the pacer's timer
+  // counts again once a millisecond has passed, and the rest arrives at the paced rate.
+  const uint64_t caller_drained = watch->last_caller_drain_ns();
+  EXPECT_NE(caller_drained, 0u);
+  const uint64_t t1 = clock.now_ns();
+  std::thread progress([&] {
+    mark_progress_thread();
+    visits = 0;
+    // As the engine's thread: the endpoint served once per period (1 ms), the sender visited
+    // when its wake is due.
+    uint64_t served = 0;
+    for (int i = 0; i < 20000 && dst != src; ++i) {
+      clock.advance_us(5);
+      if (clock.now_ns() - served >= 1'000'000) {
+        m->serve();
+        served = clock.now_ns();
+      }
+      visit_if_due();
+    }
+  });
+  progress.join();
+  EXPECT_EQ(watch->last_caller_drain_ns(), caller_drained);
+  EXPECT_EQ(dst, src);
+  EXPECT_GE(visits, 50) << "the rest went by the pacer's timer";
+  EXPECT_LE(clock.now_ns() - t1, 2 * 8'000'000u) << "within twice the paced time of the rest";
+  ASSERT_TRUE(p.r->test(rr, &rdone, &size).is_ok());
+  EXPECT_TRUE(rdone);
+}
+
 // The progress thread's pass visits connections with something to do, not every open one.
 TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
   auto hub = std::make_shared<Hub>();
@@ -627,7 +711,7 @@ TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
   ASSERT_EQ(registry->size(), 200u);
   int visited = 0;
   auto pass = [&] {
-    return registry->visit([&](Conn* c) {
+    return registry->visit(clock.now_ns(), [&](Conn* c) {
       ++visited;
       c->background_progress(clock.now_ns(), 0);
     });
