@@ -337,7 +337,7 @@ uint64_t SendConn::next_timer_locked() const {
   consider(rto_deadline_);
   consider(probe_deadline_);
   // With packets in flight, their ACKs may bring the retry's pass instead (pace_retry_locked).
-  if (inflight_ == 0) consider(retry_ns_);
+  if (pace_retry_locked() == 0) consider(retry_ns_);
   if (params_.delivery != Delivery::kBounded) return next;
   // The bounded give-ups of expire_bounded_locked() that a budget sets (the 10 s fallback is
   // left to the periodic pass).

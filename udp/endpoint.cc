@@ -66,6 +66,24 @@ constexpr uint32_t kUdpHeaderBytes = 8;
 // the per-packet cost (same floor as OPTIREDUCE_MAX_DATAGRAM).
 constexpr uint32_t kMinDatagramBytes = 256;
 
+// What a datagram's IP (no options) and UDP headers take of a route's MTU.
+uint32_t ip_udp_header_bytes(int family) {
+  return (family == AF_INET6 ? kIpv6HeaderBytes : kIpv4HeaderBytes) + kUdpHeaderBytes;
+}
+
+// `addr`, a socket address of `family`, with its port 0 (a bind for which the kernel picks
+// one); returns the address's length.
+socklen_t with_any_port(const void* addr, int family, sockaddr_storage* out) {
+  const socklen_t len = family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  *out = sockaddr_storage{};
+  std::memcpy(out, addr, len);
+  if (family == AF_INET6)
+    reinterpret_cast<sockaddr_in6*>(out)->sin6_port = 0;
+  else
+    reinterpret_cast<sockaddr_in*>(out)->sin_port = 0;
+  return len;
+}
+
 constexpr size_t kTxCtrlBytes = CMSG_SPACE(sizeof(uint16_t));
 // Room for the control messages a receive may carry: the GRO segment size, the socket's drop
 // count (SO_RXQ_OVFL) and the receive timestamp (SO_TIMESTAMPNS).
@@ -251,13 +269,12 @@ Status UdpEndpoint::open(const sockaddr* local, uint32_t mtu, const EndpointOpti
 }
 
 Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const EndpointOptions& opts) {
-  const uint32_t ip_hdr = family_ == AF_INET6 ? kIpv6HeaderBytes : kIpv4HeaderBytes;
-  if (mtu < ip_hdr + kUdpHeaderBytes + kMinDatagramBytes) {
-    OR_WARN("UDP endpoint: MTU %u is too small (need at least %u)", mtu,
-            ip_hdr + kUdpHeaderBytes + kMinDatagramBytes);
+  const uint32_t hdr = ip_udp_header_bytes(family_);
+  if (mtu < hdr + kMinDatagramBytes) {
+    OR_WARN("UDP endpoint: MTU %u is too small (need at least %u)", mtu, hdr + kMinDatagramBytes);
     return Status(Errc::kInvalidUsage);
   }
-  const uint32_t mtu_datagram = std::min(mtu - ip_hdr - kUdpHeaderBytes, kMaxUdpPayloadBytes);
+  const uint32_t mtu_datagram = std::min(mtu - hdr, kMaxUdpPayloadBytes);
   max_datagram_ = mtu_datagram;
   fixed_datagram_ = opts.max_datagram_bytes != 0;
   if (opts.max_datagram_bytes != 0) {
@@ -319,13 +336,8 @@ Status UdpEndpoint::configure(const sockaddr* local, uint32_t mtu, const Endpoin
     return Status(Errc::kSystem, err);
   }
 
-  sockaddr_storage bind_addr{};
-  const socklen_t bind_len = family_ == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-  std::memcpy(&bind_addr, local, bind_len);
-  if (family_ == AF_INET)
-    reinterpret_cast<sockaddr_in*>(&bind_addr)->sin_port = 0;
-  else
-    reinterpret_cast<sockaddr_in6*>(&bind_addr)->sin6_port = 0;
+  sockaddr_storage bind_addr;
+  const socklen_t bind_len = with_any_port(local, family_, &bind_addr);
   if (::bind(fd_, reinterpret_cast<const sockaddr*>(&bind_addr), bind_len) != 0) {
     const int err = errno;
     OR_WARN("UDP endpoint: bind to %s failed: %s",
@@ -909,12 +921,8 @@ uint32_t UdpEndpoint::max_datagram_bytes_to(const PeerAddress& peer) const {
   if (!udp_sockaddr(peer, &to, &to_len) || to.ss_family != family_) return max_datagram_;
   const int s = ::socket(family_, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   if (s < 0) return max_datagram_;
-  sockaddr_storage from = local_sa_;
-  if (family_ == AF_INET6)
-    reinterpret_cast<sockaddr_in6*>(&from)->sin6_port = 0;
-  else
-    reinterpret_cast<sockaddr_in*>(&from)->sin_port = 0;
-  const socklen_t from_len = family_ == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  sockaddr_storage from;
+  const socklen_t from_len = with_any_port(&local_sa_, family_, &from);
   int mtu = 0;
   socklen_t mtu_len = sizeof(mtu);
   const bool ok = ::bind(s, reinterpret_cast<const sockaddr*>(&from), from_len) == 0 &&
@@ -922,8 +930,7 @@ uint32_t UdpEndpoint::max_datagram_bytes_to(const PeerAddress& peer) const {
                   ::getsockopt(s, family_ == AF_INET6 ? IPPROTO_IPV6 : IPPROTO_IP,
                                family_ == AF_INET6 ? IPV6_MTU : IP_MTU, &mtu, &mtu_len) == 0;
   ::close(s);
-  const uint32_t hdr =
-      (family_ == AF_INET6 ? kIpv6HeaderBytes : kIpv4HeaderBytes) + kUdpHeaderBytes;
+  const uint32_t hdr = ip_udp_header_bytes(family_);
   if (!ok || mtu <= 0 || uint32_t(mtu) <= hdr) return max_datagram_;
   // Never below the device's figure (receive_buffer_bytes counts in those), never above what a
   // receive slot holds.
