@@ -269,6 +269,9 @@ struct Options {
   int timeout_ms = 30000;                  // --timeout-ms: Gloo's per-operation timeout
   double background_s = 0;                 // --background SECONDS: load generator mode
   double duty = 1.0;                       // --duty: background busy fraction
+  // --interleave: the algorithms take turns in every iteration instead of running one after
+  // another, so that each meets the same background (a paired comparison of their tails).
+  bool interleave = false;
 };
 
 // Parses argv into *o; returns "" or an error message. Unknown flags are errors.
@@ -342,6 +345,8 @@ inline std::string parse_options(int argc, char** argv, Options* o) {
     } else if (a == "--background") {
       if (!num(&d) || d <= 0) return "bad --background";
       o->background_s = d;
+    } else if (a == "--interleave") {
+      o->interleave = true;
     } else if (a == "--duty") {
       if (!num(&d) || d <= 0 || d > 1) return "bad --duty";
       o->duty = d;

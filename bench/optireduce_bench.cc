@@ -5,6 +5,7 @@
 //   optireduce-bench -b 1M -e 8M -f 2 -n 200 -w 5 -c 1 -g tar-bounded-ht,gloo-ring
 //                    --store DIR [--rank R --world N] [--env NAME --csv F --samples F]
 //                    [--straggler-rank R --straggler-ms MS --straggler-prob P --seed S]
+//                    [--interleave]
 //   optireduce-bench --background SECS -b SIZE --store DIR [--duty D]   (load generator)
 // Gloo carries the bench's own control traffic (barrier, reduction of the samples), over TCP.
 #include <gloo/allreduce.h>
@@ -201,60 +202,89 @@ double process_cpu_seconds() {
   return sec(u.ru_utime) + sec(u.ru_stime);
 }
 
-// Times one algorithm at one size and returns the per-iteration figures reduced over ranks;
-// *cpu_ms: CPU time of all ranks inside the timed calls, per iteration.
-std::vector<Iteration> measure(const Options& o, Gloo* g, Algo* algo, uint64_t bytes,
-                               double* tb_ms, double* cpu_ms) {
-  const size_t count = size_t(bytes / 4);
-  std::vector<float> in(count), out(count);
-  fill_input(o.seed, o.rank, in.data(), count);
-  std::vector<double> exact;
-  if (o.check) exact = exact_sum(o.seed, o.world, count);
-  const auto sleeps = straggler_schedule(o.seed, o.iters, o.straggler_prob);
-  const int warmup = std::max(o.warmup, algo->min_warmup());
-  const size_t n = size_t(o.iters);
-  std::vector<double> t(n), lost(n), expected(n), deadline(n), exactc(n), err(n, 0.0);
-  double cpu = 0;
-  for (int i = -warmup; i < o.iters; ++i) {
+// One algorithm's timing at one size: its buffers, the per-iteration figures of this rank, and
+// the reduction over ranks at the end. Iterations may be run one algorithm after another or
+// interleaved with other algorithms' (--interleave).
+class Measurement {
+ public:
+  Measurement(const Options& o, Algo* algo, uint64_t bytes)
+      : o_(o),
+        algo_(algo),
+        count_(size_t(bytes / 4)),
+        in_(count_),
+        out_(count_),
+        sleeps_(straggler_schedule(o.seed, o.iters, o.straggler_prob)),
+        warmup_(std::max(o.warmup, algo->min_warmup())),
+        t_(size_t(o.iters)),
+        lost_(size_t(o.iters)),
+        expected_(size_t(o.iters)),
+        deadline_(size_t(o.iters)),
+        exact_calls_(size_t(o.iters)),
+        err_(size_t(o.iters), 0.0) {
+    fill_input(o.seed, o.rank, in_.data(), count_);
+    if (o.check) exact_ = exact_sum(o.seed, o.world, count_);
+  }
+
+  int warmup() const { return warmup_; }
+
+  // Iteration i (negative: warm-up, untimed in the figures), entered with the ranks in step.
+  void step(Gloo* g, int i) {
     g->barrier();
     // The straggler's sleep stands for slow compute: outside its own timed region, so the
     // figures show what it costs the others.
-    if (i >= 0 && o.rank == o.straggler_rank && sleeps[size_t(i)]) sleep_ms(o.straggler_ms);
+    if (i >= 0 && o_.rank == o_.straggler_rank && sleeps_[size_t(i)]) sleep_ms(o_.straggler_ms);
     const double c0 = process_cpu_seconds();
     const auto t0 = Clock::now();
-    algo->run(in.data(), out.data(), count);
+    algo_->run(in_.data(), out_.data(), count_);
     const double dt = seconds_since(t0);
-    if (i < 0) continue;
-    cpu += process_cpu_seconds() - c0;
+    if (i < 0) return;
+    cpu_ += process_cpu_seconds() - c0;
     const size_t k = size_t(i);
-    t[k] = dt;
-    algo->last(&lost[k], &expected[k], &deadline[k], &exactc[k]);
-    if (o.check) err[k] = rel_l2_error(out.data(), exact);
+    t_[k] = dt;
+    algo_->last(&lost_[k], &expected_[k], &deadline_[k], &exact_calls_[k]);
+    if (o_.check) err_[k] = rel_l2_error(out_.data(), exact_);
   }
-  g->reduce(&t, ReduceFn(&gloo::max<double>));
-  g->reduce(&lost, ReduceFn(&gloo::sum<double>));
-  g->reduce(&expected, ReduceFn(&gloo::sum<double>));
-  g->reduce(&deadline, ReduceFn(&gloo::max<double>));
-  g->reduce(&exactc, ReduceFn(&gloo::max<double>));
-  if (o.check) g->reduce(&err, ReduceFn(&gloo::max<double>));
-  std::vector<double> tb{algo->tb_ms()};
-  g->reduce(&tb, ReduceFn(&gloo::max<double>));
-  *tb_ms = tb[0];
-  std::vector<double> c{cpu};
-  g->reduce(&c, ReduceFn(&gloo::sum<double>));
-  *cpu_ms = n ? c[0] * 1e3 / double(n) : NAN;
-  std::vector<Iteration> it(n);
-  for (size_t k = 0; k < n; ++k) {
-    it[k].seconds = t[k];
-    it[k].lost = lost[k];
-    it[k].expected = expected[k];
-    it[k].deadline = deadline[k];
-    it[k].exact = exactc[k];
-    it[k].error = o.check ? err[k] : NAN;
-    it[k].straggle = o.straggler_rank >= 0 && sleeps[k];
+
+  // The per-iteration figures reduced over ranks; *cpu_ms: CPU time of all ranks inside the
+  // timed calls, per iteration. Every rank calls it, in the same order.
+  std::vector<Iteration> finish(Gloo* g, double* tb_ms, double* cpu_ms) {
+    g->reduce(&t_, ReduceFn(&gloo::max<double>));
+    g->reduce(&lost_, ReduceFn(&gloo::sum<double>));
+    g->reduce(&expected_, ReduceFn(&gloo::sum<double>));
+    g->reduce(&deadline_, ReduceFn(&gloo::max<double>));
+    g->reduce(&exact_calls_, ReduceFn(&gloo::max<double>));
+    if (o_.check) g->reduce(&err_, ReduceFn(&gloo::max<double>));
+    std::vector<double> tb{algo_->tb_ms()};
+    g->reduce(&tb, ReduceFn(&gloo::max<double>));
+    *tb_ms = tb[0];
+    std::vector<double> c{cpu_};
+    g->reduce(&c, ReduceFn(&gloo::sum<double>));
+    const size_t n = t_.size();
+    *cpu_ms = n ? c[0] * 1e3 / double(n) : NAN;
+    std::vector<Iteration> it(n);
+    for (size_t k = 0; k < n; ++k) {
+      it[k].seconds = t_[k];
+      it[k].lost = lost_[k];
+      it[k].expected = expected_[k];
+      it[k].deadline = deadline_[k];
+      it[k].exact = exact_calls_[k];
+      it[k].error = o_.check ? err_[k] : NAN;
+      it[k].straggle = o_.straggler_rank >= 0 && sleeps_[k];
+    }
+    return it;
   }
-  return it;
-}
+
+ private:
+  const Options& o_;
+  Algo* algo_;
+  const size_t count_;
+  std::vector<float> in_, out_;
+  std::vector<double> exact_;
+  const std::vector<bool> sleeps_;
+  const int warmup_;
+  std::vector<double> t_, lost_, expected_, deadline_, exact_calls_, err_;
+  double cpu_ = 0;
+};
 
 // Load generator: a Gloo ring allreduce of -b bytes in a loop (busy for a `duty` fraction of the
 // time), the paper's way of making tails, until `background_s` has passed.
@@ -291,30 +321,64 @@ int bench_main(int argc, char** argv) {
   const auto algos = split_list(o.algos.empty() ? kAllAlgos : o.algos);
   const auto sizes = size_list(o.min_bytes, o.max_bytes, o.factor);
   int failures = 0;
-  for (const std::string& name : algos) {
-    for (uint64_t bytes : sizes) {
-      std::unique_ptr<Algo> algo;
-      try {
-        const std::string dir = o.store + "/" + name + "-" + std::to_string(bytes);
-        algo = make_algo(name, o, &g, dir);
-      } catch (const std::exception& e) {
-        // Every rank fails the same way (same build, same options): skip together.
-        std::fprintf(stderr, "rank %d: %s: skipped: %s\n", o.rank, name.c_str(), e.what());
-        ++failures;
-        g.barrier();
-        continue;
-      }
-      double tb_ms = 0, cpu_ms = NAN;
-      const auto it = measure(o, &g, algo.get(), bytes, &tb_ms, &cpu_ms);
-      algo.reset();
-      if (o.rank == 0) {
-        Row r = summarize(o.env, name, o.world, bytes, it);
-        r.tb_ms = tb_ms;
-        r.cpu_ms = cpu_ms;
-        append_csv(o.csv, r);
-        append_samples(o.samples, r, it);
+  auto make = [&](const std::string& name, uint64_t bytes) -> std::unique_ptr<Algo> {
+    try {
+      return make_algo(name, o, &g, o.store + "/" + name + "-" + std::to_string(bytes));
+    } catch (const std::exception& e) {
+      // Every rank fails the same way (same build, same options): skip together.
+      std::fprintf(stderr, "rank %d: %s: skipped: %s\n", o.rank, name.c_str(), e.what());
+      ++failures;
+      g.barrier();
+      return nullptr;
+    }
+  };
+  auto report = [&](const std::string& name, uint64_t bytes, Measurement& m) {
+    double tb_ms = 0, cpu_ms = NAN;
+    const auto it = m.finish(&g, &tb_ms, &cpu_ms);
+    if (o.rank != 0) return;
+    Row r = summarize(o.env, name, o.world, bytes, it);
+    r.tb_ms = tb_ms;
+    r.cpu_ms = cpu_ms;
+    append_csv(o.csv, r);
+    append_samples(o.samples, r, it);
+  };
+  if (!o.interleave) {
+    for (const std::string& name : algos) {
+      for (uint64_t bytes : sizes) {
+        std::unique_ptr<Algo> algo = make(name, bytes);
+        if (!algo) continue;
+        Measurement m(o, algo.get(), bytes);
+        for (int i = -m.warmup(); i < o.iters; ++i) m.step(&g, i);
+        report(name, bytes, m);
       }
     }
+  }
+  // --interleave: per size, every algorithm takes its turn in each iteration (the first one
+  // rotating), so that all of them meet the same background bursts and their tails compare
+  // within one run.
+  for (uint64_t bytes : o.interleave ? sizes : std::vector<uint64_t>{}) {
+    std::vector<std::string> names;
+    std::vector<std::unique_ptr<Algo>> made;
+    for (const std::string& name : algos) {
+      if (auto algo = make(name, bytes)) {
+        names.push_back(name);
+        made.push_back(std::move(algo));
+      }
+    }
+    std::vector<Measurement> ms;
+    ms.reserve(made.size());
+    int warmup = 0;
+    for (auto& a : made) {
+      ms.emplace_back(o, a.get(), bytes);
+      warmup = std::max(warmup, ms.back().warmup());
+    }
+    for (int i = -warmup; i < o.iters; ++i) {
+      for (size_t k = 0; k < ms.size(); ++k) {
+        const size_t a = (size_t(i + warmup) + k) % ms.size();
+        if (i >= -ms[a].warmup()) ms[a].step(&g, i);
+      }
+    }
+    for (size_t a = 0; a < ms.size(); ++a) report(names[a], bytes, ms[a]);
   }
   g.barrier();
   return failures ? 1 : 0;

@@ -118,10 +118,11 @@ TEST(LabCommon, SummarizeFollowsNcclTestsDefinitions) {
 }
 
 TEST(LabCommon, ParseOptions) {
-  const char* argv[] = {
-      "b",  "-b", "1M", "-e", "8M",        "-f",     "2", "-n",      "10", "-w",
-      "2",  "-c", "0",  "-g", "gloo-ring", "--rank", "1", "--world", "4",  "--straggler-prob",
-      "0.5"};
+  const char* argv[] = {"b",      "-b",          "1M",      "-e", "8M",
+                        "-f",     "2",           "-n",      "10", "-w",
+                        "2",      "-c",          "0",       "-g", "gloo-ring",
+                        "--rank", "1",           "--world", "4",  "--straggler-prob",
+                        "0.5",    "--interleave"};
   Options o;
   EXPECT_EQ(parse_options(int(std::size(argv)), const_cast<char**>(argv), &o), "");
   EXPECT_EQ(o.min_bytes, 1u << 20);
@@ -133,6 +134,8 @@ TEST(LabCommon, ParseOptions) {
   EXPECT_EQ(o.rank, 1);
   EXPECT_EQ(o.world, 4);
   EXPECT_EQ(o.straggler_prob, 0.5);
+  EXPECT_TRUE(o.interleave);
+  EXPECT_FALSE(Options().interleave);  // one algorithm after another unless asked
   const char* bad[] = {"b", "--nope"};
   Options o2;
   EXPECT_NE(parse_options(2, const_cast<char**>(bad), &o2), "");
