@@ -15,13 +15,23 @@ void RttEstimator::sample(uint64_t r) {
     rttvar_ns_ = (3 * rttvar_ns_ + err) / 4;  // beta = 1/4
     srtt_ns_ = (7 * srtt_ns_ + r) / 8;        // alpha = 1/8
   }
+  note_max(r);
+  rto_ns_ = computed_rto();
+}
+
+void RttEstimator::sample_bound(uint64_t r) {
+  if (srtt_ns_ == 0) return;  // no RTT yet: the initial timeout stands
+  note_max(r);
+  rto_ns_ = std::max(rto_ns_, computed_rto());
+}
+
+void RttEstimator::note_max(uint64_t r) {
   cur_max_ = std::max(cur_max_, r);
   if (++in_cur_ == kMaxWindow) {
     prev_max_ = cur_max_;
     cur_max_ = 0;
     in_cur_ = 0;
   }
-  rto_ns_ = computed_rto();
 }
 
 uint64_t RttEstimator::computed_rto() const {

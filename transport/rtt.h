@@ -27,6 +27,11 @@ class RttEstimator {
   // loopback with NCCL's proxy pattern, one in seven packets went twice). A path without pauses
   // keeps its small timeout: its largest recent sample is close to its mean.
   void sample(uint64_t rtt_ns);
+  // An upper bound of a round trip, where Karn's rule allows no sample: the ACK of a packet sent
+  // more than once, timed from its first copy. Only the largest recent sample takes it, so the
+  // timeout can only grow by it (to 5/4 of it); the smoothed RTT and its variation are left
+  // alone, since the bound overstates the RTT by up to a timeout where the first copy was lost.
+  void sample_bound(uint64_t bound_ns);
   // Doubles the timeout after an expiry (exponential backoff), up to the maximum.
   void backoff();
   // The peer acknowledged new data: the path works again, so the timeout returns from its
@@ -46,6 +51,7 @@ class RttEstimator {
 
  private:
   uint64_t computed_rto() const;
+  void note_max(uint64_t r);  // into the largest-sample windows
 
   uint64_t rto_min_ns_, rto_max_ns_;
   uint64_t cur_max_ = 0, prev_max_ = 0;  // of the current window and the one before

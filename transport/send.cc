@@ -189,7 +189,10 @@ void SendConn::start_locked(Msg& m, const CtsRecord& cts, uint64_t now) {
   m.started_ns = m.progress_ns = now;
   m.acked.reset(m.npkts);
   m.resent.reset(m.npkts);
-  if (m.sent_ns.size() < m.npkts) m.sent_ns.resize(m.npkts);
+  if (m.sent_ns.size() < m.npkts) {
+    m.sent_ns.resize(m.npkts);
+    m.first_ns.resize(m.npkts);
+  }
   std::fill(m.sent_ns.begin(), m.sent_ns.begin() + m.npkts, 0);
 }
 

@@ -98,6 +98,7 @@ class SendConn final : public Conn, public SendComm {
     PacketBitmap acked;
     PacketBitmap resent;            // sent more than once: no RTT sample (Karn)
     std::vector<uint64_t> sent_ns;  // last transmission time per packet; kQueued: lost, queued
+    std::vector<uint64_t> first_ns;  // first transmission time per packet
     uint64_t posted_ns = 0;
     uint64_t wait_ns = 0;      // bounded: how long the group would wait for a late CTS (0: none)
     uint64_t started_ns = 0;   // CTS arrived
@@ -161,6 +162,9 @@ class SendConn final : public Conn, public SendComm {
     uint64_t left_flight = 0;  // of which were still counted in flight
     uint64_t newest_sent = 0;  // latest send time among them that may give an RTT sample
     bool newest_full = false;  // that packet carried a whole pkt_payload (see on_ack_locked)
+    // Latest first transmission among them that went more than once: its ACK may answer any
+    // copy, so it bounds the round trip only from above (RttEstimator::sample_bound).
+    uint64_t newest_first_resent = 0;
   };
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);

@@ -22,6 +22,7 @@ void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
   if (!m.acked.set(i)) return;
   const uint32_t len = flight_len(m, i);
   t->acked += len;
+  if (m.resent.test(i)) t->newest_first_resent = std::max(t->newest_first_resent, m.first_ns[i]);
   // A packet queued for retransmission was already taken out of the bytes in flight.
   if (m.sent_ns[i] != kQueued) {
     inflight_ -= std::min<uint64_t>(inflight_, len);
@@ -104,7 +105,17 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   // ACK waited for this process and the receiver's hold. Under CPU contention those are
   // milliseconds, which a delay-based controller read as a full queue and answered by cutting
   // the window to its floor (p2p_bench's proxy pattern fell to 0.1x TCP on a loaded host).
-  if (rtt != 0) rtt_.sample(rtt);
+  if (rtt != 0) {
+    rtt_.sample(rtt);
+  } else if (t.newest_first_resent != 0) {
+    // Every packet this ACK covered had gone twice, so Karn's rule gives no sample. Without one,
+    // a timeout that fired because a queue grew (5-14 ms behind a background burst in the lab,
+    // against an RTT of 1 ms before it) stayed at 2 ms: each window went again before its ACKs
+    // could come back, no packet was ever acknowledged before being resent, and three in four
+    // packets sent during the burst were duplicates. The time since the first copy left is
+    // never shorter than the round trip of the copy that arrived: the timeout may follow it.
+    rtt_.sample_bound(now - t.newest_first_resent);
+  }
   // The base RTT (the whole round trip's minimum) only from packets of the full size: at 1
   // Gbit/s a 9 KB packet spends 72 us on each link, a message's short last packet almost none,
   // and a base set by those (30-40 us in bench/lab) puts every full packet's RTT above target.

@@ -118,6 +118,8 @@ void SendConn::transmit_locked(uint64_t now) {
         ++stats_.retx_pkts;
         if (m.bounded) ++stats_.repaired_pkts;
         m.resent.set(pend[k].pkt);
+      } else {
+        m.first_ns[pend[k].pkt] = now;
       }
       sent_bytes += len;
       inflight_ += len;

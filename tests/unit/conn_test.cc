@@ -40,7 +40,8 @@ struct Rig {
   Config cfg;
   MemEndpoint* tx_ep = nullptr;  // the sender's endpoint (its policy shapes DATA)
   MemEndpoint* rx_ep = nullptr;  // the receiver's endpoint (its policy shapes CTS/ACK)
-  std::shared_ptr<testing::MemQueue> to_rx;
+  std::shared_ptr<testing::MemQueue> to_rx;  // DATA's way
+  std::shared_ptr<testing::MemQueue> to_tx;  // CTS's and ACK's
   std::unique_ptr<SendConn> s;
   std::unique_ptr<RecvConn> r;
 
@@ -55,6 +56,7 @@ struct Rig {
     tx_ep = p.a.get();
     rx_ep = p.b.get();
     to_rx = p.ab;
+    to_tx = p.ba;
     ConnParams cp = test_params(0xABCDEF);
     cp.delivery = d;
     cp.fill = f;
@@ -1142,6 +1144,40 @@ TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
     EXPECT_EQ(s.rto_events, 0u);
     EXPECT_EQ(r.cts_resent, 0u);
     EXPECT_EQ(r.drop_duplicate, 0u);
+  }
+}
+
+// A background burst fills a queue: the RTT goes from 1 ms to 10 ms between two messages. The
+// first timeout finds the ACKs merely late, and the packets it sends again arrive twice. Once
+// those ACKs are in, the timeout must follow the longer round trip. Before, it did not: Karn's
+// rule gave no sample (every packet acknowledged had been sent twice), the timeout stayed near
+// 2 ms, and every window went twice. In the lab three in four packets of a burst were
+// duplicates, 33-66 timeouts per connection in one phase of 1 MiB.
+TEST(RttTimers, AQueueThatGrowsTenfoldCostsATimeoutNotOneAWindow) {
+  Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, 500'000);
+  warm_up(rig, 10'000);
+  ASSERT_LT(rig.s->stats().rto_events, 1u);
+  // Queues both ways, as a burst of background jobs fills them.
+  rig.to_rx->delay_ns = rig.to_tx->delay_ns = 5'000'000;
+  for (int k = 0; k < 3; ++k) {
+    SCOPED_TRACE(k);
+    const auto src = pattern(200'000, 40 + k);  // 200 packets
+    std::vector<uint8_t> dst(src.size());
+    const ConnStats s0 = rig.s->stats(), r0 = rig.r->stats();
+    ASSERT_NE(timed_transfer(rig, src, dst, 10'000'000'000, 10'000), UINT64_MAX);
+    ASSERT_EQ(src, dst);
+    const ConnStats s1 = rig.s->stats(), r1 = rig.r->stats();
+    std::printf(
+        "[ message %d at 10 ms RTT ] %llu timeouts, %llu probes, %llu sent again, %llu "
+        "duplicates\n",
+        k, static_cast<unsigned long long>(s1.rto_events - s0.rto_events),
+        static_cast<unsigned long long>(s1.probes - s0.probes),
+        static_cast<unsigned long long>(s1.retx_pkts - s0.retx_pkts),
+        static_cast<unsigned long long>(r1.drop_duplicate - r0.drop_duplicate));
+    // The first message pays for the change (a timeout or two, a window sent twice); the later
+    // ones find the timeout grown.
+    EXPECT_LE(s1.rto_events - s0.rto_events, k == 0 ? 3u : 0u);
+    EXPECT_LE(r1.drop_duplicate - r0.drop_duplicate, k == 0 ? 100u : 0u);
   }
 }
 

@@ -1,5 +1,5 @@
 // RttEstimator: smoothing, clamping, backoff and its end on progress, the 2 x srtt floor, the
-// recent largest sample.
+// recent largest sample, upper bounds from packets sent twice.
 // MinRttFilter: windowed minimum.
 #include <gtest/gtest.h>
 
@@ -75,6 +75,31 @@ TEST(RttEstimator, AReceiversPausesKeepTheTimeoutAboveThem) {
   for (uint32_t i = 0; i < 2 * RttEstimator::kMaxWindow; ++i) r.sample(30'000);
   EXPECT_LT(r.rto_ns(), 80'000u);
   EXPECT_EQ(r.recent_max_ns(), 30'000u);
+}
+
+// The ACK of a packet sent twice, timed from its first copy: an upper bound of the round trip.
+// It lifts the timeout (to 5/4 of it, as the largest recent sample) and leaves the smoothed RTT
+// alone; it never shortens a backed-off timeout, and before any sample it means nothing.
+TEST(RttEstimator, ABoundLiftsTheTimeoutOnly) {
+  RttEstimator r(1'000, 1'000'000'000, 20'000'000);
+  r.sample_bound(10'000'000);
+  EXPECT_EQ(r.rto_ns(), 20'000'000u);
+  EXPECT_FALSE(r.has_sample());
+  for (int i = 0; i < 100; ++i) r.sample(1'000'000);
+  EXPECT_LT(r.rto_ns(), 2'100'000u);
+  const uint64_t srtt = r.srtt_ns(), var = r.rttvar_ns();
+  r.sample_bound(10'000'000);
+  EXPECT_EQ(r.rto_ns(), 12'500'000u);
+  EXPECT_EQ(r.srtt_ns(), srtt);
+  EXPECT_EQ(r.rttvar_ns(), var);
+  r.on_progress();  // what the samples say now includes the bound
+  EXPECT_EQ(r.rto_ns(), 12'500'000u);
+  r.backoff();
+  r.sample_bound(1'000'000);
+  EXPECT_EQ(r.rto_ns(), 25'000'000u);
+  // Like any sample, it is forgotten within two windows of real ones.
+  for (uint32_t i = 0; i < 2 * RttEstimator::kMaxWindow; ++i) r.sample(1'000'000);
+  EXPECT_LT(r.rto_ns(), 2'100'000u);
 }
 
 TEST(MinRttFilter, KeepsTheSmallestRecentSampleAndForgetsOldOnes) {
