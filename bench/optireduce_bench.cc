@@ -352,33 +352,33 @@ int bench_main(int argc, char** argv) {
         report(name, bytes, m);
       }
     }
-  }
-  // --interleave: per size, every algorithm takes its turn in each iteration (the first one
-  // rotating), so that all of them meet the same background bursts and their tails compare
-  // within one run.
-  for (uint64_t bytes : o.interleave ? sizes : std::vector<uint64_t>{}) {
-    std::vector<std::string> names;
-    std::vector<std::unique_ptr<Algo>> made;
-    for (const std::string& name : algos) {
-      if (auto algo = make(name, bytes)) {
-        names.push_back(name);
-        made.push_back(std::move(algo));
+  } else {
+    // Per size, every algorithm takes its turn in each iteration (the first one rotating), so
+    // that all of them meet the same background bursts and their tails compare within one run.
+    struct Turn {
+      std::string name;
+      std::unique_ptr<Algo> algo;
+      Measurement m;
+    };
+    for (uint64_t bytes : sizes) {
+      std::vector<Turn> turns;
+      turns.reserve(algos.size());
+      int warmup = 0;
+      for (const std::string& name : algos) {
+        std::unique_ptr<Algo> algo = make(name, bytes);
+        if (!algo) continue;
+        Algo* a = algo.get();
+        turns.push_back(Turn{name, std::move(algo), Measurement(o, a, bytes)});
+        warmup = std::max(warmup, turns.back().m.warmup());
       }
-    }
-    std::vector<Measurement> ms;
-    ms.reserve(made.size());
-    int warmup = 0;
-    for (auto& a : made) {
-      ms.emplace_back(o, a.get(), bytes);
-      warmup = std::max(warmup, ms.back().warmup());
-    }
-    for (int i = -warmup; i < o.iters; ++i) {
-      for (size_t k = 0; k < ms.size(); ++k) {
-        const size_t a = (size_t(i + warmup) + k) % ms.size();
-        if (i >= -ms[a].warmup()) ms[a].step(&g, i);
+      for (int i = -warmup; i < o.iters; ++i) {
+        for (size_t k = 0; k < turns.size(); ++k) {
+          Measurement& m = turns[(size_t(i + warmup) + k) % turns.size()].m;
+          if (i >= -m.warmup()) m.step(&g, i);
+        }
       }
+      for (Turn& t : turns) report(t.name, bytes, t.m);
     }
-    for (size_t a = 0; a < ms.size(); ++a) report(names[a], bytes, ms[a]);
   }
   g.barrier();
   return failures ? 1 : 0;

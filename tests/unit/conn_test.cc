@@ -1156,7 +1156,7 @@ TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
 TEST(RttTimers, AQueueThatGrowsTenfoldCostsATimeoutNotOneAWindow) {
   Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, 500'000);
   warm_up(rig, 10'000);
-  ASSERT_LT(rig.s->stats().rto_events, 1u);
+  ASSERT_EQ(rig.s->stats().rto_events, 0u);
   // Queues both ways, as a burst of background jobs fills them.
   rig.to_rx->delay_ns = rig.to_tx->delay_ns = 5'000'000;
   for (int k = 0; k < 3; ++k) {
