@@ -15,7 +15,7 @@ extern "C" {
 #define OPTIREDUCE_NET_NAME "OptiReduce"
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
-#define OPTIREDUCE_NET_STATS_VERSION 2 /* 2: cutSends, repairedPkts */
+#define OPTIREDUCE_NET_STATS_VERSION 3 /* 2: cutSends, repairedPkts; 3: spuriousRtos */
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
@@ -47,6 +47,7 @@ struct optireduceNetCounters {
   uint64_t probes;         /* tail-loss probes sent */
   uint64_t cutSends;       /* bounded sends ended with packets unacknowledged (deadline) */
   uint64_t repairedPkts;   /* bounded DATA sent again: lost early in a step, repaired in time */
+  uint64_t spuriousRtos;   /* of rtoEvents, those an ACK then showed were no loss */
 };
 
 struct optireduceNetStats {

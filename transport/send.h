@@ -165,11 +165,22 @@ class SendConn final : public Conn, public SendComm {
     // Latest first transmission among them that went more than once: its ACK may answer any
     // copy, so it bounds the round trip only from above (RttEstimator::sample_bound).
     uint64_t newest_first_resent = 0;
+    // Earliest transmission among them that went only once: such a packet arrived as sent,
+    // whatever timer fired since (a timeout's verdict, on_timeout_verdict_locked).
+    uint64_t oldest_original = UINT64_MAX;
   };
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);
   void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
   void on_rto_locked(uint64_t now);
+  // The message of the oldest packet in flight, and that packet in *pkt; null when none is.
+  Msg* oldest_in_flight_locked(uint32_t* pkt);
+  // A timeout taken as real: the path's window is cut and up to one window of the oldest
+  // outstanding packets goes again.
+  void timeout_locked(uint64_t now);
+  // After a timeout fired, the first ACK that acknowledges a packet sent only once decides
+  // whether it was real.
+  void on_timeout_verdict_locked(const AckTally& t, uint64_t now);
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
   // Takes a message's unacknowledged packets out of flight (it will send none of them again).
@@ -217,6 +228,17 @@ class SendConn final : public Conn, public SendComm {
   const uint64_t flow_window_;
   uint64_t inflight_ = 0;        // this connection's bytes sent and not acknowledged or lost
   uint64_t rto_deadline_ = 0;    // 0 = disarmed
+  // When the retransmission timer fired with its verdict still open (0: none open). The timer
+  // fires spuriously whenever an ACK is later than the timeout allows, and not only on a queue
+  // that grew (a busy receiver's host, a descheduled process): 97% of TAR exact's
+  // retransmissions under bench/lab's background traffic arrived twice. So a timeout first
+  // sends only the oldest packet in flight again, and the next ACK that acknowledges a packet
+  // sent only once decides: if that packet left before the timer fired, the packets were not
+  // lost, and nothing is cut; if only packets sent after it arrived (or the path stays silent
+  // through more expiries, send_recovery.cc), the timeout is real (F-RTO's idea, RFC 5682,
+  // with SACK's per-packet evidence).
+  uint64_t rto_open_ns_ = 0;
+  uint8_t rto_open_expiries_ = 0;  // expiries since rto_open_ns_, that one included
   // When transmit_locked() should run again for work the path or the datapath held back; 0:
   // none (send_tx.cc).
   uint64_t retry_ns_ = 0;

@@ -16,13 +16,20 @@ constexpr uint32_t kDupThresh = 3;
 // see arm_probe_locked), which already keeps it from duplicating packets still in flight; this
 // only keeps it above what a timer served by polling can resolve on a busy host.
 constexpr uint64_t kMinProbeNs = 20'000;
+// Expiries of the retransmission timer in a row, and the time since the first, with no ACK to
+// decide, after which a timeout is taken as real (on_rto_locked).
+constexpr uint8_t kOpenExpiries = 3;
+constexpr uint64_t kOpenNs = 50'000'000;
 }  // namespace
 
 void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
   if (!m.acked.set(i)) return;
   const uint32_t len = flight_len(m, i);
   t->acked += len;
-  if (m.resent.test(i)) t->newest_first_resent = std::max(t->newest_first_resent, m.first_ns[i]);
+  if (m.resent.test(i))
+    t->newest_first_resent = std::max(t->newest_first_resent, m.first_ns[i]);
+  else
+    t->oldest_original = std::min(t->oldest_original, m.first_ns[i]);
   // A packet queued for retransmission was already taken out of the bytes in flight.
   if (m.sent_ns[i] != kQueued) {
     inflight_ -= std::min<uint64_t>(inflight_, len);
@@ -122,6 +129,7 @@ void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_
   if (t.acked != 0)
     path_->on_acked(t.left_flight, t.acked, network_rtt(rtt, now, h.hold_ns),
                     t.newest_full ? rtt : 0, now);
+  if (rto_open_ns_ != 0 && t.acked != 0) on_timeout_verdict_locked(t, now);
   if (m.cum != old_cum) {
     m.progress_ns = now;
     rtt_.on_progress();
@@ -189,13 +197,67 @@ void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t n
   retx_.push_back({m.req.seq, i});
 }
 
-// Retransmission timeout: the oldest unacknowledged packets of every message under way go
-// again, up to one (shrunken) window.
+// Retransmission timeout. Its verdict stays open (rto_open_ns_) while each expiry sends only the
+// oldest packet in flight again: for kOpenExpiries expiries in a row and kOpenNs at least. A
+// process descheduled on a loaded host, or a queue that grew tenfold behind a burst (5-14 ms in
+// bench/lab, against timeouts of 1-2 ms), is silent for several timeouts; a path silent for
+// longer is taken as lost. Only a path that returns any ACK has something to recover, and then
+// the ACK decides (on_timeout_verdict_locked).
 void SendConn::on_rto_locked(uint64_t now) {
   rto_deadline_ = 0;
-  if (inflight_ == 0) return;  // everything was acknowledged meanwhile: nothing to time out
+  if (inflight_ == 0) {  // everything was acknowledged meanwhile: nothing to time out
+    rto_open_ns_ = 0;
+    return;
+  }
   ++stats_.rto_events;
   rtt_.backoff();
+  uint32_t pkt = 0;
+  Msg* m = oldest_in_flight_locked(&pkt);
+  // A verdict still open from an episode whose packets are all gone (a bounded receiver ended
+  // them) says nothing about the packets in flight now.
+  const bool same = rto_open_ns_ != 0 && m != nullptr && m->first_ns[pkt] < rto_open_ns_;
+  if (!same) {
+    rto_open_ns_ = now;
+    rto_open_expiries_ = 0;
+  }
+  if (++rto_open_expiries_ >= kOpenExpiries && now - rto_open_ns_ >= kOpenNs) {
+    rto_open_ns_ = 0;
+    timeout_locked(now);
+    return;
+  }
+  if (m != nullptr && retx_.size() < kRetxCap) mark_lost_locked(*m, pkt, false, now);
+}
+
+SendConn::Msg* SendConn::oldest_in_flight_locked(uint32_t* pkt) {
+  for (uint32_t s = oldest_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kSending) continue;
+    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1))
+      if (m.sent_ns[i] != kQueued) {
+        *pkt = i;
+        return &m;
+      }
+  }
+  return nullptr;
+}
+
+void SendConn::on_timeout_verdict_locked(const AckTally& t, uint64_t now) {
+  // An ACK of copies only may answer the original or the copy: the packet the timeout resent is
+  // the oldest in flight, so behind a queue that grew the first late ACK is usually its own.
+  // A later one decides (or, if none comes, the timer's later expiries).
+  if (t.oldest_original == UINT64_MAX) return;
+  const bool spurious = t.oldest_original < rto_open_ns_;
+  rto_open_ns_ = 0;
+  if (spurious) {
+    stats_.spurious_rtos += rto_open_expiries_;  // every expiry of the episode
+    return;
+  }
+  if (inflight_ != 0) timeout_locked(now);
+}
+
+// The oldest unacknowledged packets of every message under way go again, up to one (shrunken)
+// window.
+void SendConn::timeout_locked(uint64_t now) {
   path_->on_timeout(now);
   uint64_t budget = std::max<uint64_t>(path_->snapshot().window, params_.pkt_payload);
   for (uint32_t s = oldest_; s != next_seq_ && budget > 0; ++s) {

@@ -40,7 +40,8 @@
   /* Later additions (the C struct only appends) */                                                \
   COUNTER(probes, probes)              /* tail loss probes sent */                                 \
   COUNTER(cut_sends, cutSends)         /* bounded sends ended with packets unacknowledged */       \
-  COUNTER(repaired_pkts, repairedPkts) /* bounded DATA sent again: lost early, repaired in time */
+  COUNTER(repaired_pkts, repairedPkts) /* bounded DATA sent again: lost early, repaired in time */ \
+  COUNTER(spurious_rtos, spuriousRtos) /* of rto_events, those an ACK then showed were no loss */
 
 namespace optireduce {
 

@@ -67,6 +67,7 @@ TEST(ConnStatsList, CStructGetsEveryFieldInListOrder) {
   EXPECT_EQ(c.msgs, 7u);
   EXPECT_EQ(c.tbUs, 7u * 20);
   EXPECT_EQ(c.repairedPkts, 7u * 24);
+  EXPECT_EQ(c.spuriousRtos, 7u * 25);
 }
 
 // A gauge is 32 bits in ConnStats and 64 in the C struct: the widening keeps the whole value.
