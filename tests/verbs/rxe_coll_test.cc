@@ -3,7 +3,6 @@
 // sums; bounded mode ends every call with an error within bounds.
 #include <gtest/gtest.h>
 #include <stdlib.h>
-#include <sys/stat.h>
 
 #include <cinttypes>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "collectives/optireduce.h"
 #include "tests/collectives/typed_buffer.h"
 #include "tests/plugin/procs.h"
+#include "tests/verbs/rxe_env.h"
 
 // OPTIREDUCE_IB_HCA picks each rank's device. RXE_TEST_LOSS=<%> says netem loss is on (then
 // elements must be lost in bounded mode); rxe-loss-suite.sh runs it inside the VM.
@@ -28,40 +28,10 @@ using coll::Elem;
 
 // Guest under TCG emulation: deadlines sized for a machine 10-50x slower than native.
 constexpr const char* kTimeoutMs = "200";
-constexpr unsigned kRankTimeoutS = 240;
-
-int loss_percent() {
-  const char* v = std::getenv("RXE_TEST_LOSS");
-  return v != nullptr ? std::atoi(v) : 0;
-}
-
-std::vector<std::string> hcas() {
-  const char* v = std::getenv("RXE_TEST_HCAS");
-  const std::string s = v != nullptr ? v : "rxe0,rxe1";
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(',', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
-bool udp_dry_run() {
-  const char* v = std::getenv("RXE_TEST_DATAPATH");
-  return v != nullptr && std::string(v) == "udp";
-}
 
 bool have_devices() {
-  if (udp_dry_run()) return true;
-  const std::vector<std::string> h = hcas();
-  struct stat st;
-  for (const std::string& d : h) {
-    if (d.empty() || ::stat(("/sys/class/infiniband/" + d).c_str(), &st) != 0) return false;
-  }
-  return h.size() == 2;
+  const std::vector<std::string> h = rxe_hcas();
+  return h.size() == 2 && rxe_have_device(h[0]) && rxe_have_device(h[1]);
 }
 
 std::string temp_dir() {
@@ -72,12 +42,12 @@ std::string temp_dir() {
 
 // Rank r's engine opens only rxe(r % 2); set in the child before the communicator exists.
 void pick_device(int rank) {
-  if (udp_dry_run()) {
+  if (rxe_udp_dry_run()) {
     setenv("OPTIREDUCE_DATAPATH", "udp", 1);
     return;
   }
   setenv("OPTIREDUCE_DATAPATH", "verbs", 1);
-  setenv("OPTIREDUCE_IB_HCA", hcas()[static_cast<size_t>(rank % 2)].c_str(), 1);
+  setenv("OPTIREDUCE_IB_HCA", rxe_hcas()[static_cast<size_t>(rank % 2)].c_str(), 1);
 }
 
 // Small integers: their sums are exact in every type, so exact mode must match bit for bit.
@@ -139,7 +109,7 @@ TEST_P(RxeColl, ExactEveryType) {
            total.calls);
     HCHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
   };
-  EXPECT_EQ(run_ranks(n, rank, {}, kRankTimeoutS), "");
+  EXPECT_EQ(run_ranks(n, rank, {}, kRxeRankTimeoutS), "");
 }
 
 // ---- Bounded: every call completes, results are finite and the error is bounded, with and
@@ -199,8 +169,8 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
   std::fprintf(stderr,
                "rank %d (%s) hadamard %d: lost %.4f%%, deadline hits %" PRIu64
                ", rel L2 error %.5f, max abs %.4f, tB %u us tC %u us\n",
-               m.rank, hcas()[size_t(m.rank % 2)].c_str(), int(hadamard), 100 * total.lostFraction,
-               total.deadlineHits, rel, max_abs, total.tbUs, total.tcUs);
+               m.rank, rxe_hcas()[size_t(m.rank % 2)].c_str(), int(hadamard),
+               100 * total.lostFraction, total.deadlineHits, rel, max_abs, total.tbUs, total.tcUs);
   // Loss here can be whole messages past the deadline: one peer's whole contribution to a
   // shard, estimated by rescaling the others. The inputs are independent per rank, so such an
   // estimate is off by about the missing contribution itself (relative error near 1/sqrt(N-1)
@@ -223,7 +193,7 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
       all.expected += l.expected;
       all.deadline_hits += l.deadline_hits;
     }
-    const int loss = loss_percent();
+    const int loss = rxe_loss_percent();
     std::fprintf(stderr, "job: %d ranks, netem loss %d%%: %.3f%% of elements lost\n", n, loss,
                  all.expected ? 100.0 * double(all.elements) / double(all.expected) : 0.0);
     // No "something was lost" check under loss: bounded mode repairs what netem drops while
@@ -241,7 +211,7 @@ TEST_P(RxeColl, BoundedWithoutHadamard) {
   const std::string dir = temp_dir();
   EXPECT_EQ(
       run_ranks(
-          GetParam(), [&](Mesh& m) { bounded_rank(m, dir, false); }, kBoundedEnv, kRankTimeoutS),
+          GetParam(), [&](Mesh& m) { bounded_rank(m, dir, false); }, kBoundedEnv, kRxeRankTimeoutS),
       "");
 }
 
@@ -249,7 +219,7 @@ TEST_P(RxeColl, BoundedWithHadamard) {
   const std::string dir = temp_dir();
   EXPECT_EQ(
       run_ranks(
-          GetParam(), [&](Mesh& m) { bounded_rank(m, dir, true); }, kBoundedEnv, kRankTimeoutS),
+          GetParam(), [&](Mesh& m) { bounded_rank(m, dir, true); }, kBoundedEnv, kRxeRankTimeoutS),
       "");
 }
 

@@ -3,7 +3,6 @@
 // transfers ended by their deadline with holes filled on the packet grid and counted, and sends
 // from regMr-registered buffers leaving without a copy (exact and bounded, retransmissions too).
 #include <gtest/gtest.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "tests/plugin/procs.h"
+#include "tests/verbs/rxe_env.h"
 
 // Each process loads the built .so as NCCL would, with OPTIREDUCE_IB_HCA naming its device.
 // RXE_TEST_LOSS=<%> says netem loss is on (then loss must be seen); rxe-loss-suite.sh runs it
@@ -61,42 +61,9 @@ class StallMonitor {
   std::atomic<uint64_t> total_us_{0};
   std::thread thread_;
 };
-constexpr unsigned kRankTimeoutS = 240;
-
 const char* plugin_path() {
   const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
   return p != nullptr ? p : PLUGIN_PATH;
-}
-
-int loss_percent() {
-  const char* v = std::getenv("RXE_TEST_LOSS");
-  return v != nullptr ? std::atoi(v) : 0;
-}
-
-// The device of each rank: RXE_TEST_HCAS="rxe0,rxe1" by default.
-std::vector<std::string> rank_hcas() {
-  const char* v = std::getenv("RXE_TEST_HCAS");
-  std::string s = v != nullptr ? v : "rxe0,rxe1";
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(',', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
-bool udp_dry_run() {
-  const char* v = std::getenv("RXE_TEST_DATAPATH");
-  return v != nullptr && std::string(v) == "udp";
-}
-
-bool have_device(const std::string& hca) {
-  if (udp_dry_run()) return true;
-  struct stat st;
-  return ::stat(("/sys/class/infiniband/" + hca).c_str(), &st) == 0;
 }
 
 // Packets a netdev sent, from sysfs; -1 where it does not exist.
@@ -110,8 +77,8 @@ long long tx_packets(const char* netdev) {
 class RxePair : public ::testing::Test {
  protected:
   void SetUp() override {
-    hcas_ = rank_hcas();
-    if (hcas_.size() != 2 || !have_device(hcas_[0]) || !have_device(hcas_[1])) {
+    hcas_ = rxe_hcas();
+    if (hcas_.size() != 2 || !rxe_have_device(hcas_[0]) || !rxe_have_device(hcas_[1])) {
       GTEST_SKIP() << "needs two verbs devices "
                    << (hcas_.size() == 2 ? hcas_[0] + "," + hcas_[1] : "")
                    << " (run inside the rxe VM with RXE_NETDEV=veth)";
@@ -128,7 +95,7 @@ class RxePair : public ::testing::Test {
   }
   // Applied in each child before the plugin is loaded, so its engine opens only this device.
   void pick_device(const Mesh& m) const {
-    if (udp_dry_run()) {
+    if (rxe_udp_dry_run()) {
       setenv("OPTIREDUCE_DATAPATH", "udp", 1);
       return;
     }
@@ -136,7 +103,7 @@ class RxePair : public ::testing::Test {
     setenv("OPTIREDUCE_IB_HCA", hcas_[static_cast<size_t>(m.rank)].c_str(), 1);
   }
   void check_device(const Node& node, const Mesh& m) const {
-    if (udp_dry_run()) return;
+    if (rxe_udp_dry_run()) return;
     int n = 0;
     HCHECK_OK(node.net->devices(&n));
     HCHECK(n == 1, "rank %d: %d devices with OPTIREDUCE_IB_HCA=%s", m.rank, n,
@@ -194,7 +161,7 @@ TEST_F(RxePair, ExactTransfersAreByteExact) {
   const std::vector<Size> sizes = {{1, 10}, {3 * kPkt + 5, 20}, {65536 + 13, 20}, {1 << 20, 6}};
   long long sent_pkts = 0;
   for (const Size& s : sizes) sent_pkts += static_cast<long long>(s.steps * (s.bytes / kPkt));
-  const int loss = loss_percent();
+  const int loss = rxe_loss_percent();
   auto rank = [&](Mesh& m) {
     pick_device(m);
     Node node = open_node(m, plugin_path(), 11, 0xE7AC, -1);
@@ -231,7 +198,7 @@ TEST_F(RxePair, ExactTransfersAreByteExact) {
     close_node(node);
   };
   EXPECT_EQ(run_ranks(2, rank, {{"OPTIREDUCE_MAX_DATAGRAM", std::to_string(kMaxDatagram)}},
-                      kRankTimeoutS),
+                      kRxeRankTimeoutS),
             "");
   expect_crossed_veth(sent_pkts / 2);
 }
@@ -243,7 +210,7 @@ TEST_F(RxePair, BoundedTransfersKeepDeadlinesAndCountHoles) {
   // 106 packets, the last one short and of odd length.
   constexpr size_t kSize = 105 * kPkt + 483;
   constexpr int kSteps = 30;
-  const int loss = loss_percent();
+  const int loss = rxe_loss_percent();
   auto rank = [&](Mesh& m) {
     pick_device(m);
     Node node = open_node(m, plugin_path(), 11, 0xB0ED, -1);
@@ -333,7 +300,7 @@ TEST_F(RxePair, BoundedTransfersKeepDeadlinesAndCountHoles) {
                        {"OPTIREDUCE_TIMEOUT_MS", std::to_string(kTimeoutMs)},
                        {"OPTIREDUCE_FILL", "marker"},
                        {"OPTIREDUCE_MAX_DATAGRAM", std::to_string(kMaxDatagram)}},
-                      kRankTimeoutS),
+                      kRxeRankTimeoutS),
             "");
   expect_crossed_veth(1);
 }
@@ -348,7 +315,7 @@ TEST_F(RxePair, RegisteredBuffersAreSentWithoutACopy) {
   constexpr int kRing = 4;
   constexpr size_t kSize = 64 * kPkt + 40;  // a short tail: the last packet may go inline
   constexpr int kSteps = 24;
-  const int loss = loss_percent();
+  const int loss = rxe_loss_percent();
   for (const bool bounded : {false, true}) {
     auto rank = [&](Mesh& m) {
       pick_device(m);
@@ -419,7 +386,7 @@ TEST_F(RxePair, RegisteredBuffersAreSentWithoutACopy) {
       env.push_back({"OPTIREDUCE_MODE", "bounded"});
       env.push_back({"OPTIREDUCE_TIMEOUT_MS", std::to_string(kTimeoutMs)});
     }
-    EXPECT_EQ(run_ranks(2, rank, env, kRankTimeoutS), "") << (bounded ? "bounded" : "exact");
+    EXPECT_EQ(run_ranks(2, rank, env, kRxeRankTimeoutS), "") << (bounded ? "bounded" : "exact");
   }
 }
 
