@@ -56,6 +56,7 @@ struct Mesh {
 // SIGKILL, else what went wrong; on the first failure the other children are killed.
 inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const Env& env,
                              unsigned timeout_s, int victim = -1) {
+  timeout_s = scaled_timeout(timeout_s);
   std::vector<std::vector<int>> fd(n, std::vector<int>(n, -1));
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n; ++j) {
