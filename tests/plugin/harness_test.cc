@@ -80,7 +80,7 @@ std::vector<Link> establish(NetApi& net, void* ctx, Channel& ch, int n, int dev 
   for (int i = 0; i < n; ++i) ch.recv_bytes(theirs[i].data(), theirs[i].size());
   std::vector<Link> links(n);
   int pending = 2 * n;
-  const double deadline = now_s() + 30;
+  const double deadline = now_s() + 30.0 * harness_time_scale();
   while (pending > 0) {
     for (int i = 0; i < n; ++i) {
       if (links[i].send == nullptr) {
@@ -95,7 +95,8 @@ std::vector<Link> establish(NetApi& net, void* ctx, Channel& ch, int n, int dev 
         }
       }
     }
-    HCHECK(now_s() < deadline, "connection set-up did not finish in 30 s (%d pending)", pending);
+    HCHECK(now_s() < deadline, "connection set-up did not finish in %u s (%d pending)",
+           30 * harness_time_scale(), pending);
   }
   return links;
 }
@@ -127,7 +128,7 @@ void send_stream(NetApi& net, void* sc, const std::vector<size_t>& sizes, uint64
   }
   std::deque<std::pair<size_t, void*>> inflight;  // (message index, request)
   size_t next = 0;
-  const double deadline = now_s() + 120;
+  const double deadline = now_s() + 120.0 * harness_time_scale();
   while (next < sizes.size() || !inflight.empty()) {
     while (next < sizes.size() && inflight.size() < static_cast<size_t>(window)) {
       Buffer& b = bufs[next % window];
@@ -167,7 +168,7 @@ void recv_stream(NetApi& net, void* rc, const std::vector<size_t>& sizes, uint64
   }
   std::deque<std::pair<size_t, void*>> inflight;
   size_t next = 0;
-  const double deadline = now_s() + 120;
+  const double deadline = now_s() + 120.0 * harness_time_scale();
   while (next < sizes.size() || !inflight.empty()) {
     while (next < sizes.size() && inflight.size() < static_cast<size_t>(window)) {
       Buffer& b = bufs[next % window];
@@ -321,6 +322,7 @@ class ProxyConn {
 
 // Drives every connection to completion from the calling thread.
 void run_proxy(std::vector<std::unique_ptr<ProxyConn>>& conns, double limit_s = 150) {
+  limit_s *= harness_time_scale();
   const double deadline = now_s() + limit_s;
   for (;;) {
     bool all = true;
@@ -1191,7 +1193,7 @@ TEST(Bounded, UnderLossLLTransfersStayExactBesideBoundedOnes) {
           void* req = nullptr;
           if (me == 0) {
             fill_pattern(buf.data(), kSize, 500 + l, k);
-            const double deadline = now_s() + 30;
+            const double deadline = now_s() + 30.0 * harness_time_scale();
             while (req == nullptr) {
               HCHECK_OK(net->isend(links[l].send, buf.data(), kSize, 0, nullptr, &req));
               HCHECK(now_s() < deadline, "isend refused for 30 s");
@@ -1201,7 +1203,7 @@ TEST(Bounded, UnderLossLLTransfersStayExactBesideBoundedOnes) {
             continue;
           }
           std::memset(buf.data(), 0xA5, buf.size());
-          const double deadline = now_s() + 30;
+          const double deadline = now_s() + 30.0 * harness_time_scale();
           while (req == nullptr) {
             if (l == 0 && ll) req = nccl::kOptionalRecvSentinel;
             HCHECK_OK(net->irecv(links[l].recv, buf.data(), buf.size(), 0, nullptr, &req));
