@@ -47,9 +47,10 @@ struct Rig {
 
   // one_way_ns: the link's latency each way (0: none; the RTT is then the polling rounds').
   // until_started: ConnParams::until_started on both ends, as the handshake gives it.
+  // path: the sender's congestion state (null: a path of its own, the default controller).
   explicit Rig(Delivery d = Delivery::kExact, Fill f = Fill::kZero,
                int64_t peer_timeout_ms = Config().peer_timeout_ms, uint64_t one_way_ns = 0,
-               bool until_started = false) {
+               bool until_started = false, std::shared_ptr<Path> path = nullptr) {
     cfg.timeout_ms = 50;
     cfg.peer_timeout_ms = peer_timeout_ms;
     auto p = make_mem_pair(kDgram, &clock, one_way_ns);
@@ -61,7 +62,7 @@ struct Rig {
     cp.delivery = d;
     cp.fill = f;
     cp.until_started = until_started;
-    s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr);
+    s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr, std::move(path));
     r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
   }
 
@@ -1215,44 +1216,36 @@ struct LossRecorder final : FixedWindow {
   void on_timeout(uint64_t) override { ++timeouts; }
 };
 
-// A sender and a receiver over a 200 us RTT whose path reports to a LossRecorder.
-struct RecordedPair {
-  FakeClock clock;
-  Config cfg;
-  testing::MemPair link;
-  const LossRecorder* rec = nullptr;
-  std::unique_ptr<SendConn> s;
-  std::unique_ptr<RecvConn> r;
-  RecordedPair() : link(make_mem_pair(kDgram, &clock, 100'000)) {
-    const ConnParams cp = test_params(0x7E57);
-    auto recorder = std::make_unique<LossRecorder>();
-    rec = recorder.get();
-    auto path = std::make_shared<Path>(std::move(recorder), cp.pkt_payload, 0);
-    tx_ep = link.a.get();
-    s = std::make_unique<SendConn>(cfg, clock, std::move(link.a), cp, nullptr, path);
-    r = std::make_unique<RecvConn>(cfg, clock, std::move(link.b), cp, nullptr);
-  }
-  MemEndpoint* tx_ep = nullptr;
-  // One message; the receiver's host does not run while now < busy_until_ns (its datagrams
-  // wait in its socket, as behind a descheduled process). True if both ends finished.
-  bool transfer(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
-                uint64_t busy_until_ns = 0) {
-    Request *sr, *rr;
-    if (!r->irecv(dst.data(), dst.size(), &rr).is_ok()) return false;
-    if (!s->isend(src.data(), src.size(), &sr).is_ok()) return false;
-    bool sd = false, rd = false;
-    size_t sz = 0;
-    for (int i = 0; i < 200'000 && !(sd && rd); ++i) {
-      const bool busy = clock.now_ns() < busy_until_ns;
-      if (!sd && !s->test(sr, &sd, &sz).is_ok()) return false;
-      if (!rd && !busy && !r->test(rr, &rd, &sz).is_ok()) return false;
-      s->poll();
-      if (!busy) r->poll();
-      clock.advance_us(10);
-    }
-    return sd && rd;
-  }
+// A Rig over a 200 us RTT whose sender's path reports to a LossRecorder, warmed up (the RTT
+// measured: a timeout of a few ms).
+struct RecordedRig {
+  const LossRecorder* rec;
+  Rig rig;
+  explicit RecordedRig(std::unique_ptr<LossRecorder> r = std::make_unique<LossRecorder>())
+      : rec(r.get()),
+        rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, 100'000, false,
+            std::make_shared<Path>(std::move(r), test_params(0).pkt_payload, 0)) {}
 };
+
+// One message; the receiver's host does not run while now < busy_until_ns (its datagrams wait
+// in its socket, as behind a descheduled process). True if both ends finished.
+bool transfer_past_a_stall(Rig& rig, const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+                           uint64_t busy_until_ns) {
+  Request *sr, *rr;
+  if (!rig.r->irecv(dst.data(), dst.size(), &rr).is_ok()) return false;
+  if (!rig.s->isend(src.data(), src.size(), &sr).is_ok()) return false;
+  bool sd = false, rd = false;
+  size_t sz = 0;
+  for (int i = 0; i < 200'000 && !(sd && rd); ++i) {
+    const bool busy = rig.clock.now_ns() < busy_until_ns;
+    if (!sd && !rig.s->test(sr, &sd, &sz).is_ok()) return false;
+    if (!rd && !busy && !rig.r->test(rr, &rd, &sz).is_ok()) return false;
+    rig.s->poll();
+    if (!busy) rig.r->poll();
+    rig.clock.advance_us(10);
+  }
+  return sd && rd;
+}
 
 // The receiver's host stalls 10 ms with a message's packets in its socket, as a descheduled
 // process does on a loaded host: every packet arrived, only the ACKs are late. The timeout
@@ -1261,18 +1254,15 @@ struct RecordedPair {
 // goes twice. Before, the timeout cut the path's window and sent a window again: under
 // bench/lab's background traffic 97% of TAR exact's retransmissions arrived twice.
 TEST(SpuriousTimeout, AnAckLateBehindABusyReceiverCutsNothing) {
-  RecordedPair p;
-  for (int k = 0; k < 4; ++k) {  // the RTT measured: a timeout of a few ms
-    const auto src = pattern(3000, 70 + k);
-    std::vector<uint8_t> dst(src.size());
-    ASSERT_TRUE(p.transfer(src, dst));
-  }
-  ASSERT_EQ(p.s->stats().rto_events, 0u);
+  RecordedRig p;
+  Rig& rig = p.rig;
+  warm_up(rig, 10'000);
+  ASSERT_EQ(rig.s->stats().rto_events, 0u);
   const auto src = pattern(100'000, 77);
   std::vector<uint8_t> dst(src.size());
-  ASSERT_TRUE(p.transfer(src, dst, p.clock.now_ns() + 10'000'000));
+  ASSERT_TRUE(transfer_past_a_stall(rig, src, dst, rig.clock.now_ns() + 10'000'000));
   EXPECT_EQ(dst, src);
-  const ConnStats st = p.s->stats();
+  const ConnStats st = rig.s->stats();
   EXPECT_GE(st.rto_events, 1u) << "the stall must outlast the timeout";
   EXPECT_EQ(st.spurious_rtos, st.rto_events);
   EXPECT_EQ(p.rec->timeouts, 0);
@@ -1284,21 +1274,18 @@ TEST(SpuriousTimeout, AnAckLateBehindABusyReceiverCutsNothing) {
 // The same timeout over packets the network did lose (the first copy of every packet of the
 // message): it is never taken for a late ACK, and the path hears of the loss.
 TEST(SpuriousTimeout, ATimeoutOverLostPacketsIsALoss) {
-  RecordedPair p;
-  for (int k = 0; k < 4; ++k) {
-    const auto src = pattern(3000, 80 + k);
-    std::vector<uint8_t> dst(src.size());
-    ASSERT_TRUE(p.transfer(src, dst));
-  }
+  RecordedRig p;
+  Rig& rig = p.rig;
+  warm_up(rig, 10'000);
   const auto src = pattern(100'000, 87);
   std::vector<uint8_t> dst(src.size());
   const uint32_t payload = test_params(0).pkt_payload;
   const uint32_t npkts = uint32_t((src.size() + payload - 1) / payload);
-  p.tx_ep->policy = testing::drop_first(
+  rig.tx_ep->policy = testing::drop_first(
       [](const PacketHeader& h) { return h.type == PacketType::kData; }, int(npkts));
-  ASSERT_TRUE(p.transfer(src, dst));
+  ASSERT_TRUE(transfer_past_a_stall(rig, src, dst, 0));
   EXPECT_EQ(dst, src);
-  const ConnStats st = p.s->stats();
+  const ConnStats st = rig.s->stats();
   std::printf("[ lost first copies ] %llu timeouts, %llu probes, %d losses and %d timeouts told\n",
               static_cast<unsigned long long>(st.rto_events),
               static_cast<unsigned long long>(st.probes), p.rec->losses, p.rec->timeouts);
