@@ -40,6 +40,11 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// When a loop given `s` seconds must give up: s scaled by HARNESS_TIME_SCALE (two_procs.h).
+double deadline_in(double s) {
+  return now_s() + s * harness_time_scale();
+}
+
 int thread_count() {
   int n = 0;
   DIR* d = opendir("/proc/self/task");
@@ -80,7 +85,7 @@ std::vector<Link> establish(NetApi& net, void* ctx, Channel& ch, int n, int dev 
   for (int i = 0; i < n; ++i) ch.recv_bytes(theirs[i].data(), theirs[i].size());
   std::vector<Link> links(n);
   int pending = 2 * n;
-  const double deadline = now_s() + 30.0 * harness_time_scale();
+  const double deadline = deadline_in(30);
   while (pending > 0) {
     for (int i = 0; i < n; ++i) {
       if (links[i].send == nullptr) {
@@ -128,7 +133,7 @@ void send_stream(NetApi& net, void* sc, const std::vector<size_t>& sizes, uint64
   }
   std::deque<std::pair<size_t, void*>> inflight;  // (message index, request)
   size_t next = 0;
-  const double deadline = now_s() + 120.0 * harness_time_scale();
+  const double deadline = deadline_in(120);
   while (next < sizes.size() || !inflight.empty()) {
     while (next < sizes.size() && inflight.size() < static_cast<size_t>(window)) {
       Buffer& b = bufs[next % window];
@@ -168,7 +173,7 @@ void recv_stream(NetApi& net, void* rc, const std::vector<size_t>& sizes, uint64
   }
   std::deque<std::pair<size_t, void*>> inflight;
   size_t next = 0;
-  const double deadline = now_s() + 120.0 * harness_time_scale();
+  const double deadline = deadline_in(120);
   while (next < sizes.size() || !inflight.empty()) {
     while (next < sizes.size() && inflight.size() < static_cast<size_t>(window)) {
       Buffer& b = bufs[next % window];
@@ -322,8 +327,7 @@ class ProxyConn {
 
 // Drives every connection to completion from the calling thread.
 void run_proxy(std::vector<std::unique_ptr<ProxyConn>>& conns, double limit_s = 150) {
-  limit_s *= harness_time_scale();
-  const double deadline = now_s() + limit_s;
+  const double deadline = deadline_in(limit_s);
   for (;;) {
     bool all = true;
     for (auto& c : conns) {
@@ -331,7 +335,8 @@ void run_proxy(std::vector<std::unique_ptr<ProxyConn>>& conns, double limit_s = 
       all = all && c->finished();
     }
     if (all) return;
-    HCHECK(now_s() < deadline, "proxy loop did not finish in %.0f s", limit_s);
+    HCHECK(now_s() < deadline, "proxy loop did not finish in %.0f s",
+           limit_s * harness_time_scale());
   }
 }
 
@@ -1193,22 +1198,22 @@ TEST(Bounded, UnderLossLLTransfersStayExactBesideBoundedOnes) {
           void* req = nullptr;
           if (me == 0) {
             fill_pattern(buf.data(), kSize, 500 + l, k);
-            const double deadline = now_s() + 30.0 * harness_time_scale();
+            const double deadline = deadline_in(30);
             while (req == nullptr) {
               HCHECK_OK(net->isend(links[l].send, buf.data(), kSize, 0, nullptr, &req));
-              HCHECK(now_s() < deadline, "isend refused for 30 s");
+              HCHECK(now_s() < deadline, "isend refused for %u s", 30 * harness_time_scale());
             }
             int done = 0;
             while (!done) HCHECK_OK(net->test(req, &done, nullptr));
             continue;
           }
           std::memset(buf.data(), 0xA5, buf.size());
-          const double deadline = now_s() + 30.0 * harness_time_scale();
+          const double deadline = deadline_in(30);
           while (req == nullptr) {
             if (l == 0 && ll) req = nccl::kOptionalRecvSentinel;
             HCHECK_OK(net->irecv(links[l].recv, buf.data(), buf.size(), 0, nullptr, &req));
             HCHECK(req != nccl::kOptionalRecvSentinel, "sentinel not overwritten");
-            HCHECK(now_s() < deadline, "irecv refused for 30 s");
+            HCHECK(now_s() < deadline, "irecv refused for %u s", 30 * harness_time_scale());
           }
           int done = 0;
           int size = -1;
