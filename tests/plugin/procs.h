@@ -66,6 +66,7 @@ inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const 
       fd[j][i] = sv[1];
     }
   }
+  CheckReports reports(n);
   std::fflush(stdout);
   std::fflush(stderr);
   std::vector<pid_t> pids(n, -1);
@@ -73,6 +74,7 @@ inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const 
     pids[r] = fork();
     if (pids[r] < 0) return "fork failed";
     if (pids[r] == 0) {
+      reports.in_child(r);
       alarm(timeout_s);
       Mesh m;
       m.rank = r;
@@ -101,7 +103,8 @@ inline std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const 
       if (f >= 0) close(f);
     }
   }
-  return reap_children(pids, timeout_s, victim);
+  reports.in_parent();
+  return reap_children(pids, timeout_s, victim, &reports);
 }
 
 // A rank's connections: peer[j].send carries this rank -> j, peer[j].recv j -> this rank.

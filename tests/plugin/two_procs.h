@@ -3,6 +3,7 @@
 // checks that end the child, and the byte pattern every transfer is checked against.
 #pragma once
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -10,8 +11,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <chrono>
+#include <climits>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -23,17 +27,44 @@
 
 namespace optireduce::testing {
 
+// The write end of the pipe through which a child's failed check also reaches the parent
+// (-1: none, outside run_pair/run_ranks), so that what those return names the check and not
+// only an exit status: a CI log cut for length may have lost the child's stderr.
+inline int& hcheck_report_fd() {
+  static int fd = -1;
+  return fd;
+}
+
 // In a child: print where and why, then leave at once (no destructors: the other child may be
-// blocked on us, and the parent reports the exit status).
-#define HCHECK(cond, ...)                                                                          \
-  do {                                                                                             \
-    if (!(cond)) {                                                                                 \
-      std::fprintf(stderr, "[%d] %s:%d: check failed: %s: ", getpid(), __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                                                           \
-      std::fputc('\n', stderr);                                                                    \
-      std::fflush(stderr);                                                                         \
-      _exit(1);                                                                                    \
-    }                                                                                              \
+// blocked on us, and the parent reports the exit status and this message).
+[[noreturn]] __attribute__((format(printf, 4, 5))) inline void hcheck_fail(const char* file,
+                                                                           int line,
+                                                                           const char* cond,
+                                                                           const char* fmt, ...) {
+  char why[512];
+  int n = std::snprintf(why, sizeof(why), "%s:%d: check failed: %s: ", file, line, cond);
+  n = std::clamp(n, 0, static_cast<int>(sizeof(why)) - 1);
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(why + n, sizeof(why) - static_cast<size_t>(n), fmt, ap);
+  va_end(ap);
+  std::fprintf(stderr, "[%d] %s\n", getpid(), why);
+  std::fflush(stderr);
+  if (hcheck_report_fd() >= 0) {
+    // One write, so the parent reads it whole: when the check failed, then what it said.
+    char msg[sizeof(int64_t) + sizeof(why)];
+    const int64_t t = std::chrono::steady_clock::now().time_since_epoch().count();
+    std::memcpy(msg, &t, sizeof(t));
+    const size_t len = std::strlen(why);
+    std::memcpy(msg + sizeof(t), why, len);
+    const ssize_t w = ::write(hcheck_report_fd(), msg, sizeof(t) + len);
+    (void)w;  // the parent then reports the exit status alone
+  }
+  _exit(1);
+}
+#define HCHECK(cond, ...)                                                                    \
+  do {                                                                                       \
+    if (!(cond)) ::optireduce::testing::hcheck_fail(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)
 #define HCHECK_OK(expr)                                                      \
   do {                                                                       \
@@ -87,23 +118,93 @@ class Channel {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 
-// Waits for forked ranks; returns "" or what went wrong with the first that failed ("rank K
-// exited with status S", "... killed by signal", "children did not exit in time"), after
-// killing the others so that nothing outlives a failure. `victim` is a rank that is meant to
-// die of SIGKILL (-1: none).
-inline std::string reap_children(std::vector<pid_t>& pids, int timeout_s, int victim = -1) {
+// One pipe per child, through which its failed check (hcheck_fail) reaches the parent.
+class CheckReports {
+ public:
+  explicit CheckReports(int n) : fds_(static_cast<size_t>(n), {-1, -1}) {
+    for (auto& p : fds_) {
+      if (pipe(p.data()) != 0) p = {-1, -1};
+      if (p[0] >= 0) fcntl(p[0], F_SETFL, O_NONBLOCK);
+    }
+  }
+  ~CheckReports() {
+    for (auto& p : fds_) close_all(p);
+  }
+  CheckReports(const CheckReports&) = delete;
+  CheckReports& operator=(const CheckReports&) = delete;
+
+  // Child i keeps only its own write end.
+  void in_child(int i) {
+    for (size_t k = 0; k < fds_.size(); ++k) {
+      if (static_cast<int>(k) == i) {
+        close_one(fds_[k][0]);
+        hcheck_report_fd() = fds_[k][1];
+      } else {
+        close_all(fds_[k]);
+      }
+    }
+  }
+  void in_parent() {
+    for (auto& p : fds_) close_one(p[1]);
+  }
+  // When child i's check failed (steady_clock ticks) and what it said; {0, ""} if it said
+  // nothing. Read once the child has exited.
+  std::pair<int64_t, std::string> what(int i) const {
+    char buf[sizeof(int64_t) + 512];
+    const int fd = fds_[static_cast<size_t>(i)][0];
+    const ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof(buf)) : -1;
+    if (n <= static_cast<ssize_t>(sizeof(int64_t))) return {0, std::string()};
+    int64_t t = 0;
+    std::memcpy(&t, buf, sizeof(t));
+    return {t, std::string(buf + sizeof(t), static_cast<size_t>(n) - sizeof(t))};
+  }
+
+ private:
+  static void close_one(int& fd) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+  static void close_all(std::array<int, 2>& p) {
+    close_one(p[0]);
+    close_one(p[1]);
+  }
+  std::vector<std::array<int, 2>> fds_;
+};
+
+// Waits for forked ranks; returns "" or what went wrong with the rank that failed first ("rank
+// K exited with status S: FILE:LINE: check failed: ...", "... killed by signal", "children did
+// not exit in time"), after killing the others so that nothing outlives a failure. One
+// failure makes others in turn (a channel read sees EOF) and waitpid() returns them in no
+// useful order, so "first" is by the time a check failed (CheckReports), else by the time
+// the child was reaped. `victim` is a rank that is meant to die of SIGKILL (-1: none).
+inline std::string reap_children(std::vector<pid_t>& pids, int timeout_s, int victim = -1,
+                                 const CheckReports* reports = nullptr) {
+  using Clock = std::chrono::steady_clock;
+  int64_t first_t = INT64_MAX;
   std::string failure;
+  auto fail = [&](int64_t t, std::string what) {
+    if (t < first_t) {
+      first_t = t;
+      failure = std::move(what);
+    }
+  };
+  bool killing = false;  // the survivors of a failure are being killed by us
+  auto kill_all = [&] {
+    for (pid_t q : pids) {
+      if (q > 0) kill(q, SIGKILL);
+    }
+    killing = true;
+  };
   size_t alive = pids.size();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout_s + 10);
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s + 10);
   while (alive > 0) {
     int status = 0;
     const pid_t p = waitpid(-1, &status, WNOHANG);
     if (p == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        for (pid_t q : pids) {
-          if (q > 0) kill(q, SIGKILL);
-        }
-        if (failure.empty()) failure = "children did not exit in time";
+      if (Clock::now() > deadline) {
+        if (!killing)
+          fail(Clock::now().time_since_epoch().count(), "children did not exit in time");
+        kill_all();
       }
       struct timespec ts = {0, 5'000'000};
       nanosleep(&ts, nullptr);
@@ -115,21 +216,27 @@ inline std::string reap_children(std::vector<pid_t>& pids, int timeout_s, int vi
     const int idx = static_cast<int>(it - pids.begin());
     *it = -1;
     --alive;
-    std::string what;
     const bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+    if (killing && killed) continue;  // ours
+    int64_t t = Clock::now().time_since_epoch().count();
+    std::string what;
     if (idx == victim) {
       if (!killed) what = "was meant to die of SIGKILL but did not";
     } else if (WIFEXITED(status) && WEXITSTATUS(status) != 0) {
       what = "exited with status " + std::to_string(WEXITSTATUS(status));
+      const auto [when, why] =
+          reports != nullptr ? reports->what(idx) : std::pair<int64_t, std::string>{};
+      if (!why.empty()) {
+        what += ": " + why;
+        t = when;
+      }
     } else if (WIFSIGNALED(status)) {
       what = "killed by signal " + std::to_string(WTERMSIG(status)) +
              (WTERMSIG(status) == SIGALRM ? " (timeout: hung)" : "");
     }
     if (!what.empty()) {
-      if (failure.empty()) failure = "rank " + std::to_string(idx) + " " + what;
-      for (pid_t q : pids) {
-        if (q > 0) kill(q, SIGKILL);
-      }
+      fail(t, "rank " + std::to_string(idx) + " " + what);
+      if (!killing) kill_all();
     }
   }
   return failure;
@@ -168,6 +275,7 @@ inline std::string run_pair(const std::function<void(Channel&)>& a,
   timeout_s = scaled_timeout(timeout_s);
   int sv[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) return "socketpair failed";
+  CheckReports reports(2);
   std::fflush(stdout);
   std::fflush(stderr);
   pid_t pids[2];
@@ -177,6 +285,7 @@ inline std::string run_pair(const std::function<void(Channel&)>& a,
     if (pids[i] < 0) return "fork failed";
     if (pids[i] == 0) {
       close(sv[1 - i]);
+      reports.in_child(i);
       alarm(timeout_s);
       setenv("OPTIREDUCE_IFNAME", "lo", 1);
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
@@ -189,8 +298,9 @@ inline std::string run_pair(const std::function<void(Channel&)>& a,
   }
   close(sv[0]);
   close(sv[1]);
+  reports.in_parent();
   std::vector<pid_t> ids(pids, pids + 2);
-  return reap_children(ids, timeout_s);
+  return reap_children(ids, timeout_s, -1, &reports);
 }
 
 // ---- The byte pattern: every byte depends on (seed, message index, offset), so a misplaced,

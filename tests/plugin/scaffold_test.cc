@@ -1,0 +1,59 @@
+// The multi-process scaffolding itself (two_procs.h, procs.h): what run_pair and run_ranks
+// return is all a CI log may keep of a failure, so it must name the rank whose check failed
+// first and what that check said, not a rank that merely saw the first one's exit.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include "tests/plugin/procs.h"
+
+namespace optireduce::testing {
+namespace {
+
+TEST(Scaffold, RunPairNamesTheFailedCheck) {
+  const std::string r = run_pair([](Channel& ch) { (void)ch.recv<uint32_t>(); },
+                                 [](Channel&) { HCHECK(1 + 1 == 3, "the sum is %d", 1 + 1); });
+  EXPECT_NE(r.find("rank 1 exited with status 1: "), std::string::npos) << r;
+  EXPECT_NE(r.find("check failed: 1 + 1 == 3: the sum is 2"), std::string::npos) << r;
+}
+
+// Rank 2 fails; rank 1, reading from it, fails on EOF; then rank 0, reading from rank 1.
+// waitpid() hands back the oldest child first, so without time stamps rank 0 was reported.
+TEST(Scaffold, RunRanksNamesTheFirstFailureNotItsEchoes) {
+  const std::string r = run_ranks(
+      3,
+      [](Mesh& m) {
+        if (m.rank == 2) {
+          usleep(50'000);  // the others are blocked in their reads by now
+          HCHECK(m.rank != 2, "rank %d gives up", m.rank);
+        }
+        (void)m.channel[m.rank + 1]->recv<uint32_t>();
+      },
+      {}, 30);
+  EXPECT_NE(r.find("rank 2 exited with status 1: "), std::string::npos) << r;
+  EXPECT_NE(r.find("rank 2 gives up"), std::string::npos) << r;
+}
+
+TEST(Scaffold, CleanRanksAndAKilledVictimAreNoFailure) {
+  EXPECT_EQ(run_ranks(2, [](Mesh& m) { m.barrier({0, 1}); }, {}, 30), "");
+  EXPECT_EQ(run_ranks(
+                2,
+                [](Mesh& m) {
+                  if (m.rank == 1) {
+                    m.channel[0]->send<int32_t>(getpid());
+                    pause();
+                  }
+                  const pid_t victim = m.channel[1]->recv<int32_t>();
+                  HCHECK(kill(victim, SIGKILL) == 0, "kill failed");
+                },
+                {}, 30, 1),
+            "");
+}
+
+TEST(Scaffold, AHangIsReportedAsSuch) {
+  const std::string r = run_pair([](Channel&) { pause(); }, [](Channel&) {}, {}, 1);
+  EXPECT_NE(r.find("rank 0 killed by signal 14 (timeout: hung)"), std::string::npos) << r;
+}
+
+}  // namespace
+}  // namespace optireduce::testing
