@@ -147,12 +147,16 @@ Status Conn::check_peer_locked() {
   return fatal_;
 }
 
-void Conn::say_close_locked() {
+void Conn::say_close_locked(uint32_t floor) {
   if (!fatal_.is_ok() || peer_closed_) return;
   PacketHeader h;
   h.type = PacketType::kClose;
-  send_ctrl_locked(h);
-  flush_locked();  // the connection is going away: no later pass will send it
+  h.msg_floor = floor;
+  // Nothing will repeat it: the connection is going away, so no timer and no later pass. A
+  // lost CLOSE leaves a peer that still waits to its keepalive (seconds, then an error), so it
+  // goes out kCloseCopies times (a duplicate is ignored).
+  for (int i = 0; i < kCloseCopies; ++i) send_ctrl_locked(h);
+  flush_locked();
 }
 
 Status Conn::test_request(Request* req, bool* done, size_t* size) {
@@ -232,7 +236,7 @@ void Conn::handle_datagram_locked(const uint8_t* data, uint32_t len, uint64_t no
     case PacketType::kClose:
       if (!peer_closed_) {
         peer_closed_ = true;
-        on_peer_closed_locked(now);
+        on_peer_closed_locked(h.msg_floor, now);
       }
       return;
     default:

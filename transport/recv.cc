@@ -42,7 +42,7 @@ RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoi
 RecvConn::~RecvConn() {
   deactivate();
   std::lock_guard<std::mutex> lock(mu_);
-  say_close_locked();
+  say_close_locked(floor_);
   if (downlink_ && bounded_posted_ > 0) downlink_->leave();
 }
 
@@ -284,7 +284,7 @@ bool RecvConn::waiting_on_peer_locked() const {
 // The sender left: nothing more will arrive. A receive that may end without all its data
 // (bounded, or calibrating on a bounded connection) ends now as if the sender had expired it,
 // holes filled and counted; one that may not (exact) is an error.
-void RecvConn::on_peer_closed_locked(uint64_t now) {
+void RecvConn::on_peer_closed_locked(uint32_t /*floor*/, uint64_t now) {
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (m.state != State::kPosted) continue;

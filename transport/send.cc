@@ -227,11 +227,23 @@ bool SendConn::waiting_on_peer_locked() const {
   return false;
 }
 
-// The receiver left. On a bounded connection what it never took ends as expired, as it would
-// have at its deadline; an exact message can never be delivered now, which is an error.
-void SendConn::on_peer_closed_locked(uint64_t) {
+// The receiver left. What its CLOSE's floor says it completed is done: a receiver may close as
+// soon as its message is complete (NCCL does, once its own requests are done), before a lost
+// final ACK was repaired. On a bounded connection what it never
+// took ends as expired, as it would have at its deadline; an exact message can never be
+// delivered now, which is an error.
+void SendConn::on_peer_closed_locked(uint32_t floor, uint64_t) {
+  // A floor outside [oldest_, next_seq_] completes nothing (an older peer's CLOSE carries 0).
+  const bool floor_ok = floor - oldest_ <= next_seq_ - oldest_;
   for (uint32_t s = oldest_; s != next_seq_; ++s) {
     Msg& m = slot(s);
+    if (m.state == State::kSending && floor_ok && static_cast<int32_t>(s - floor) < 0) {
+      // Only its ACK is missing (a bounded one may have been cut there: no ACK says which,
+      // so it is not counted as cut).
+      forget_outstanding_locked(m);
+      finish_locked(m);
+      continue;
+    }
     if (m.state != State::kWaitCts && m.state != State::kSending) continue;
     if (!may_expire_locked(m)) {
       peer_gone_locked("it closed the connection while a send was pending");

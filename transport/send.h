@@ -126,7 +126,7 @@ class SendConn final : public Conn, public SendComm {
   // Conn hooks.
   void on_packet_locked(const PacketHeader& h, const uint8_t* payload, uint64_t now) override;
   bool waiting_on_peer_locked() const override;
-  void on_peer_closed_locked(uint64_t now) override;
+  void on_peer_closed_locked(uint32_t floor, uint64_t now) override;
   void after_rx_burst_locked(uint64_t) override {}
   void on_timers_locked(uint64_t now) override;
   void transmit_locked(uint64_t now) override;

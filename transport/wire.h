@@ -22,9 +22,10 @@ enum class PacketType : uint8_t {
   kData = 3,      // sender -> receiver: bytes [offset, offset+payload_len) of message msg_seq
   kCts = 4,       // receiver -> sender: clear to send msg_seq into a buffer of msg_size bytes
   kAck = 5,       // receiver -> sender: packets of msg_seq received; payload = SACK bitmap
-  kClose = 6,     // either side: the connection is going away. Pending requests end (bounded
-                  // ones as expired, exact ones with an error); a lost CLOSE leaves the rest to
-                  // the keepalive (liveness.h)
+  kClose = 6,     // either side: the connection is going away. Pending requests end (what the
+                  // receiver's msg_floor says it completed as done, other bounded ones as
+                  // expired, exact ones with an error); sent twice, and a lost CLOSE leaves the
+                  // rest to the keepalive (liveness.h)
   kPing = 7,      // either side: are you there? Sent only while a request waits on a silent peer
   kPong = 8,      // the answer to PING, from the peer's transport whatever its application does
 };
@@ -69,8 +70,9 @@ inline constexpr uint16_t kKnownFlags = 0x7F;
 //   offset      DATA: byte offset of the payload in the message, a multiple of the
 //               connection's packet payload size. ACK: index of the first packet the SACK
 //               bitmap describes; every packet below it has arrived. Others: 0.
-//   msg_floor   CTS/ACK: every message below this sequence is complete at the receiver
-//               (repairs lost final ACKs). DATA: the sender's oldest unfinished message.
+//   msg_floor   CTS/ACK, and a receiver's CLOSE: every message below this sequence is complete
+//               at the receiver (repairs lost final ACKs, also when the receiver closes before
+//               the repair). DATA: the sender's oldest unfinished message. A sender's CLOSE: 0.
 //   timeout_us  the sender's current step-time estimate tC in microseconds (bounded mode;
 //               0 = none). Piggybacked so receivers can agree on a median. Not in ACKs.
 //   hold_ns     ACK only, in timeout_us's place: nanoseconds from the arrival of the newest
