@@ -8,6 +8,8 @@
 //    answers): the same error, not before the bound.
 //  - idle for three bounds, then SIGSTOPped for half of one, under 5% loss: no error, and the
 //    message then sent arrives byte-exact.
+//  - closing a receive connection as soon as its receive is done, under 5% loss: no error on
+//    the sending side, whose final ACK may have been lost.
 // The datapath follows OPTIREDUCE_DATAPATH: UDP on the host, verbs in the rxe VM
 // (tests/verbs/rxe-plugin-suite.sh).
 #include <gtest/gtest.h>
@@ -312,6 +314,44 @@ TEST_P(PeerAlive, IdleOrBrieflyStoppedUnderLossIsNeverDead) {
     close_node(node);
   };
   EXPECT_EQ(run_ranks(2, rank, env_for(0.05), 60), "");
+}
+
+// NCCL closes a receive connection as soon as its last receive is done, while the sender's
+// last send may still wait for its final ACK, which 5% loss drops now and then. That is no
+// error: the receiver's CLOSE says what it completed (msg_floor, transport/wire.h). Round after
+// round, a fresh communicator, one exact message, and the receiver closes at once. On the host
+// the sender mostly repairs the ACK before the CLOSE arrives; in the rxe VM, where timers and
+// closes are slower, the code before the fix failed in round 5, 11 and 6 of three runs.
+TEST(PeerCloses, RightAfterItsLastReceiveUnderLossIsNoError) {
+  constexpr int kRounds = 30;
+  constexpr size_t kBytes = 64 * 1024;
+  auto rank = [](Mesh& m) {
+    for (int round = 0; round < kRounds; ++round) {
+      Node node = open_node(m, plugin_path(), 11, 0xC105E00 + static_cast<uint64_t>(round), -1);
+      std::vector<uint8_t> buf(kBytes);
+      void* req = nullptr;
+      if (m.rank == kSurvivor) {
+        fill_pattern(buf.data(), kBytes, 0xC105E, static_cast<uint64_t>(round));
+        while (req == nullptr)
+          HCHECK_OK(node.net->isend(node.peer[kPeer].send, buf.data(), kBytes, 0, nullptr, &req));
+      } else {
+        while (req == nullptr)
+          HCHECK_OK(
+              node.net->irecv(node.peer[kSurvivor].recv, buf.data(), kBytes, 0, nullptr, &req));
+      }
+      for (int done = 0; !done;) {
+        int size = 0;
+        const int r = node.net->test(req, &done, &size);
+        HCHECK(r == 0, "rank %d, round %d: test returned %d", m.rank, round, r);
+      }
+      if (m.rank == kPeer) {
+        HCHECK(find_mismatch(buf.data(), kBytes, 0xC105E, static_cast<uint64_t>(round)) < 0,
+               "round %d: the message is corrupt", round);
+      }
+      close_node(node);  // the receiver at once, the sender once its send is done
+    }
+  };
+  EXPECT_EQ(run_ranks(2, rank, env_for(0.05), 120), "");
 }
 
 auto mode_name = [](const ::testing::TestParamInfo<Mode>& p) {
