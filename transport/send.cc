@@ -229,9 +229,8 @@ bool SendConn::waiting_on_peer_locked() const {
 
 // The receiver left. What its CLOSE's floor says it completed is done: a receiver may close as
 // soon as its message is complete (NCCL does, once its own requests are done), before a lost
-// final ACK was repaired. On a bounded connection what it never
-// took ends as expired, as it would have at its deadline; an exact message can never be
-// delivered now, which is an error.
+// final ACK was repaired. On a bounded connection what it never took ends as expired, as it
+// would have at its deadline; an exact message can never be delivered now, which is an error.
 void SendConn::on_peer_closed_locked(uint32_t floor, uint64_t) {
   // A floor outside [oldest_, next_seq_] completes nothing (an older peer's CLOSE carries 0).
   const bool floor_ok = floor - oldest_ <= next_seq_ - oldest_;

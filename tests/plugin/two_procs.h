@@ -14,7 +14,6 @@
 #include <array>
 #include <cerrno>
 #include <chrono>
-#include <climits>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
@@ -26,6 +25,9 @@
 #include <vector>
 
 namespace optireduce::testing {
+
+// The longest message a failed check reports (longer ones are cut).
+inline constexpr size_t kCheckMessageBytes = 512;
 
 // The write end of the pipe through which a child's failed check also reaches the parent
 // (-1: none, outside run_pair/run_ranks), so that what those return names the check and not
@@ -41,7 +43,7 @@ inline int& hcheck_report_fd() {
                                                                            int line,
                                                                            const char* cond,
                                                                            const char* fmt, ...) {
-  char why[512];
+  char why[kCheckMessageBytes];
   int n = std::snprintf(why, sizeof(why), "%s:%d: check failed: %s: ", file, line, cond);
   n = std::clamp(n, 0, static_cast<int>(sizeof(why)) - 1);
   va_list ap;
@@ -150,7 +152,7 @@ class CheckReports {
   // When child i's check failed (steady_clock ticks) and what it said; {0, ""} if it said
   // nothing. Read once the child has exited.
   std::pair<int64_t, std::string> what(int i) const {
-    char buf[sizeof(int64_t) + 512];
+    char buf[sizeof(int64_t) + kCheckMessageBytes];
     const int fd = fds_[static_cast<size_t>(i)][0];
     const ssize_t n = fd >= 0 ? ::read(fd, buf, sizeof(buf)) : -1;
     if (n <= static_cast<ssize_t>(sizeof(int64_t))) return {0, std::string()};
