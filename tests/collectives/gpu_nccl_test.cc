@@ -36,6 +36,13 @@ using optireduce::testing::run_ranks;
 using optireduce::testing::set;
 using optireduce::testing::temp_dir;
 
+// A case's exit status (0: passed), printing what run_ranks said went wrong.
+int failures(const std::string& what) {
+  if (what.empty()) return 0;
+  std::fprintf(stderr, "%s\n", what.c_str());
+  return 1;
+}
+
 constexpr int kRanks = 2;
 constexpr int kSkip = 77;
 constexpr int kRankTimeoutS = 100;  // each case takes seconds; a hang ends here
@@ -202,7 +209,7 @@ double relative_error(optiDataType_t t, const std::vector<uint8_t>& got, size_t 
 // it): every type bit-exact, and the plugin's counters show it carried the bytes.
 int nccl_allreduce_is_exact_over_the_plugin() {
   const std::string dir = temp_dir();
-  return run_ranks(
+  return failures(run_ranks(
       kRanks, nccl_env({{"NCCL_NET", OPTIREDUCE_NET_NAME}}),
       [&](int rank) {
         ncclComm_t comm;
@@ -229,14 +236,14 @@ int nccl_allreduce_is_exact_over_the_plugin() {
         ncclCommDestroy(comm);
         return 0;
       },
-      kRankTimeoutS);
+      kRankTimeoutS));
 }
 
 // liboptireduce exact on the device: TAR's kernels and grouped sends give the exact sum in every
 // type, in place and out of place, including a count that leaves partial shards.
 int tar_exact_on_the_device() {
   const std::string dir = temp_dir();
-  return run_ranks(
+  return failures(run_ranks(
       kRanks, nccl_env({}),
       [&](int rank) {
         ncclComm_t nccl;
@@ -276,7 +283,7 @@ int tar_exact_on_the_device() {
         ncclCommDestroy(nccl);
         return 0;
       },
-      kRankTimeoutS);
+      kRankTimeoutS));
 }
 
 // Where a result differs from the exact sum: how many elements, in how many Hadamard blocks,
@@ -327,7 +334,7 @@ int tar_bounded_on_the_device(double drop,
                               std::vector<std::pair<std::string, std::string>> env = {}) {
   const std::string dir = temp_dir();
   env.push_back({"OPTIREDUCE_FAULT_DROP", std::to_string(drop)});
-  return run_ranks(
+  return failures(run_ranks(
       kRanks, nccl_env(env),
       [&](int rank) {
         ncclComm_t nccl;
@@ -438,8 +445,10 @@ int tar_bounded_on_the_device(double drop,
           double worst_stalled = 0, worst_other = 0;
           std::vector<double> other;
           for (int c = 10; c < kCalls; ++c) {
-            if (stalled_call(c)) worst_stalled = std::max(worst_stalled, call_ms[size_t(c)]);
-            else other.push_back(call_ms[size_t(c)]);
+            if (stalled_call(c))
+              worst_stalled = std::max(worst_stalled, call_ms[size_t(c)]);
+            else
+              other.push_back(call_ms[size_t(c)]);
           }
           std::sort(other.begin(), other.end());
           worst_other = other.empty() ? 0 : other.back();
@@ -477,7 +486,7 @@ int tar_bounded_on_the_device(double drop,
         FORKED_CHECK(wrong == 0, "", "the application's communicator lost %zu elements", wrong);
         return 0;
       },
-      kRankTimeoutS);
+      kRankTimeoutS));
 }
 
 // Without arguments, the cases below. `NAME=VALUE ...`: only the bounded case, with those

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/plugin/plugin_loader.h"
+#include "tests/plugin/requests.h"
 #include "tests/plugin/two_procs.h"
 
 namespace optireduce::testing {
@@ -34,15 +35,6 @@ std::unique_ptr<NetApi> load_or_die(int version) {
   std::unique_ptr<NetApi> net = NetApi::load(plugin_path(), version, &err);
   HCHECK(net != nullptr, "loading %s v%d: %s", plugin_path(), version, err.c_str());
   return net;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// When a loop given `s` seconds must give up: s scaled by HARNESS_TIME_SCALE (two_procs.h).
-double deadline_in(double s) {
-  return now_s() + s * harness_time_scale();
 }
 
 int thread_count() {
@@ -100,7 +92,7 @@ std::vector<Link> establish(NetApi& net, void* ctx, Channel& ch, int n, int dev 
         }
       }
     }
-    HCHECK(now_s() < deadline, "connection set-up did not finish in %u s (%d pending)",
+    HCHECK(mono_s() < deadline, "connection set-up did not finish in %u s (%d pending)",
            30 * harness_time_scale(), pending);
   }
   return links;
@@ -154,7 +146,7 @@ void send_stream(NetApi& net, void* sc, const std::vector<size_t>& sizes, uint64
         inflight.pop_front();
       }
     }
-    HCHECK(now_s() < deadline, "send stream stuck at message %zu", next);
+    HCHECK(mono_s() < deadline, "send stream stuck at message %zu", next);
   }
   for (Buffer& b : bufs) HCHECK_OK(net.dereg_mr(sc, b.mh));
 }
@@ -201,7 +193,7 @@ void recv_stream(NetApi& net, void* rc, const std::vector<size_t>& sizes, uint64
         inflight.pop_front();
       }
     }
-    HCHECK(now_s() < deadline, "recv stream stuck at message %zu", next);
+    HCHECK(mono_s() < deadline, "recv stream stuck at message %zu", next);
   }
   for (Buffer& b : bufs) HCHECK_OK(net.dereg_mr(rc, b.mh));
 }
@@ -335,7 +327,7 @@ void run_proxy(std::vector<std::unique_ptr<ProxyConn>>& conns, double limit_s = 
       all = all && c->finished();
     }
     if (all) return;
-    HCHECK(now_s() < deadline, "proxy loop did not finish in %.0f s",
+    HCHECK(mono_s() < deadline, "proxy loop did not finish in %.0f s",
            limit_s * harness_time_scale());
   }
 }
@@ -454,11 +446,11 @@ TEST(PluginApi, SingleProcessContract) {
         void* rc = nullptr;
         nccl::ncclNetDeviceHandle_v11_t* dh =
             reinterpret_cast<nccl::ncclNetDeviceHandle_v11_t*>(static_cast<uintptr_t>(0xdead));
-        const double deadline = now_s() + 20;
+        const double deadline = mono_s() + 20;
         while (sc == nullptr || rc == nullptr) {
           if (sc == nullptr) HCHECK_OK(t->connect(ctx, 0, handle, &sc, &dh));
           if (rc == nullptr) HCHECK_OK(net->accept(lc, &rc));
-          HCHECK(now_s() < deadline, "self connection did not complete");
+          HCHECK(mono_s() < deadline, "self connection did not complete");
         }
         HCHECK(dh == nullptr, "a HOST plugin returns no device handle");
         HCHECK_OK(net->close_listen(lc));
@@ -499,16 +491,14 @@ TEST(PluginApi, SingleProcessContract) {
 
         // A real exchange in one process, with sizes == NULL on both tests.
         fill_pattern(pool.data() + 65536, 1000, 5, 0);
-        void* rreq = nullptr;
-        void* sreq = nullptr;
-        while (rreq == nullptr) HCHECK_OK(net->irecv(rc, pool.data() + 200000, 4096, 0, m2, &rreq));
-        while (sreq == nullptr) HCHECK_OK(net->isend(sc, pool.data() + 65536, 1000, 0, m3, &sreq));
+        void* rreq = post_recv(*net, rc, pool.data() + 200000, 4096, m2);
+        void* sreq = post_send(*net, sc, pool.data() + 65536, 1000, m3);
         int sdone = 0;
         int rdone = 0;
         while (!sdone || !rdone) {
           if (!sdone) HCHECK_OK(net->test(sreq, &sdone, nullptr));
           if (!rdone) HCHECK_OK(net->test(rreq, &rdone, nullptr));
-          HCHECK(now_s() < deadline + 20, "self exchange stuck");
+          HCHECK(mono_s() < deadline + 20, "self exchange stuck");
         }
         HCHECK(find_mismatch(pool.data() + 200000, 1000, 5, 0) < 0, "self exchange bytes");
 
@@ -599,14 +589,14 @@ TEST(Transfer, ThirtyTwoInFlightAndBackPressure) {
         std::vector<uint8_t> buf(kN * kSize);
         for (int round = 0; round < 2; ++round) {
           std::vector<void*> reqs;
-          const double deadline = now_s() + 20;
+          const double deadline = mono_s() + 20;
           while (static_cast<int>(reqs.size()) < kN) {
             const int k = static_cast<int>(reqs.size());
             fill_pattern(&buf[k * kSize], kSize, 3 + round, k);
             void* r = nullptr;
             HCHECK_OK(net->isend(links[0].send, &buf[k * kSize], kSize, 0, nullptr, &r));
             if (r != nullptr) reqs.push_back(r);
-            HCHECK(now_s() < deadline, "could not post %d sends", kN);
+            HCHECK(mono_s() < deadline, "could not post %d sends", kN);
           }
           void* extra = reinterpret_cast<void*>(uintptr_t{0x77});
           HCHECK_OK(net->isend(links[0].send, buf.data(), 1, 0, nullptr, &extra));
@@ -632,14 +622,14 @@ TEST(Transfer, ThirtyTwoInFlightAndBackPressure) {
         for (int round = 0; round < 2; ++round) {
           ch.barrier();
           std::vector<void*> reqs;
-          const double deadline = now_s() + 20;
+          const double deadline = mono_s() + 20;
           while (static_cast<int>(reqs.size()) < kN) {
             const size_t k = reqs.size();
             void* r = nullptr;
             HCHECK_OK(
                 net->irecv(links[0].recv, &buf[k * (kSize + 100)], kSize + 100, 0, nullptr, &r));
             if (r != nullptr) reqs.push_back(r);
-            HCHECK(now_s() < deadline, "could not post %d receives", kN);
+            HCHECK(mono_s() < deadline, "could not post %d receives", kN);
           }
           // A 33rd receive may be refused only by a NULL request, never by an error.
           void* extra = nullptr;
@@ -676,20 +666,10 @@ TEST(Lifecycle, CloseWithRequestsInFlight) {
       std::vector<uint8_t> buf(16 * kSize, 0x11);
       if (me == 0) {
         std::vector<void*> reqs;
-        for (int k = 0; k < 16; ++k) {
-          void* r = nullptr;
-          const double deadline = now_s() + 10;
-          while (r == nullptr) {
-            HCHECK_OK(net->isend(links[0].send, &buf[k * kSize], kSize, 0, nullptr, &r));
-            HCHECK(now_s() < deadline, "isend refused for 10 s");
-          }
-          reqs.push_back(r);
-        }
+        for (int k = 0; k < 16; ++k)
+          reqs.push_back(post_send(*net, links[0].send, &buf[k * kSize], kSize, nullptr, 10));
         // Complete the first 4, abandon the rest (some matched, some never).
-        for (int k = 0; k < 4; ++k) {
-          int done = 0;
-          while (!done) HCHECK_OK(net->test(reqs[k], &done, nullptr));
-        }
+        for (int k = 0; k < 4; ++k) wait_done(*net, reqs[k]);
         // Receives on the reverse link that no one will ever send to.
         void* r = nullptr;
         HCHECK_OK(net->irecv(links[0].recv, buf.data(), kSize, 0, nullptr, &r));
@@ -702,10 +682,7 @@ TEST(Lifecycle, CloseWithRequestsInFlight) {
           HCHECK(r != nullptr, "irecv refused");
           reqs.push_back(r);
         }
-        for (int k = 0; k < 4; ++k) {
-          int done = 0;
-          while (!done) HCHECK_OK(net->test(reqs[k], &done, nullptr));
-        }
+        for (int k = 0; k < 4; ++k) wait_done(*net, reqs[k]);
       }
       ch.barrier();
       close_links(*net, links);  // requests in flight on both sides
@@ -774,6 +751,7 @@ TEST(Concurrency, SeveralContextsAndThreads) {
     return [me](Channel& ch) {
       auto net = load_or_die(11);
       constexpr int kContexts = 3;
+      const int slices = 64 / static_cast<int>(harness_volume_divisor());  // per connection
       void* ctx[kContexts];
       std::vector<Link> links[kContexts];
       for (int c = 0; c < kContexts; ++c) {
@@ -785,9 +763,9 @@ TEST(Concurrency, SeveralContextsAndThreads) {
         threads.emplace_back([&, c] {
           std::vector<std::unique_ptr<ProxyConn>> conns;
           for (int i = 0; i < 2; ++i) {
-            conns.push_back(std::make_unique<ProxyConn>(*net, links[c][i], ProxyShape{1 + i, 64},
-                                                        seed_for(me, c * 2 + i, 5000),
-                                                        seed_for(1 - me, c * 2 + i, 5000)));
+            conns.push_back(std::make_unique<ProxyConn>(
+                *net, links[c][i], ProxyShape{1 + i, slices}, seed_for(me, c * 2 + i, 5000),
+                seed_for(1 - me, c * 2 + i, 5000)));
           }
           run_proxy(conns);
         });
@@ -796,10 +774,12 @@ TEST(Concurrency, SeveralContextsAndThreads) {
       ch.barrier();
       for (int c = 0; c < kContexts; ++c) {
         optireduceNetStats st{};
-        HCHECK(net->get_stats(0xA0 + c, &st) == 0 && st.recv.msgs == 128 && st.send.msgs == 128,
+        const uint64_t per_context = 2 * static_cast<uint64_t>(slices);  // 2 connections
+        HCHECK(net->get_stats(0xA0 + c, &st) == 0 && st.recv.msgs == per_context &&
+                   st.send.msgs == per_context,
                "context %d: stats %llu/%llu msgs", c, static_cast<unsigned long long>(st.send.msgs),
                static_cast<unsigned long long>(st.recv.msgs));
-        HCHECK(st.processRecv.msgs == 128 * kContexts, "process totals");
+        HCHECK(st.processRecv.msgs == per_context * kContexts, "process totals");
         close_links(*net, links[c]);
         HCHECK_OK(net->finalize(ctx[c]));
       }
@@ -812,8 +792,9 @@ class MiniProxy : public ::testing::TestWithParam<int> {};
 
 TEST_P(MiniProxy, SimpleProtocolPatternEveryByteChecked) {
   const int v = GetParam();
-  EXPECT_EQ(run_pair([v](Channel& ch) { proxy_rank(0, v, ch, 200); },
-                     [v](Channel& ch) { proxy_rank(1, v, ch, 200); }, {}, 120),
+  const int slices = 200 / static_cast<int>(harness_volume_divisor());
+  EXPECT_EQ(run_pair([v, slices](Channel& ch) { proxy_rank(0, v, ch, slices); },
+                     [v, slices](Channel& ch) { proxy_rank(1, v, ch, slices); }, {}, 120),
             "");
 }
 
@@ -1032,32 +1013,20 @@ TEST(Bounded, ProtocolIsChosenTransferByTransfer) {
       for (const Step& step : kSteps) {
         const uint32_t op = step.op != 0 ? step.op : (me == 0 ? kOpSend : kOpRecv);
         set_attr(*net, ctx, op, step.proto);
-        void* req = nullptr;
         if (me == 0) {
           fill_pattern(buf.data(), kSize, 90, k);
-          while (req == nullptr) {
-            HCHECK_OK(net->isend(links[0].send, buf.data(), kSize, 0, nullptr, &req));
-          }
+          wait_done(*net, post_send(*net, links[0].send, buf.data(), kSize));
         } else {
           std::memset(buf.data(), 0, kSize);
           const uint64_t before = bounded_bytes(*net, 0xC1);
-          while (req == nullptr) {
-            if (step.sentinel) req = nccl::kOptionalRecvSentinel;
-            HCHECK_OK(net->irecv(links[0].recv, buf.data(), kSize, 0, nullptr, &req));
-            HCHECK(req != nccl::kOptionalRecvSentinel, "sentinel not overwritten");
-          }
-          int done = 0;
-          while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+          wait_done(*net,
+                    post_recv(*net, links[0].recv, buf.data(), kSize, nullptr, step.sentinel));
           HCHECK(find_mismatch(buf.data(), kSize, 90, k) < 0, "%s: bytes differ", step.what);
           const uint64_t added = bounded_bytes(*net, 0xC1) - before;
           HCHECK(added == (step.bounded ? kSize : 0), "%s: %s expected, counters added %llu B",
                  step.what, step.bounded ? "bounded" : "exact",
                  static_cast<unsigned long long>(added));
-          ++k;
-          continue;
         }
-        int done = 0;
-        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
         ++k;
       }
       HCHECK(std::getenv("NCCL_PROTO") == nullptr, "the plugin set NCCL_PROTO");
@@ -1109,29 +1078,20 @@ TEST(Bounded, ProfilerEventsPerReceive) {
       // 0: whole; 1: LL (exact on the bounded connection); 2: no profiler handle; 3: never sent,
       // the deadline closes it.
       for (int k = 0; k < 4; ++k) {
-        void* req = nullptr;
         if (me == 0) {
           if (k == 3) break;
           HCHECK(ch.recv<int>() == k, "sync");
           fill_pattern(buf.data(), kSize, 95, k);
-          while (req == nullptr) {
-            HCHECK_OK(net->isend(links[0].send, buf.data(), kSize, 0, nullptr, &req));
-          }
-          int done = 0;
-          while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+          wait_done(*net, post_send(*net, links[0].send, buf.data(), kSize));
           continue;
         }
         net->phandle = k == 2 ? nullptr : &phandles[k % 3];
-        while (req == nullptr) {
-          if (k == 1) req = nccl::kOptionalRecvSentinel;
-          HCHECK_OK(net->irecv(links[0].recv, buf.data(), kCap, 0, nullptr, &req));
-        }
+        void* const req = post_recv(*net, links[0].recv, buf.data(), kCap, nullptr, k == 1);
         const size_t events_after_irecv[4] = {1, 3, 4, 5};  // receive 2 has no handle
         HCHECK(prof_log().size() == events_after_irecv[k], "receive %d: %zu events after irecv",
                k, prof_log().size());
         if (k < 3) ch.send<int>(k);
-        int done = 0;
-        while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+        wait_done(*net, req);
       }
       if (me == 1) {
         const auto& log = prof_log();
@@ -1195,32 +1155,14 @@ TEST(Bounded, UnderLossLLTransfersStayExactBesideBoundedOnes) {
             set_attr(*net, ctx, kOpAllReduce,
                      ll ? nccl::NCCL_NET_PROTO_LL : nccl::NCCL_NET_PROTO_SIMPLE);
           }
-          void* req = nullptr;
           if (me == 0) {
             fill_pattern(buf.data(), kSize, 500 + l, k);
-            const double deadline = deadline_in(30);
-            while (req == nullptr) {
-              HCHECK_OK(net->isend(links[l].send, buf.data(), kSize, 0, nullptr, &req));
-              HCHECK(now_s() < deadline, "isend refused for %u s", 30 * harness_time_scale());
-            }
-            int done = 0;
-            while (!done) HCHECK_OK(net->test(req, &done, nullptr));
+            wait_done(*net, post_send(*net, links[l].send, buf.data(), kSize));
             continue;
           }
           std::memset(buf.data(), 0xA5, buf.size());
-          const double deadline = deadline_in(30);
-          while (req == nullptr) {
-            if (l == 0 && ll) req = nccl::kOptionalRecvSentinel;
-            HCHECK_OK(net->irecv(links[l].recv, buf.data(), buf.size(), 0, nullptr, &req));
-            HCHECK(req != nccl::kOptionalRecvSentinel, "sentinel not overwritten");
-            HCHECK(now_s() < deadline, "irecv refused for %u s", 30 * harness_time_scale());
-          }
-          int done = 0;
-          int size = -1;
-          while (!done) {
-            HCHECK_OK(net->test(req, &done, &size));
-            HCHECK(now_s() < deadline, "receive %d of link %d did not complete in 30 s", k, l);
-          }
+          const int size = wait_done(
+              *net, post_recv(*net, links[l].recv, buf.data(), buf.size(), nullptr, l == 0 && ll));
           if (!ll) simple_bytes += static_cast<uint64_t>(size);
           if (!ll && size == static_cast<int>(buf.size())) {
             // Known transport gap (reported): a bounded receive that got no DATA at all (e.g.

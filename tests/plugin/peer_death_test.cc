@@ -21,6 +21,7 @@
 #include <string>
 
 #include "tests/plugin/procs.h"
+#include "tests/plugin/requests.h"
 
 namespace optireduce::testing {
 namespace {
@@ -71,11 +72,8 @@ void warm_up(Mesh& m, Node& node, Mode mode) {
   const int other = 1 - m.rank;
   std::vector<uint8_t> tx(kSize), rx(kSize);
   fill_pattern(tx.data(), kSize, 0x77 + m.rank, 0);
-  void *sr = nullptr, *rr = nullptr;
-  while (rr == nullptr)
-    HCHECK_OK(node.net->irecv(node.peer[other].recv, rx.data(), kSize, 0, nullptr, &rr));
-  while (sr == nullptr)
-    HCHECK_OK(node.net->isend(node.peer[other].send, tx.data(), kSize, 0, nullptr, &sr));
+  void* rr = post_recv(*node.net, node.peer[other].recv, rx.data(), kSize);
+  void* sr = post_send(*node.net, node.peer[other].send, tx.data(), kSize);
   for (int sd = 0, rd = 0; !(sd && rd);) {
     int size = 0;
     if (!sd) HCHECK_OK(node.net->test(sr, &sd, &size));
@@ -139,9 +137,7 @@ TEST_P(PeerKilled, TheWaitingSideGetsRemoteErrorWithinTheBound) {
       void* rr = nullptr;
       if (c.wait == Wait::kSendPosted) {
         // A large receive, so that the survivor is mid-transfer when this process dies.
-        while (rr == nullptr)
-          HCHECK_OK(
-              node.net->irecv(node.peer[kSurvivor].recv, buf.data(), buf.size(), 0, nullptr, &rr));
+        rr = post_recv(*node.net, node.peer[kSurvivor].recv, buf.data(), buf.size());
       }
       m.channel[kSurvivor]->recv<uint32_t>();  // the survivor's request is posted
       m.channel[kSurvivor]->send<uint32_t>(1);
@@ -160,15 +156,9 @@ TEST_P(PeerKilled, TheWaitingSideGetsRemoteErrorWithinTheBound) {
     }
     std::vector<uint8_t> big(32 << 20);
     fill_pattern(big.data(), big.size(), 5, 5);
-    void* req = nullptr;
-    while (req == nullptr) {
-      if (recv)
-        HCHECK_OK(node.net->irecv(node.peer[kPeer].recv, big.data(), kSize, 0, nullptr, &req));
-      else
-        HCHECK_OK(node.net->isend(node.peer[kPeer].send, big.data(),
-                                  c.wait == Wait::kSendPosted ? big.size() : kSize, 0, nullptr,
-                                  &req));
-    }
+    void* const req = recv ? post_recv(*node.net, node.peer[kPeer].recv, big.data(), kSize)
+                           : post_send(*node.net, node.peer[kPeer].send, big.data(),
+                                       c.wait == Wait::kSendPosted ? big.size() : kSize);
     m.channel[kPeer]->send<uint32_t>(1);
     m.channel[kPeer]->recv<uint32_t>();
     const double t0 = mono_s();  // the peer dies right after this answer
@@ -221,9 +211,7 @@ TEST_P(PeerStopped, PastTheBoundIsAnError) {
     }
     const pid_t peer = m.channel[kPeer]->recv<int32_t>();
     std::vector<uint8_t> buf(kSize);
-    void* req = nullptr;
-    while (req == nullptr)
-      HCHECK_OK(node.net->irecv(node.peer[kPeer].recv, buf.data(), kSize, 0, nullptr, &req));
+    void* const req = post_recv(*node.net, node.peer[kPeer].recv, buf.data(), kSize);
     HCHECK(kill(peer, SIGSTOP) == 0, "SIGSTOP failed");
     const double t0 = mono_s();
     int completed = 0;
@@ -253,25 +241,14 @@ TEST_P(PeerAlive, IdleOrBrieflyStoppedUnderLossIsNeverDead) {
       m.channel[kSurvivor]->recv<uint32_t>();  // idle (and stopped) until the survivor says
       std::vector<uint8_t> tx(kSize);
       fill_pattern(tx.data(), kSize, 0xA11, 1);
-      void* sr = nullptr;
-      while (sr == nullptr)
-        HCHECK_OK(node.net->isend(node.peer[kSurvivor].send, tx.data(), kSize, 0, nullptr, &sr));
-      for (int done = 0; !done;) {
-        int size = 0;
-        HCHECK_OK(node.net->test(sr, &done, &size));
-      }
+      wait_done(*node.net, post_send(*node.net, node.peer[kSurvivor].send, tx.data(), kSize));
       m.channel[kSurvivor]->recv<uint32_t>();
       close_node(node);
       return;
     }
     const pid_t peer = m.channel[kPeer]->recv<int32_t>();
     std::vector<uint8_t> rx(kSize);
-    auto post = [&] {
-      void* rr = nullptr;
-      while (rr == nullptr)
-        HCHECK_OK(node.net->irecv(node.peer[kPeer].recv, rx.data(), kSize, 0, nullptr, &rr));
-      return rr;
-    };
+    auto post = [&] { return post_recv(*node.net, node.peer[kPeer].recv, rx.data(), kSize); };
     // Bounded receives end by their deadline meanwhile; each is posted again, as steps are.
     void* rr = post();
     int ended = 0;
@@ -299,10 +276,7 @@ TEST_P(PeerAlive, IdleOrBrieflyStoppedUnderLossIsNeverDead) {
       // what matters here is that none fails.
       poll_for(500);
     } else {
-      for (int done = 0; !done;) {
-        int size = 0;
-        HCHECK_OK(node.net->test(rr, &done, &size));
-      }
+      wait_done(*node.net, rr);
       HCHECK(find_mismatch(rx.data(), kSize, 0xA11, 1) < 0,
              "the message after the stall is corrupt");
     }
@@ -329,16 +303,10 @@ TEST(PeerCloses, RightAfterItsLastReceiveUnderLossIsNoError) {
     for (int round = 0; round < kRounds; ++round) {
       Node node = open_node(m, plugin_path(), 11, 0xC105E00 + static_cast<uint64_t>(round), -1);
       std::vector<uint8_t> buf(kBytes);
-      void* req = nullptr;
-      if (m.rank == kSurvivor) {
-        fill_pattern(buf.data(), kBytes, 0xC105E, static_cast<uint64_t>(round));
-        while (req == nullptr)
-          HCHECK_OK(node.net->isend(node.peer[kPeer].send, buf.data(), kBytes, 0, nullptr, &req));
-      } else {
-        while (req == nullptr)
-          HCHECK_OK(
-              node.net->irecv(node.peer[kSurvivor].recv, buf.data(), kBytes, 0, nullptr, &req));
-      }
+      if (m.rank == kSurvivor) fill_pattern(buf.data(), kBytes, 0xC105E, uint64_t(round));
+      void* const req = m.rank == kSurvivor
+                            ? post_send(*node.net, node.peer[kPeer].send, buf.data(), kBytes)
+                            : post_recv(*node.net, node.peer[kSurvivor].recv, buf.data(), kBytes);
       for (int done = 0; !done;) {
         int size = 0;
         const int r = node.net->test(req, &done, &size);

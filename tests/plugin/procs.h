@@ -25,10 +25,6 @@
 
 namespace optireduce::testing {
 
-inline double mono_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 // One rank's view of the others: channel[j] reaches rank j (null for itself).
 struct Mesh {
   int rank = 0;

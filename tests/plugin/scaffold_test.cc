@@ -1,10 +1,14 @@
-// The multi-process scaffolding itself (two_procs.h, procs.h): what run_pair and run_ranks
-// return is all a CI log may keep of a failure, so it must name the rank whose check failed
-// first and what that check said, not a rank that merely saw the first one's exit.
+// The multi-process scaffolding itself (two_procs.h, procs.h, and tests/collectives'
+// forked_ranks.h on top of them): what run_pair and run_ranks return is all a CI log may keep of a
+// failure, so it must name the rank whose check failed first and what that check said, not a rank
+// that merely saw the first one's exit.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 
+#include <functional>
+
+#include "tests/collectives/forked_ranks.h"
 #include "tests/plugin/procs.h"
 
 namespace optireduce::testing {
@@ -53,6 +57,25 @@ TEST(Scaffold, CleanRanksAndAKilledVictimAreNoFailure) {
 TEST(Scaffold, AHangIsReportedAsSuch) {
   const std::string r = run_pair([](Channel&) { pause(); }, [](Channel&) {}, {}, 1);
   EXPECT_NE(r.find("rank 0 killed by signal 14 (timeout: hung)"), std::string::npos) << r;
+}
+
+// The collectives' ranks return a status instead of exiting on a check. Their failed check is
+// named with the library's last error, and the ranks still waiting are killed, not left to
+// sleep out their minute (before, the reaper waited for every rank and said only how many
+// failed).
+TEST(Scaffold, ForkedRanksNameTheFailedCheckAndStopTheOthers) {
+  const double t0 = mono_s();
+  const std::string r =
+      run_ranks(3, Env{}, std::function<int(int)>([](int rank) {
+                  FORKED_CHECK(rank != 1, "the last error", "rank %d gives up", rank);
+                  ::sleep(60);
+                  return 0;
+                }),
+                120);
+  EXPECT_NE(r.find("rank 1 exited with status 1: "), std::string::npos) << r;
+  EXPECT_NE(r.find("check failed: rank != 1: rank 1 gives up [the last error]"), std::string::npos)
+      << r;
+  EXPECT_LT(mono_s() - t0, 50.0) << "the other ranks were waited for";
 }
 
 }  // namespace

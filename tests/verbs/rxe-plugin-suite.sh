@@ -6,7 +6,8 @@
 # processes on rxe0 and rxe1 under real netem loss. The guest runs under software
 # emulation (10-50x slower than native), so the groups are those that exercise every path of
 # the transport without the 64 MiB sweeps, which the host runs over UDP, and each child's time
-# limit is tripled (HARNESS_TIME_SCALE, tests/plugin/two_procs.h).
+# limit is tripled (HARNESS_TIME_SCALE, tests/plugin/two_procs.h) and the longest test moves a
+# quarter of its bytes (HARNESS_VOLUME_DIVISOR).
 # Then the dead-peer tests over verbs, where no ICMP reports a dead process: only the
 # keepalive finds it (bound and slack raised for the emulated guest).
 # Usage (host): run-in-rxe-vm.sh rxe-plugin-suite.sh PLUGIN_HARNESS PLUGIN_PEER_DEATH
@@ -15,8 +16,8 @@ H=$1
 D=$2
 FILTER='Transfer.ThirtyTwoInFlight*:Lifecycle.*:Concurrency.*:EveryVersion/MiniProxy.*/v11:FaultInjection.MiniProxy*:Bounded.UnderLoss*'
 echo "== plugin harness over verbs (rxe0)"
-OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 HARNESS_TIME_SCALE=3 "$H" --gtest_brief=1 \
-  --gtest_filter="$FILTER"
+OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 HARNESS_TIME_SCALE=3 HARNESS_VOLUME_DIVISOR=4 \
+  "$H" --gtest_brief=1 --gtest_filter="$FILTER"
 echo "== dead peers over verbs (rxe0)"
 OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 PEER_DEATH_TEST_TIMEOUT_MS=3000 \
   PEER_DEATH_TEST_SLACK_MS=5000 "$D" --gtest_brief=1
