@@ -7,7 +7,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <csignal>
 #include <cstdarg>
 #include <cstdio>
@@ -83,15 +82,12 @@ __attribute__((format(printf, 6, 7))) inline void forked_check_failed(int rank, 
                                                                       const char* last_error,
                                                                       const char* fmt, ...) {
   char why[kCheckMessageBytes];
-  int n = std::snprintf(why, sizeof(why), "%s:%d: check failed: %s: ", file, line, cond);
-  n = std::clamp(n, 0, static_cast<int>(sizeof(why)) - 1);
   va_list ap;
   va_start(ap, fmt);
-  int m = std::vsnprintf(why + n, sizeof(why) - static_cast<size_t>(n), fmt, ap);
+  const size_t n = format_check(why, file, line, cond, fmt, ap);
   va_end(ap);
-  n = std::clamp(n + std::max(m, 0), 0, static_cast<int>(sizeof(why)) - 1);
   if (last_error != nullptr && *last_error != '\0')
-    std::snprintf(why + n, sizeof(why) - static_cast<size_t>(n), " [%s]", last_error);
+    std::snprintf(why + n, sizeof(why) - n, " [%s]", last_error);
   std::fprintf(stderr, "rank %d: %s\n", rank, why);
   std::fflush(stderr);
   hcheck_report(why);

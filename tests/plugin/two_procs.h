@@ -51,6 +51,17 @@ inline void hcheck_report(const char* why) {
   (void)w;  // the parent then reports the exit status alone
 }
 
+// A failed check's message, "FILE:LINE: check failed: COND: what fmt says", into `why` (cut at
+// its kCheckMessageBytes); returns its length.
+inline size_t format_check(char (&why)[kCheckMessageBytes], const char* file, int line,
+                           const char* cond, const char* fmt, va_list ap) {
+  constexpr int kLast = static_cast<int>(kCheckMessageBytes) - 1;
+  int n = std::snprintf(why, sizeof(why), "%s:%d: check failed: %s: ", file, line, cond);
+  n = std::clamp(n, 0, kLast);
+  const int m = std::vsnprintf(why + n, sizeof(why) - static_cast<size_t>(n), fmt, ap);
+  return static_cast<size_t>(std::clamp(n + std::max(m, 0), 0, kLast));
+}
+
 // In a child: print where and why, then leave at once (no destructors: the other child may be
 // blocked on us, and the parent reports the exit status and this message).
 [[noreturn]] __attribute__((format(printf, 4, 5))) inline void hcheck_fail(const char* file,
@@ -58,11 +69,9 @@ inline void hcheck_report(const char* why) {
                                                                            const char* cond,
                                                                            const char* fmt, ...) {
   char why[kCheckMessageBytes];
-  int n = std::snprintf(why, sizeof(why), "%s:%d: check failed: %s: ", file, line, cond);
-  n = std::clamp(n, 0, static_cast<int>(sizeof(why)) - 1);
   va_list ap;
   va_start(ap, fmt);
-  std::vsnprintf(why + n, sizeof(why) - static_cast<size_t>(n), fmt, ap);
+  format_check(why, file, line, cond, fmt, ap);
   va_end(ap);
   std::fprintf(stderr, "[%d] %s\n", getpid(), why);
   std::fflush(stderr);
