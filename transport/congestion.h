@@ -22,11 +22,15 @@
 // that traffic lasts (a few percent of the link: every step starves). So a deep queue that
 // outlasts several RTTs while the window sits at its floor and leaves the device's paths a
 // small fraction of the rate they had (delivery_meter.h) is taken for someone else's, and the path
-// competes on their terms (Copa and Compound TCP switch the same way): the window returns to its
-// size at the last RTT on target, before the queue built, and then grows by a packet per RTT and
-// shrinks by 30% per loss episode, ignoring the delay. It goes back to the delay rule as soon as
-// the RTT comes down to target (the queue drained) or the path's delivery rate is back to what it
-// reached under the delay rule (whoever held the queue is gone, and the queue is ours).
+// competes on their terms (Copa and Compound TCP switch the same way): it resumes the rate it had
+// at the last RTT on target, before the queue built (that window times the RTT the queue now
+// imposes over the RTT then, within what the device's best rate needs at that RTT), and then
+// grows by a packet per RTT and shrinks by 30% per loss episode, ignoring the delay. The window
+// alone would be the same bytes spread over a round trip ten to forty times longer behind a
+// full queue: a few percent of the link for as long as the competitor lasts. It goes back to
+// the delay rule as soon as the RTT comes down to target (the queue drained) or the path's
+// delivery rate is back to what it reached under the delay rule (whoever held the queue is
+// gone, and the queue is ours).
 //
 // Bounded and exact traffic share the same window: bounded packets are acknowledged too (see
 // send.h), so the rate follows the network during bounded steps instead of freezing at a
@@ -140,9 +144,10 @@ class DelayController final : public CongestionController {
   bool competing_ = false;
   uint64_t compete_episodes_ = 0;
   uint64_t deep_since_ns_ = 0;  // every RTT sample since then found a deep queue (0: none)
-  // The window at the last RTT sample on target: what the path had before a competitor's queue
-  // made the delay rule cut it, and where competing starts from.
+  // The window and the RTT sample at the last sample on target: the rate the path had before a
+  // competitor's queue made the delay rule cut it, which competing resumes.
   double window_on_target_ = 0;
+  uint64_t rtt_on_target_ = 0;
 };
 
 // What a path's state looks like from outside (tests, statistics).

@@ -178,18 +178,45 @@ TEST(DelayController, CompetesWhenAStandingQueueStarvesItAtItsFloor) {
   DelayController c = starved_path(&now, &before);
   EXPECT_TRUE(c.competing());
   EXPECT_EQ(c.compete_episodes(), 1u);
-  // The window is back to what it was before the queue built, and grows by about a packet per
-  // RTT although the RTT stays far above target.
   EXPECT_GE(c.window_bytes(), before);
-  const uint64_t w = c.window_bytes();
-  for (uint64_t acked = 0; acked < w; acked += kMss) c.on_ack(kMss, 8 * kMs, now += 50 * kUs);
-  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w + kMss), kMss * 0.2);
   // Loss is now the signal: one episode per RTT cuts 30%, whatever the RTT.
-  const uint64_t w2 = c.window_bytes();
+  const uint64_t w = c.window_bytes();
   c.on_loss(now += 9 * kMs);
-  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w2) * 0.7, 1.0);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w) * 0.7, 1.0);
   c.on_loss(now += 10 * kUs);
-  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w2) * 0.7, 1.0);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w) * 0.7, 1.0);
+  // Between losses the window grows by about a packet per RTT although the RTT stays far above
+  // target.
+  const uint64_t w2 = c.window_bytes();
+  for (uint64_t acked = 0; acked < w2; acked += kMss) c.on_ack(kMss, 8 * kMs, now += 50 * kUs);
+  EXPECT_NEAR(static_cast<double>(c.window_bytes()), static_cast<double>(w2 + kMss), kMss * 0.2);
+}
+
+// Competing resumes the rate the path had on target, not its window. The path ran at 0.125 B/ns
+// at a 2 ms RTT; behind the competitor's full queue the RTT is 16 ms, where the window it had
+// would be an eighth of that rate or less. The device's best rate, at 16 ms, is the window to
+// resume (within the cap, so exactly that). Before, it resumed the window (0.03 B/ns here).
+TEST(DelayController, CompetesAtTheRateItHadOnTargetNotWithItsWindow) {
+  DelayControlOptions o;
+  o.mss = kMss;
+  o.max_window = 64u << 20;  // the cap here is the device's rate, not this
+  o.target_floor_ns = 500 * kUs;
+  auto meter = std::make_shared<DeliveryMeter>();
+  o.meter = meter;
+  DelayController c(o);
+  uint64_t now = kMs;
+  feed(&c, 0.125, 2 * kMs, 3, &now);
+  c.on_ack(kMss, 5 * kMs, now += 100 * kUs);  // leave slow start
+  feed(&c, 0.125, 2 * kMs, 30, &now);
+  const double best = meter->best_rate();
+  ASSERT_NEAR(best, 0.125, 0.01);
+  const double window_on_target = static_cast<double>(c.window_bytes());
+  ASSERT_LT(window_on_target / (16.0 * kMs), 0.5 * best);  // the window alone would starve
+  feed(&c, 0.004, 16 * kMs, 150, &now);
+  ASSERT_TRUE(c.competing());
+  const double rate = static_cast<double>(c.window_bytes()) / static_cast<double>(c.srtt_ns());
+  EXPECT_GT(rate, 0.9 * best) << c.window_bytes() << " B at " << c.srtt_ns() << " ns";
+  EXPECT_LT(rate, 1.1 * best) << "more than the device's best rate";
 }
 
 TEST(DelayController, StopsCompetingWhenTheQueueDrains) {
