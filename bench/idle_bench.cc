@@ -29,7 +29,6 @@ namespace optireduce::testing {
 namespace {
 
 using proxy::Figure;
-using proxy::now_s;
 
 struct Options {
   std::string plugin = PLUGIN_PATH;
@@ -74,7 +73,7 @@ void open_pairs(Link& l, Channel& ch, int n, std::vector<void*>* sends, std::vec
   ch.recv_bytes(theirs.data(), theirs.size());
   sends->assign(static_cast<size_t>(n), nullptr);
   recvs->assign(static_cast<size_t>(n), nullptr);
-  const double deadline = now_s() + 300;
+  const double deadline = mono_s() + 300;
   for (int open = 0; open < 2 * n;) {
     open = 0;
     for (int i = 0; i < n; ++i) {
@@ -83,7 +82,7 @@ void open_pairs(Link& l, Channel& ch, int n, std::vector<void*>* sends, std::vec
       if ((*recvs)[i] == nullptr) HCHECK_OK(l.net->accept(listens[i], &(*recvs)[i]));
       open += ((*sends)[i] != nullptr) + ((*recvs)[i] != nullptr);
     }
-    HCHECK(now_s() < deadline, "connection set-up timed out (%d of %d open)", open, 2 * n);
+    HCHECK(mono_s() < deadline, "connection set-up timed out (%d of %d open)", open, 2 * n);
   }
   for (void* lc : listens) HCHECK_OK(l.net->close_listen(lc));
 }

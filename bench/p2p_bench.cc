@@ -41,7 +41,6 @@
 
 namespace optireduce::testing {
 namespace {
-using proxy::now_s;
 
 struct Options {
   std::string plugin = PLUGIN_PATH;
@@ -98,11 +97,11 @@ PluginLink plugin_connect(const Options& o, Channel& ch) {
   HCHECK_OK(l.net->listen(l.ctx, 0, mine, &lc));
   ch.send_bytes(mine, sizeof(mine));
   ch.recv_bytes(theirs, sizeof(theirs));
-  const double deadline = now_s() + 30;
+  const double deadline = mono_s() + 30;
   while (l.send == nullptr || l.recv == nullptr) {
     if (l.send == nullptr) HCHECK_OK(l.net->connect(l.ctx, 0, theirs, &l.send));
     if (l.recv == nullptr) HCHECK_OK(l.net->accept(lc, &l.recv));
-    HCHECK(now_s() < deadline, "connection set-up timed out");
+    HCHECK(mono_s() < deadline, "connection set-up timed out");
   }
   HCHECK_OK(l.net->close_listen(lc));
   return l;
@@ -137,7 +136,7 @@ double plugin_stream(NetApi& net, void* comm, bool sending, std::vector<std::vec
       ++done_count;
     }
   }
-  return now_s();
+  return mono_s();
 }
 
 std::vector<std::vector<uint8_t>> make_buffers(size_t size) {
@@ -156,7 +155,7 @@ void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t 
   }
   const int n = iterations(o, size);
   ch.barrier();
-  const double t0 = now_s();
+  const double t0 = mono_s();
   const double t1 = plugin_stream(net, rank == 0 ? l.send : l.recv, rank == 0, bufs, size, n);
   if (rank == 1) {
     HCHECK(find_mismatch(bufs[0].data(), size, 1, 0) < 0, "plugin delivered wrong bytes");
@@ -174,10 +173,10 @@ void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t 
     if (rank == 0) {
       void* rreq = nullptr;
       while (rreq == nullptr) HCHECK_OK(net.irecv(l.recv, pong.data(), 1, 0, nullptr, &rreq));
-      const double s = now_s();
+      const double s = mono_s();
       while (req == nullptr) HCHECK_OK(net.isend(l.send, bufs[0].data(), size, 0, nullptr, &req));
       wait_done(net, rreq);
-      rtts.push_back((now_s() - s) * 1e6);
+      rtts.push_back((mono_s() - s) * 1e6);
       wait_done(net, req);
     } else {
       while (req == nullptr) HCHECK_OK(net.irecv(l.recv, bufs[0].data(), size, 0, nullptr, &req));
@@ -244,9 +243,9 @@ void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row*
   if (rank == 0) fill_pattern(buf.data(), size, 1, 0);
   const int n = iterations(o, size);
   ch.barrier();
-  const double t0 = now_s();
+  const double t0 = mono_s();
   for (int i = 0; i < n; ++i) tcp_all(fd, buf.data(), size, rank == 0);
-  const double t1 = now_s();
+  const double t1 = mono_s();
   if (rank == 1) {
     HCHECK(find_mismatch(buf.data(), size, 1, 0) < 0, "tcp delivered wrong bytes");
     ch.send<double>(static_cast<double>(size) * n / (t1 - t0) / 1e9);
@@ -258,10 +257,10 @@ void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row*
   ch.barrier();
   for (int i = 0; i < latency_iterations(size); ++i) {
     if (rank == 0) {
-      const double s = now_s();
+      const double s = mono_s();
       tcp_all(fd, buf.data(), size, true);
       tcp_all(fd, &pong, 1, false);
-      rtts.push_back((now_s() - s) * 1e6);
+      rtts.push_back((mono_s() - s) * 1e6);
     } else {
       tcp_all(fd, buf.data(), size, false);
       tcp_all(fd, &pong, 1, true);
@@ -278,13 +277,13 @@ proxy::Figure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t 
   const int n = iterations(o, size);
   ch.barrier();
   const double c0 = proxy::cpu_s();
-  const double t0 = now_s();
+  const double t0 = mono_s();
   for (int k = 0; k < n; ++k) {
     const int slot = k % proxy::kSlots;
     tcp_all(fd, slots[slot].data(), size, rank == 0);
     if (rank == 1) proxy::consume_slot(slots[slot], k, "tcp");
   }
-  const double t1 = now_s();
+  const double t1 = mono_s();
   return proxy::exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0,
                                 proxy::cpu_s() - c0);
 }

@@ -9,7 +9,6 @@
 
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -20,10 +19,6 @@
 namespace optireduce::testing::proxy {
 
 inline constexpr int kSlots = 8;  // NCCL's steps per connection
-
-inline double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 // User + system CPU seconds of this process so far, every thread included (the plugin's
 // progress thread counts against the plugin).
@@ -80,7 +75,7 @@ inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t 
   int posted = 0, completed = 0;
   ch.barrier();
   const double c0 = cpu_s();
-  const double t0 = now_s();
+  const double t0 = mono_s();
   while (completed < n) {
     // One post per iteration, as NCCL's proxy posts one step per progress call.
     if (posted < n && posted - completed < kSlots) {
@@ -101,7 +96,7 @@ inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t 
     if (rank == 1) consume_slot(slots[slot], completed, "plugin");
     ++completed;
   }
-  const double t1 = now_s();
+  const double t1 = mono_s();
   return exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0, cpu_s() - c0);
 }
 

@@ -29,7 +29,6 @@ namespace {
 
 using proxy::Figure;
 using proxy::kSlots;
-using proxy::now_s;
 
 struct Options {
   std::string plugin = PLUGIN_PATH;
@@ -58,14 +57,14 @@ Link open_link(const Options& o, int rank, Channel& ch) {
   } else {
     ch.recv_bytes(handle, sizeof(handle));
   }
-  const double deadline = now_s() + 60;
+  const double deadline = mono_s() + 60;
   while (l.comm == nullptr) {
     if (rank == 0) {
       HCHECK_OK(l.net->connect(l.ctx, 0, handle, &l.comm));
     } else {
       HCHECK_OK(l.net->accept(lc, &l.comm));
     }
-    HCHECK(now_s() < deadline, "connection set-up timed out");
+    HCHECK(mono_s() < deadline, "connection set-up timed out");
   }
   if (lc != nullptr) HCHECK_OK(l.net->close_listen(lc));
   return l;
@@ -86,7 +85,7 @@ Figure run(NetApi& net, void* comm, void* mh, std::vector<uint8_t>& pool, size_t
   int posted = 0, completed = 0;
   ch.barrier();
   const double c0 = proxy::cpu_s();
-  const double t0 = now_s();
+  const double t0 = mono_s();
   while (completed < n) {
     if (posted < n && posted - completed < kSlots) {
       const int slot = posted % kSlots;
@@ -110,7 +109,7 @@ Figure run(NetApi& net, void* comm, void* mh, std::vector<uint8_t>& pool, size_t
     }
     ++completed;
   }
-  return proxy::exchange_figure(rank, ch, size * static_cast<size_t>(n), now_s() - t0,
+  return proxy::exchange_figure(rank, ch, size * static_cast<size_t>(n), mono_s() - t0,
                                 proxy::cpu_s() - c0);
 }
 

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>

@@ -11,7 +11,6 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -59,10 +58,6 @@ constexpr unsigned kTimeoutS = 120;
 const char* plugin_path() {
   const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
   return p != nullptr ? p : PLUGIN_PATH;
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // One socket's line in /proc/net/udp or udp6.
@@ -147,11 +142,11 @@ Rank set_up(Channel& ch) {
   HCHECK(r.recv_port != 0, "the handle holds no UDP address");
   ch.send_bytes(mine, sizeof(mine));
   ch.recv_bytes(theirs, sizeof(theirs));
-  const double deadline = now_s() + 30;
+  const double deadline = mono_s() + 30;
   while (r.send == nullptr || r.recv == nullptr) {
     if (r.send == nullptr) HCHECK_OK(r.net->connect(r.ctx, 0, theirs, &r.send));
     if (r.recv == nullptr) HCHECK_OK(r.net->accept(listen, &r.recv));
-    HCHECK(now_s() < deadline, "connection set-up did not finish in 30 s");
+    HCHECK(mono_s() < deadline, "connection set-up did not finish in 30 s");
   }
   HCHECK_OK(r.net->close_listen(listen));
   return r;
@@ -170,7 +165,7 @@ template <typename Post, typename Done>
 void drive(NetApi& net, Post post, Done done, unsigned pause_us = 0) {
   std::deque<std::pair<int, void*>> inflight;
   int next = 0;
-  const double deadline = now_s() + kTimeoutS;
+  const double deadline = mono_s() + kTimeoutS;
   while (next < kMessages || !inflight.empty()) {
     while (next < kMessages) {
       void* req = post(next);
@@ -187,7 +182,7 @@ void drive(NetApi& net, Post post, Done done, unsigned pause_us = 0) {
     } else if (pause_us > 0) {
       usleep(pause_us);
     }
-    HCHECK(now_s() < deadline, "stuck at message %d", next);
+    HCHECK(mono_s() < deadline, "stuck at message %d", next);
   }
 }
 
@@ -239,7 +234,7 @@ void receiver(Channel& ch) {
     HCHECK_OK(r.net->reg_mr(r.recv, bufs[i].data(), kMessageBytes, nccl::NCCL_PTR_HOST, &mhs[i]));
   const UdpSocketLine before = udp_socket(r.recv_port);
   HCHECK(before.found, "no /proc/net/udp line for local port %u", r.recv_port);
-  const double start = now_s();
+  const double start = mono_s();
   drive(
       *r.net,
       [&](int k) {
@@ -251,7 +246,7 @@ void receiver(Channel& ch) {
         HCHECK(size == static_cast<int>(kMessageBytes), "recv %d: size %d", k, size);
       },
       kReadPauseUs);
-  const double seconds = now_s() - start;
+  const double seconds = mono_s() - start;
   // Checked once everything arrived, so that the receiver reads its socket without pauses.
   for (int k = 0; k < kMessages; ++k) {
     const long long bad = find_mismatch(bufs[k].data(), kMessageBytes, kSeed, k);

@@ -92,8 +92,8 @@ std::vector<Link> establish(NetApi& net, void* ctx, Channel& ch, int n, int dev 
         }
       }
     }
-    HCHECK(mono_s() < deadline, "connection set-up did not finish in %u s (%d pending)",
-           30 * harness_time_scale(), pending);
+    HCHECK(mono_s() < deadline, "connection set-up did not finish in %.0f s (%d pending)",
+           scaled_s(30), pending);
   }
   return links;
 }
@@ -327,8 +327,7 @@ void run_proxy(std::vector<std::unique_ptr<ProxyConn>>& conns, double limit_s = 
       all = all && c->finished();
     }
     if (all) return;
-    HCHECK(mono_s() < deadline, "proxy loop did not finish in %.0f s",
-           limit_s * harness_time_scale());
+    HCHECK(mono_s() < deadline, "proxy loop did not finish in %.0f s", scaled_s(limit_s));
   }
 }
 

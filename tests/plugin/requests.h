@@ -22,8 +22,7 @@ inline void* post_send(NetApi& net, void* comm, const void* data, size_t size, v
     void* req = nullptr;
     HCHECK_OK(net.isend(comm, const_cast<void*>(data), size, 0, mh, &req));
     if (req != nullptr) return req;
-    HCHECK(mono_s() < deadline, "isend of %zu B not taken in %.0f s", size,
-           limit_s * harness_time_scale());
+    HCHECK(mono_s() < deadline, "isend of %zu B not taken in %.0f s", size, scaled_s(limit_s));
   }
 }
 
@@ -37,8 +36,7 @@ inline void* post_recv(NetApi& net, void* comm, void* data, size_t size, void* m
     HCHECK_OK(net.irecv(comm, data, size, 0, mh, &req));
     HCHECK(req != nccl::kOptionalRecvSentinel, "irecv left NCCL's optional-receive sentinel");
     if (req != nullptr) return req;
-    HCHECK(mono_s() < deadline, "irecv of %zu B not taken in %.0f s", size,
-           limit_s * harness_time_scale());
+    HCHECK(mono_s() < deadline, "irecv of %zu B not taken in %.0f s", size, scaled_s(limit_s));
   }
 }
 
@@ -50,7 +48,7 @@ inline int wait_done(NetApi& net, void* req, double limit_s = kRequestLimitS) {
   for (;;) {
     HCHECK_OK(net.test(req, &done, &size));
     if (done) return size;
-    HCHECK(mono_s() < deadline, "request not done in %.0f s", limit_s * harness_time_scale());
+    HCHECK(mono_s() < deadline, "request not done in %.0f s", scaled_s(limit_s));
   }
 }
 

@@ -294,14 +294,18 @@ inline unsigned harness_volume_divisor() {
 inline unsigned scaled_timeout(unsigned timeout_s) {
   return timeout_s * harness_time_scale();
 }
+// A loop's limit of `s` seconds as it applies: scaled by HARNESS_TIME_SCALE.
+inline double scaled_s(double s) {
+  return s * harness_time_scale();
+}
 
 inline double mono_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// When a loop given `s` seconds must give up: s scaled by HARNESS_TIME_SCALE.
+// When a loop given `s` seconds must give up (scaled_s).
 inline double deadline_in(double s) {
-  return mono_s() + s * harness_time_scale();
+  return mono_s() + scaled_s(s);
 }
 
 // Runs `a` and `b` in two forked children joined by a Channel, each with `env` applied (plus
