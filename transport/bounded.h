@@ -42,6 +42,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t start_allowance_ns(uint64_t bytes) override;
   uint64_t early_ns(uint64_t bytes) override;
   void on_complete(const StepReport& step) override;
+  void on_send_lateness(uint64_t lateness_ns) override;
   void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
   uint32_t estimate_us(uint64_t bytes) override;
 
@@ -83,15 +84,19 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   static constexpr int kMaxSamples = 256;
   // Peer estimates remembered per class for the median.
   static constexpr int kPeerRing = 15;
-  // Start delays (how late a sender's first packet came after its receive became the oldest:
-  // the ranks' skew) remembered for the start allowance, of every size: skew is the ranks',
-  // not the network's, and does not scale with message size. Only the first receive of a
-  // burst on its connection counts (StepReport::burst_head): one per step on the host path,
-  // one per step and NCCL channel among the dozens of chunks of the GPU path.
+  // Skew samples remembered for the start allowance, of every size: skew is the ranks', not
+  // the network's, and does not scale with message size. Both directions of it: how late a
+  // peer's first packet came after this side's receive became the oldest (StepReport), and
+  // how late this side posted a send its receiver had already asked for (on_send_lateness).
+  // With the first alone, a rank that was routinely the later one never saw the skew it
+  // caused, and cut its peer's data the first time the roles swapped. Only the first message
+  // of a burst on its connection counts (burst_head): one per step on the host path, one per
+  // step and NCCL channel among the dozens of chunks of the GPU path.
   static constexpr int kSkewSamples = 256;
-  // The allowance waits this many times the P95 of those delays: routine skew is waited for,
-  // and since a sender later than the allowance is cut (and teaches nothing), one straggler
-  // cannot raise it; a skew that grows for good raises it by up to this factor per window.
+  // The allowance waits this many times the P95 of those delays: routine skew is waited for.
+  // A sender later than the allowance is cut and counts as exactly that late (all that is
+  // known), so one straggler in a full ring cannot raise it, while a skew beyond it in more
+  // than 5% of the bursts raises it by at least this factor per refresh (every 16 samples).
   static constexpr double kSkewHeadroom = 2.0;
   // ... and never more than this for the skew: what a straggler costs the others at most.
   static constexpr uint64_t kMaxSkewNs = 1'000'000'000;

@@ -59,6 +59,10 @@ class DeadlinePolicy {
   virtual uint64_t early_ns(uint64_t bytes) = 0;
   // A receive finished.
   virtual void on_complete(const StepReport& step) = 0;
+  // The first send of a burst on a connection started; this side posted it `lateness_ns`
+  // after its receiver's CTS for it had arrived (0: the CTS came later): the skew as the later
+  // rank sees it.
+  virtual void on_send_lateness(uint64_t lateness_ns) { (void)lateness_ns; }
   // A peer's piggybacked estimate tC (microseconds; 0 = none) for messages of `bytes`.
   virtual void on_peer_estimate(uint32_t tc_us, uint64_t bytes) = 0;
   // Our current estimate tC for messages of `bytes`, to piggyback (microseconds).

@@ -171,6 +171,10 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
 }
 
 void SendConn::start_locked(Msg& m, const CtsRecord& cts, uint64_t now) {
+  // How long the receiver had been asking when this burst's first send came (0: the sender was
+  // first): the skew as the later rank sees it (DeadlinePolicy::on_send_lateness).
+  if (m.burst_head && group_ != nullptr && params_.delivery == Delivery::kBounded)
+    group_->on_send_lateness(m.posted_ns - std::min(m.posted_ns, cts.arrived_ns));
   if (cts.exact) m.exact = true;  // the receiver will wait for every byte
   m.bounded = cts.bounded && may_expire_locked(m);
   m.whole = m.bounded && cts.whole;
@@ -323,6 +327,8 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   cts.whole = (h.flags & kFlagWhole) != 0;
   cts.credit = h.credit;
   cts.valid = true;
+  const CtsRecord& had = cts_[s % kCtsRing];
+  cts.arrived_ns = had.valid && had.seq == s ? had.arrived_ns : rx_arrival_ns_;
   if (s < next_seq_) {
     Msg& m = slot(s);
     if (m.state == State::kWaitCts)

@@ -112,6 +112,7 @@ class SendConn final : public Conn, public SendComm {
     bool whole = false;
     bool valid = false;
     uint16_t credit = 0;
+    uint64_t arrived_ns = 0;  // the first CTS for `seq` (a repeated one keeps it)
   };
   // Outcome of recent messages, to answer a late CTS for an expired one.
   static constexpr uint32_t kCtsRing = 2 * kMaxRequests;

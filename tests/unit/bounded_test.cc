@@ -227,14 +227,63 @@ TEST(BoundedGroup, SkewIsNotChargedToTheNetworkEstimate) {
   }
   const uint64_t tc = g.tc_ns(kMiB);
   EXPECT_LT(tc, 5 * kMs);
-  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 40 * kMs, RecvEnd::kDeadline, true));
-  EXPECT_EQ(g.tc_ns(kMiB), tc);
-  EXPECT_EQ(g.stats().deadline_hits, 30u);
-  EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);
   // 20 calibration steps on time and 30 steps 26 ms late: the P95 is 26 ms. Skew is the ranks',
   // so a small message waits as long for its sender.
   EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
   EXPECT_EQ(g.start_allowance_ns(4096), g.budget_ns(4096) + 52 * kMs);
+  for (int i = 0; i < 30; ++i) g.on_complete(step(kMiB, 0, 40 * kMs, RecvEnd::kDeadline, true));
+  EXPECT_EQ(g.tc_ns(kMiB), tc);
+  EXPECT_EQ(g.stats().deadline_hits, 30u);
+  EXPECT_LT(g.budget_ns(kMiB), 8 * kMs);
+  // Senders cut after 40 ms were at least that late, in 30 steps of 80: the P95 is 40 ms.
+  EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 80 * kMs);
+}
+
+// A sender cut at the start allowance counts as exactly that late. One such straggler among
+// a ring of routine skew leaves the allowance alone; a skew that outgrew it for good raises it
+// within two refreshes. Left out instead (as once), the ring only ever saw the senders that
+// came in time and the allowance never rose: every step of a 30 ms skew was cut for good
+// (GpuChunks.ComputeSkewIsWaitedFor lost 57% of its sends so on a slow CI host).
+TEST(BoundedGroup, SendersCutAtTheAllowanceRaiseItOnlyWhenRoutine) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  // A step whose sender came `late` ns after the receive became the oldest, or was cut.
+  auto late_step = [&g](uint64_t late) {
+    const uint64_t allowance = g.start_allowance_ns(kMiB);
+    if (late >= allowance) {
+      g.on_complete(step(kMiB, 0, allowance, RecvEnd::kDeadline, true));
+      return false;
+    }
+    StepReport s = step(kMiB, kMiB, late + 10 * kMs, RecvEnd::kAll, true);
+    s.network_ns = 10 * kMs;
+    g.on_complete(s);
+    return true;
+  };
+  for (int i = 0; i < 256; ++i) ASSERT_TRUE(late_step(5 * kMs));
+  const uint64_t routine = g.start_allowance_ns(kMiB);
+  EXPECT_EQ(routine, g.budget_ns(kMiB) + 10 * kMs);
+  EXPECT_FALSE(late_step(3000 * kMs));  // a straggler
+  for (int i = 0; i < 31; ++i) ASSERT_TRUE(late_step(5 * kMs));
+  EXPECT_EQ(g.start_allowance_ns(kMiB), routine);
+  int cut = 0;
+  for (int i = 0; i < 64; ++i) cut += late_step(30 * kMs) ? 0 : 1;
+  EXPECT_LE(cut, 32) << "steps cut before the allowance covered the new skew";
+  EXPECT_GE(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 60 * kMs);
+}
+
+// The later of two ranks never waits for the other's data: its sends find their CTS waiting
+// instead. That lateness is the same skew seen from its side, and counts: a rank that was
+// always the later one learned no skew at all and cut its peer's data the first time the
+// peer came late.
+TEST(BoundedGroup, TheLaterRankLearnsTheSkewFromItsSends) {
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  for (int i = 0; i < 30; ++i) {
+    g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true));  // its peer's data at once
+    g.on_send_lateness(26 * kMs);
+  }
+  // 80 samples, 30 of them 26 ms.
+  EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
 }
 
 // NCCL cuts each step into chunks: one receive per connection waits for the peer's skew, the
@@ -500,6 +549,28 @@ TEST(BoundedConn, BoundedPacketsStayWithinThePathWindow) {
   ASSERT_FALSE(rig.group->calibrating());
   EXPECT_EQ(rig.group->stats().bounded_steps, 1u);
   EXPECT_EQ(rig.s->path()->snapshot().inflight, 0u);
+}
+
+// The sender's side of the skew on real connections: its receiver asked 30 ms before the send
+// came, and the sender's group (its own here, so that the receiver's samples stay out of it)
+// learns 30 ms from the CTS that waited, with no receive of its own on the connection.
+TEST(BoundedConn, ASenderLearnsItsLatenessFromTheCtsThatWaited) {
+  Rig rig(0);
+  BoundedGroup sender_group(rig.cfg);
+  rig.s->set_group(&sender_group);
+  std::vector<uint8_t> src(20'000, 0x3C);
+  const uint64_t before = sender_group.start_allowance_ns(src.size());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<uint8_t> dst(src.size());
+    Request *sr, *rr;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    rig.s->poll();  // the CTS arrives
+    rig.clock.advance_ms(30);
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    ASSERT_TRUE(run_both(rig, sr, rr, 1000, 10)) << step;
+    EXPECT_EQ(src, dst);
+  }
+  EXPECT_EQ(sender_group.start_allowance_ns(src.size()), before + 60 * kMs);
 }
 
 TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
