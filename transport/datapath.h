@@ -293,6 +293,11 @@ class Endpoint {
   }
   // Where another caller of a shared endpoint hands this one's datagrams (nullptr: nowhere).
   virtual void set_rx_sink(RxSink* sink) { (void)sink; }
+  // The datagram the owning connection leaves behind as it closes (its CLOSE). A shared
+  // endpoint outlives the connection and keeps it, to send again whenever the peer is heard
+  // on the closed connection's token (EndpointMux). An endpoint of its own closes with the
+  // connection, and the peer's host reports the port unreachable instead: nothing to keep.
+  virtual void set_last_words(const uint8_t* dgram, uint32_t len) { (void)dgram, (void)len; }
   // Another connection's call or the progress thread may receive this endpoint's datagrams, so
   // nobody needs to poll it for them: only its timers need a visit.
   virtual bool shared() const { return false; }

@@ -144,6 +144,13 @@ class MuxPort final : public Endpoint {
   }
   bool shared() const override { return true; }
   bool rx_pending() const override { return backlog_.pending(); }
+  void set_last_words(const uint8_t* dgram, uint32_t len) override {
+    // A CLOSE is a bare header. close_port reads the words under the same lock.
+    if (len != kHeaderBytes) return;
+    std::lock_guard<std::mutex> lock(mux_->ports_mu_);
+    std::memcpy(last_words_.data(), dgram, len);
+    has_last_words_ = true;
+  }
   uint64_t last_caller_drain_ns() const override {
     return mux_->last_caller_drain_ns_.load(std::memory_order_relaxed);
   }
@@ -164,6 +171,8 @@ class MuxPort final : public Endpoint {
   RxBacklog backlog_;       // the drain's copies while the sink was busy; rx_burst's
   int handed_ = 0;          // backlog records rx_burst handed out, consumed on the next call
   DatapathCounters own_;    // the owner's counts (under the owning connection's lock)
+  std::array<uint8_t, kHeaderBytes> last_words_{};  // under the mux's ports_mu_
+  bool has_last_words_ = false;
   std::atomic<uint64_t> unreachable_{0};
   mutable DatapathCounters snapshot_;
 };
@@ -194,7 +203,28 @@ Status EndpointMux::open_port(uint64_t rx_token, std::unique_ptr<Endpoint>* out)
 void EndpointMux::close_port(MuxPort* p) {
   std::lock_guard<std::mutex> lock(ports_mu_);
   auto it = ports_.find(p->rx_token_);
-  if (it != ports_.end() && it->second == p) ports_.erase(it);
+  if (it == ports_.end() || it->second != p) return;
+  ports_.erase(it);
+  if (!p->has_last_words_ || p->peer_.empty()) return;
+  Tombstone& t = tombstones_[next_tombstone_++ % kTombstones];
+  t.token = p->rx_token_;
+  t.peer = p->peer_;
+  t.words = p->last_words_;
+  t.answered_ns = 0;
+}
+
+bool EndpointMux::answer_closed_locked(uint64_t token, const PeerAddress& from, uint64_t now) {
+  for (Tombstone& t : tombstones_) {
+    if (t.token != token || t.token == 0 || !(t.peer == from)) continue;
+    if (t.answered_ns != 0 && now - t.answered_ns < kAnswerGapNs) return true;
+    t.answered_ns = now;
+    TxPacket pkt;
+    pkt.hdr = t.words.data();
+    pkt.hdr_len = kHeaderBytes;
+    if (send(t.peer, &pkt, 1) == 1) ++counters_.closes_repeated;
+    return true;
+  }
+  return false;
 }
 
 void EndpointMux::set_sink(MuxPort* p, RxSink* sink) {
@@ -353,7 +383,10 @@ void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, Rx
     }
     auto it = ports_.find(token);
     if (it == ports_.end()) {
-      ++counters_.rx_no_port;
+      if (answer_closed_locked(token, pkts[i].from, clock_.now_ns()))
+        ++counters_.rx_closed_port;
+      else
+        ++counters_.rx_no_port;
       continue;
     }
     MuxPort* p = it->second;

@@ -10,11 +10,17 @@
 // is held right now gets copies in its port's RxBacklog instead, which its next call takes
 // first. The progress thread drains too (serve()), so datagrams reach connections nobody polls.
 //
+// A port that closes leaves its connection's CLOSE behind (Endpoint::set_last_words), and the
+// mux answers the peer with it whenever that peer is still heard on the closed token: the
+// copies the connection sent may all have been lost, and a peer that hears nothing takes the
+// silence for death (liveness.h), failing what the CLOSE would have ended quietly.
+//
 // Locks, in the order they are taken: a connection's own lock; rx_mu_ (try_lock only); ports_mu_;
 // another connection's lock (try_lock only, through its sink); then the leaves ep_mu_ and a
 // backlog's lock. Nothing is waited for while a leaf is held, so no cycle exists.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -23,6 +29,7 @@
 
 #include "transport/clock.h"
 #include "transport/datapath.h"
+#include "transport/wire.h"
 
 namespace optireduce {
 
@@ -32,6 +39,10 @@ class MuxPort;
 struct MuxCounters {
   uint64_t rx_datagrams = 0;     // received on the shared endpoint, every port's together
   uint64_t rx_no_port = 0;       // too short for a header, or a token no port has: stale, stray
+  // For a port that closed with last words (Endpoint::set_last_words), from its peer: the
+  // peer has not heard the CLOSE. Answered with it, at most once per kAnswerGapNs each.
+  uint64_t rx_closed_port = 0;
+  uint64_t closes_repeated = 0;
   uint64_t rx_backlog_full = 0;  // a busy port's backlog had no room: dropped
   uint64_t drains = 0;           // receive passes over the shared endpoint
   uint64_t quiet_skips = 0;      // drains not made: the endpoint had been idle (endpoint_mux.cc)
@@ -75,6 +86,9 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   void dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own, int* mine);
   void check_guesses(RxPacket* pkts, int n, uint64_t own_token, const RxGuesses& g);
   void attribute_unreachable_locked();
+  // A datagram for no open port: from the peer of a port that closed with last words, it is
+  // answered with them (true); otherwise false (a stray).
+  bool answer_closed_locked(uint64_t token, const PeerAddress& from, uint64_t now);
   int send(const PeerAddress& to, const TxPacket* pkts, int n);
   void close_port(MuxPort* p);
   void set_sink(MuxPort* p, RxSink* sink);
@@ -90,6 +104,21 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   std::mutex ports_mu_;
   std::unordered_map<uint64_t, MuxPort*> ports_;  // by rx token
   MuxCounters counters_;                          // under ports_mu_
+  // The last words of the ports that closed most recently (under ports_mu_): a ring, so the
+  // oldest are forgotten. A peer that has not heard a CLOSE after kTombstones later closes on
+  // this endpoint (each repeated on its peer's next datagram) waits for its keepalive.
+  struct Tombstone {
+    uint64_t token = 0;  // the closed port's rx token; 0 = free
+    PeerAddress peer;
+    std::array<uint8_t, kHeaderBytes> words{};  // the CLOSE
+    uint64_t answered_ns = 0;
+  };
+  static constexpr int kTombstones = 64;
+  // Answers per tombstone are this far apart at least: a peer's burst of retransmissions gets
+  // one, and its next burst (or PING) another should that one be lost.
+  static constexpr uint64_t kAnswerGapNs = 1'000'000;
+  std::array<Tombstone, kTombstones> tombstones_{};
+  uint32_t next_tombstone_ = 0;
   uint64_t unreachable_seen_ = 0;                 // ep_'s peer_unreachable already looked at
   int guess_pause_ = 0;    // bursts left without guesses (under rx_mu_, as is the next)
   int guess_backoff_ = 0;  // the last pause; doubles while guesses keep missing

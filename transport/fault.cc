@@ -140,6 +140,9 @@ class FaultyEndpoint final : public Endpoint {
     return inner_->rx_into(own, max);
   }
   void set_rx_sink(RxSink* sink) override { inner_->set_rx_sink(sink); }
+  void set_last_words(const uint8_t* dgram, uint32_t len) override {
+    inner_->set_last_words(dgram, len);
+  }
   bool rx_pending() const override { return inner_->rx_pending(); }
   // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
   // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.

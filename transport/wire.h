@@ -24,8 +24,8 @@ enum class PacketType : uint8_t {
   kAck = 5,       // receiver -> sender: packets of msg_seq received; payload = SACK bitmap
   kClose = 6,     // either side: the connection is going away. Pending requests end (what the
                   // receiver's msg_floor says it completed as done, other bounded ones as
-                  // expired, exact ones with an error); sent twice, and a lost CLOSE leaves the
-                  // rest to the keepalive (liveness.h)
+                  // expired, exact ones with an error); sent twice, and repeated by a shared
+                  // endpoint to a peer heard again on the closed token (endpoint_mux.h)
   kPing = 7,      // either side: are you there? Sent only while a request waits on a silent peer
   kPong = 8,      // the answer to PING, from the peer's transport whatever its application does
 };

@@ -478,6 +478,54 @@ TEST(MuxConns, BothEndsInOneProcessShareOneEndpoint) {
   EXPECT_GT(m->counters().rx_placed, 50u) << m->counters().rx_misplaced;
 }
 
+// A receiver that had all of a message closed, and its final ACK and both copies of its CLOSE
+// were lost (they leave back to back: one burst of loss takes them all). The sender's next
+// datagram on the old token (a retransmission, a PING) is answered with the CLOSE the shared
+// endpoint kept, and the send ends done. Without that answer the sender took the silent peer
+// for dead after OPTIREDUCE_PEER_TIMEOUT_MS and failed the send (ncclRemoteError). The token
+// from another host gets nothing.
+TEST(MuxConns, AClosedConnectionsLastWordsAnswerAPeerThatMissedThem) {
+  auto hub = std::make_shared<Hub>();
+  auto a = make_mux(hub, 1);
+  auto b = make_mux(hub, 2);
+  FakeClock clock;
+  Config cfg;
+  Pair p = make_pair_on(cfg, clock, *a, *b, 0x5150);
+  const auto src = pattern(20'000, 7);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(p.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(p.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool rd = false, sd = false;
+  size_t size = 0;
+  for (int i = 0; i < 1000 && !rd; ++i) {
+    p.s->poll();
+    ASSERT_TRUE(p.r->test(rr, &rd, &size).is_ok());
+    clock.advance_us(10);
+  }
+  ASSERT_TRUE(rd);
+  EXPECT_EQ(dst, src);
+  hub->queues[1].clear();  // the final ACK
+  p.r.reset();
+  ASSERT_FALSE(hub->queues[1].empty());
+  hub->queues[1].clear();  // both CLOSEs
+  HubEndpoint stranger(hub, 3);
+  send_raw(stranger, 2, datagram(0x5150, 0));
+  Status st;
+  const uint64_t t0 = clock.now_ns();
+  for (int i = 0; i < 10'000 && !sd && st.is_ok(); ++i) {
+    st = p.s->test(sr, &sd, &size);
+    b->serve();  // the progress thread of the receiver's process
+    clock.advance_ms(1);
+  }
+  EXPECT_TRUE(st.is_ok()) << "the peer was taken for dead";
+  EXPECT_TRUE(sd);
+  EXPECT_LT(clock.now_ns() - t0, static_cast<uint64_t>(cfg.peer_timeout_ms) * 1'000'000 / 2);
+  EXPECT_GE(b->counters().closes_repeated, 1u);
+  EXPECT_EQ(b->counters().rx_no_port, 1u);  // the stranger's
+  EXPECT_TRUE(hub->queues[3].empty());
+}
+
 // A receiver that drains a queue of several messages at once (its caller was busy) guesses
 // each message's datagrams from the one that tells its size: every datagram but the first of
 // each message lands in place, none in a wrong one. Without the first taken alone, a burst
