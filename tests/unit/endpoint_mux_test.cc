@@ -412,6 +412,17 @@ Pair make_pair_on(const Config& cfg, const Clock& clock, EndpointMux& smux, Endp
   return p;
 }
 
+// Two hosts with a shared endpoint each, and one connection from the first to the second.
+struct TwoHosts {
+  std::shared_ptr<Hub> hub = std::make_shared<Hub>();
+  std::shared_ptr<EndpointMux> a = make_mux(hub, 1);
+  std::shared_ptr<EndpointMux> b = make_mux(hub, 2);
+  FakeClock clock;
+  Config cfg;
+  Pair p;
+  explicit TwoHosts(uint64_t token) : p(make_pair_on(cfg, clock, *a, *b, token)) {}
+};
+
 TEST(MuxConns, ConnectionsNobodyPollsAreServedByTheDrainsOfOneThatIs) {
   auto hub = std::make_shared<Hub>();
   HubEndpoint *ra = nullptr, *rb = nullptr;
@@ -485,12 +496,8 @@ TEST(MuxConns, BothEndsInOneProcessShareOneEndpoint) {
 // for dead after OPTIREDUCE_PEER_TIMEOUT_MS and failed the send (ncclRemoteError). The token
 // from another host gets nothing.
 TEST(MuxConns, AClosedConnectionsLastWordsAnswerAPeerThatMissedThem) {
-  auto hub = std::make_shared<Hub>();
-  auto a = make_mux(hub, 1);
-  auto b = make_mux(hub, 2);
-  FakeClock clock;
-  Config cfg;
-  Pair p = make_pair_on(cfg, clock, *a, *b, 0x5150);
+  TwoHosts h(0x5150);
+  auto& [hub, a, b, clock, cfg, p] = h;
   const auto src = pattern(20'000, 7);
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
@@ -531,12 +538,8 @@ TEST(MuxConns, AClosedConnectionsLastWordsAnswerAPeerThatMissedThem) {
 // each message lands in place, none in a wrong one. Without the first taken alone, a burst
 // that began a message copied all of it.
 TEST(MuxConns, EveryDatagramButEachMessagesFirstLandsInPlace) {
-  auto hub = std::make_shared<Hub>();
-  auto s_mux = make_mux(hub, 1);
-  auto r_mux = make_mux(hub, 2);
-  FakeClock clock;
-  Config cfg;
-  Pair p = make_pair_on(cfg, clock, *s_mux, *r_mux, 0x88);
+  TwoHosts h(0x88);
+  auto& [hub, s_mux, r_mux, clock, cfg, p] = h;
   constexpr int kMsgs = 8;
   constexpr size_t kSize = 40'000;  // 40 datagrams each
   std::vector<std::vector<uint8_t>> src, dst;
