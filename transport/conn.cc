@@ -160,11 +160,8 @@ void Conn::say_close_locked(uint32_t floor) {
   // (GpuDefect.LossesAreSeenWithoutHadamardWhateverTheFill failed so, 1 run in 7).
   for (int i = 0; i < kCloseCopies; ++i) send_ctrl_locked(h);
   flush_locked();
-  PacketHeader w = h;
-  w.token = tx_token_;
-  w.timeout_us = timeout_hint_us_;
   uint8_t words[kHeaderBytes];
-  encode(w, words);
+  encode(stamped_locked(h), words);
   ep_->set_last_words(words, kHeaderBytes);
 }
 
@@ -267,8 +264,7 @@ void Conn::receive_datagram(const uint8_t* data, uint32_t len) {
 }
 
 void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
-  h.token = tx_token_;
-  h.timeout_us = timeout_hint_us_;
+  h = stamped_locked(h);
   if (batch_n_ != 0) {
     // DATA is queued: a side made a control packet halfway through building a burst (none
     // does). Its rollback counts on what flush_locked() returns, so the burst stays as it is
@@ -303,10 +299,8 @@ void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
 TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len) {
   if (batch_n_ == kBatch) return nullptr;
   const int k = ctrl_n_ + batch_n_++;
-  PacketHeader hh = h;
-  hh.token = tx_token_;
+  PacketHeader hh = stamped_locked(h);
   hh.payload_len = len;
-  hh.timeout_us = timeout_hint_us_;
   encode(hh, batch_hdr_[k]);
   TxPacket& p = batch_[k];
   p.hdr = batch_hdr_[k];

@@ -146,6 +146,12 @@ class Conn : private RxHandler, private RxSink {
   // progress_locked() or flush_locked(), so nothing queued outlives the lock. Loss of one
   // (the datapath's queue full included) is repaired by the protocol's timers.
   void send_ctrl_locked(PacketHeader h, const void* payload = nullptr, uint32_t len = 0);
+  // `h` as every datagram of this end carries it: its token, and the estimate it piggybacks.
+  PacketHeader stamped_locked(PacketHeader h) const {
+    h.token = tx_token_;
+    h.timeout_us = timeout_hint_us_;
+    return h;
+  }
 
   // A sibling in the same group polled within this long is being served by its own caller.
   static constexpr uint64_t kSiblingIdleNs = 20'000;
