@@ -180,7 +180,7 @@ class MuxPort final : public Endpoint {
 // ---------------------------------------------------------------------------------------------
 
 EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock)
-    : ep_(std::move(ep)), clock_(clock) {}
+    : ep_(std::move(ep)), clock_(clock), portless_since_ns_(clock.now_ns()) {}
 
 EndpointMux::~EndpointMux() = default;  // every port holds the mux: none is left
 
@@ -205,6 +205,7 @@ void EndpointMux::close_port(MuxPort* p) {
   auto it = ports_.find(p->rx_token_);
   if (it == ports_.end() || it->second != p) return;
   ports_.erase(it);
+  if (ports_.empty()) portless_since_ns_ = std::max<uint64_t>(clock_.now_ns(), 1);
   if (!p->has_last_words_ || p->peer_.empty()) return;
   Tombstone& t = tombstones_[next_tombstone_++ % kTombstones];
   t.token = p->rx_token_;
@@ -237,6 +238,11 @@ void EndpointMux::set_sink(MuxPort* p, RxSink* sink) {
 size_t EndpointMux::ports() {
   std::lock_guard<std::mutex> lock(ports_mu_);
   return ports_.size();
+}
+
+uint64_t EndpointMux::portless_since_ns() {
+  std::lock_guard<std::mutex> lock(ports_mu_);
+  return ports_.empty() ? std::max<uint64_t>(portless_since_ns_, 1) : 0;
 }
 
 MuxCounters EndpointMux::counters() {

@@ -13,7 +13,10 @@
 // A port that closes leaves its connection's CLOSE behind (Endpoint::set_last_words), and the
 // mux answers the peer with it whenever that peer is still heard on the closed token: the
 // copies the connection sent may all have been lost, and a peer that hears nothing takes the
-// silence for death (liveness.h), failing what the CLOSE would have ended quietly.
+// silence for death (liveness.h), failing what the CLOSE would have ended quietly. The engine
+// keeps a mux open for a peer timeout after its last port closed (engine.h), so that this holds
+// for the last connection of a thread too: closing the socket would answer the peer with ICMP
+// port-unreachable instead, which it takes for the end of the process.
 //
 // Locks, in the order they are taken: a connection's own lock; rx_mu_ (try_lock only); ports_mu_;
 // another connection's lock (try_lock only, through its sink); then the leaves ep_mu_ and a
@@ -75,6 +78,9 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   MuxCounters counters();
   // Ports open right now.
   size_t ports();
+  // When the last port closed (the mux's creation if none ever opened), or 0 while a port is
+  // open: how long the mux has only answered for closed connections (engine.h).
+  uint64_t portless_since_ns();
 
  private:
   friend class MuxPort;
@@ -103,6 +109,7 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   std::mutex ep_mu_;
   std::mutex ports_mu_;
   std::unordered_map<uint64_t, MuxPort*> ports_;  // by rx token
+  uint64_t portless_since_ns_;                    // under ports_mu_; see portless_since_ns()
   MuxCounters counters_;                          // under ports_mu_
   // The last words of the ports that closed most recently (under ports_mu_): a ring, so the
   // oldest are forgotten. A peer that has not heard a CLOSE after kTombstones later closes on

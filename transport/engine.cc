@@ -100,7 +100,8 @@ Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
   std::lock_guard<std::mutex> lock(muxes_mu_);
   for (const MuxEntry& e : muxes_) {
     if (e.dev != dev || e.thread != me) continue;
-    if ((*out = e.mux.lock()) != nullptr) return Status::ok();
+    *out = e.mux;
+    return Status::ok();
   }
   EndpointOptions opts = endpoint_options();
   opts.unbound = true;
@@ -108,17 +109,24 @@ Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
   Status st = devices_[dev]->open_endpoint(opts, &ep);
   if (!st) return st;
   *out = std::make_shared<EndpointMux>(std::move(ep), clock_);
-  std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
   muxes_.push_back(MuxEntry{dev, me, *out});
   return Status::ok();
 }
 
 void EngineImpl::live_muxes(std::vector<std::shared_ptr<EndpointMux>>* out) {
   out->clear();
+  const uint64_t now = clock_.now_ns();
+  const uint64_t linger_ns = static_cast<uint64_t>(cfg_.peer_timeout_ms) * 1'000'000;
   std::lock_guard<std::mutex> lock(muxes_mu_);
-  std::erase_if(muxes_, [](const MuxEntry& e) { return e.mux.expired(); });
-  for (const MuxEntry& e : muxes_)
-    if (auto m = e.mux.lock()) out->push_back(std::move(m));
+  // Only this list holds a mux whose use count is 1: no port, and no caller between mux_for
+  // and open_port (mux_for copies it under muxes_mu_, which is held here), so none can open
+  // a port on it once it is dropped.
+  std::erase_if(muxes_, [&](const MuxEntry& e) {
+    if (e.mux.use_count() != 1) return false;
+    const uint64_t since = e.mux->portless_since_ns();
+    return since != 0 && now - std::min(now, since) >= linger_ns;
+  });
+  for (const MuxEntry& e : muxes_) out->push_back(e.mux);
 }
 
 Status EngineImpl::open_endpoint(int dev, uint64_t rx_token, std::unique_ptr<Endpoint>* out) {
@@ -233,7 +241,7 @@ void EngineImpl::progress_loop() {
     // with a due timer (or datagrams kept while they were busy) need a visit below.
     live_muxes(&muxes);
     for (const auto& mux : muxes) mux->serve();
-    muxes.clear();  // a mux whose last port closed meanwhile is not kept alive by the thread
+    muxes.clear();  // the list alone holds a mux whose last port closed: live_muxes ends it
     const uint64_t t = clock_.now_ns();
     next = registry_->visit(t, [&](Conn* c) { c->background_progress(t, idle_ns); });
     lock.lock();

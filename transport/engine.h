@@ -54,8 +54,9 @@ class EngineImpl final : public Engine {
   void progress_loop();
   // The calling thread's shared endpoint on `dev`, opened on first use.
   Status mux_for(int dev, std::shared_ptr<EndpointMux>* out);
-  // The shared endpoints alive now into *out (expired ones forgotten); the progress thread
-  // reuses one vector, so a pass allocates nothing.
+  // The shared endpoints open now into *out, after closing those that have had no port for
+  // a peer timeout (see muxes_); the progress thread reuses one vector, so a pass allocates
+  // nothing.
   void live_muxes(std::vector<std::shared_ptr<EndpointMux>>* out);
 
   const Config cfg_;
@@ -66,12 +67,17 @@ class EngineImpl final : public Engine {
   DownlinkTable downlinks_;
   std::atomic<uint64_t> endpoints_opened_{0};
 
-  // Shared endpoints, one per device and thread that opened connections on it. Held weakly:
-  // the ports own their endpoint, which closes with the last of them.
+  // Shared endpoints, one per device and thread that opened connections on it. Each stays
+  // open for OPTIREDUCE_PEER_TIMEOUT_MS after its last port closed: it answers a peer that
+  // missed a CLOSE (endpoint_mux.h), and a thread that connects again meanwhile reuses it.
+  // Closed any sooner, the socket of a thread's last connection would go with that connection,
+  // and a peer still retransmitting to it (its final ACK and both CLOSEs lost) would be told
+  // "port unreachable" and fail a send the receiver had completed. A peer that hears nothing
+  // for a peer timeout gives up anyway, so keeping it longer answers nobody.
   struct MuxEntry {
     int dev;
     std::thread::id thread;
-    std::weak_ptr<EndpointMux> mux;
+    std::shared_ptr<EndpointMux> mux;
   };
   std::mutex muxes_mu_;
   std::vector<MuxEntry> muxes_;
