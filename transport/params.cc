@@ -84,7 +84,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
    "Longest sleep of the background progress thread that serves timers and idle connections, in microseconds; it wakes sooner for the earliest timer a connection has armed."},
   {"OPTIREDUCE_PEER_TIMEOUT_MS", &Config::peer_timeout_ms, 100, 3'600'000, nullptr,
-   "A peer that answers no keepalive for this long while a request waits on it, or whose host reports its port closed three times, is dead: every pending and later request on its connections fails with ncclRemoteError (bounded ones too). At least 4 x OPTIREDUCE_RTO_MAX_US."},
+   "A peer that answers no keepalive for this long while a request waits on it, or whose host reports its port closed three times, is dead: every pending and later request on its connections fails with ncclRemoteError (bounded ones too). Also how long a thread's shared endpoint stays open after its last connection closed, to answer a peer that missed the CLOSE. At least 4 x OPTIREDUCE_RTO_MAX_US."},
   {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",
    "`bounded` makes every connection of every communicator bounded (the only way on ABI v8/v9). The plugin's setting, not liboptireduce's: a GPU communicator of liboptireduce refuses to start while it is set, since its exact steps (and the application's own collectives) would turn lossy too."},
   {"OPTIREDUCE_ALLREDUCE_MODE", &Config::allreduce_mode, 0, 0, "exact|bounded",
