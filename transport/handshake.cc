@@ -16,16 +16,37 @@ constexpr uint64_t kHelloFirstRetryNs = 10'000'000;  // well above any LAN RTT, 
 constexpr uint64_t kHelloMaxRetryNs = 500'000'000;
 }  // namespace
 
+bool ListenCommImpl::set_state(State to) {
+  if (!legal_transition(state_, to)) {
+    OR_WARN("listen %016llx: illegal handshake state change %d -> %d",
+            static_cast<unsigned long long>(token_), static_cast<int>(state_),
+            static_cast<int>(to));
+    state_ = State::kFailed;
+    return false;
+  }
+  state_ = to;
+  return true;
+}
+
 ListenCommImpl::ListenCommImpl(EngineImpl* engine, int dev, std::unique_ptr<Endpoint> ep,
                                uint64_t token, BoundedGroup* group)
     : engine_(engine), dev_(dev), ep_(std::move(ep)), token_(token), group_(group) {}
 
 Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
   *out = nullptr;
-  if (!ep_) return Status(Errc::kInternal);  // one accept per listen comm
+  if (state_ != State::kListening) {
+    // NCCL accepts once per listen comm; the endpoint went to that connection (or broke).
+    OR_WARN("listen %016llx: accept called again after the handshake %s",
+            static_cast<unsigned long long>(token_),
+            state_ == State::kAccepted ? "completed" : "failed");
+    return Status(Errc::kInternal);
+  }
   RxPacket pkts[16];
   const int n = ep_->rx_burst(pkts, 16);
-  if (n < 0) return Status(Errc::kSystem, -n);
+  if (n < 0) {
+    set_state(State::kFailed);
+    return Status(Errc::kSystem, -n);
+  }
   for (int i = 0; i < n; ++i) {
     PacketHeader h;
     HelloBody peer;
@@ -36,7 +57,10 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
       continue;
     }
     Status st = ep_->set_peer(pkts[i].from);
-    if (!st) return st;
+    if (!st) {
+      set_state(State::kFailed);
+      return st;
+    }
     const Config& cfg = engine_->config();
     HelloBody mine;
     mine.max_datagram_bytes = ep_->max_datagram_bytes_to(pkts[i].from);
@@ -54,7 +78,11 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
     uint8_t hdr[kHeaderBytes];
     encode(a, hdr);
     TxPacket p{hdr, kHeaderBytes, kHelloBodyBytes, body};
-    if (ep_->tx_burst(&p, 1) < 0) return Status(Errc::kSystem);
+    if (ep_->tx_burst(&p, 1) < 0) {
+      set_state(State::kFailed);
+      return Status(Errc::kSystem);
+    }
+    if (!set_state(State::kAccepted)) return Status(Errc::kInternal);
     ConnParams params;
     params.token = token_;
     params.pkt_payload = pkt_payload;
@@ -80,6 +108,18 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
   return Status::ok();
 }
 
+bool PendingConnect::set_state(State to) {
+  if (!legal_transition(state_, to)) {
+    OR_WARN("connect %016llx: illegal handshake state change %d -> %d",
+            static_cast<unsigned long long>(handle_.token), static_cast<int>(state_),
+            static_cast<int>(to));
+    state_ = State::kFailed;
+    return false;
+  }
+  state_ = to;
+  return true;
+}
+
 PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
                                const ConnOptions& opts)
     : dev_(dev),
@@ -89,19 +129,67 @@ PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const Conn
       max_datagram_(ep_->max_datagram_bytes_to(h.addr)),
       backoff_ns_(kHelloFirstRetryNs) {}
 
+int PendingConnect::find_hello_ack(const RxPacket* pkts, int n, HelloBody* peer) {
+  for (int i = 0; i < n; ++i) {
+    PacketHeader h;
+    if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
+        h.type != PacketType::kHelloAck || h.token != reply_token(handle_.token) ||
+        !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, peer))
+      continue;
+    if (state_ == State::kIdle) continue;  // answers no HELLO of ours
+    return i;
+  }
+  return -1;
+}
+
+Status PendingConnect::send_hello(uint64_t now) {
+  HelloBody mine;
+  mine.max_datagram_bytes = max_datagram_;
+  // The peer's datagram size is unknown until it answers, so packets of our largest size;
+  // only control packets travel this way (the receiver sends no data).
+  mine.window_bytes = receive_window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
+  mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
+                  (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0) |
+                  (opts_.until_started ? kFeatureUntilStarted : 0);
+  uint8_t body[kHelloBodyBytes];
+  encode_hello(mine, body);
+  PacketHeader hh;
+  hh.type = PacketType::kHello;
+  hh.token = handle_.token;
+  hh.payload_len = kHelloBodyBytes;
+  uint8_t hdr[kHeaderBytes];
+  encode(hh, hdr);
+  TxPacket p{hdr, kHeaderBytes, kHelloBodyBytes, body};
+  const int sent = ep_->tx_burst(&p, 1);
+  if (sent < 0) {
+    set_state(State::kFailed);
+    return Status(Errc::kSystem, -sent);
+  }
+  next_hello_ns_ = now + backoff_ns_;
+  backoff_ns_ = std::min(backoff_ns_ * 2, kHelloMaxRetryNs);
+  if (state_ == State::kIdle && !set_state(State::kWaitAck)) return Status(Errc::kInternal);
+  return Status::ok();
+}
+
 Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) {
   *out = nullptr;
+  if (state_ == State::kDone || state_ == State::kFailed) {
+    OR_WARN("connect %016llx: polled again after the handshake %s",
+            static_cast<unsigned long long>(handle_.token),
+            state_ == State::kDone ? "completed" : "failed");
+    return Status(Errc::kInternal);
+  }
   const uint64_t now = engine->clock().now_ns();
   RxPacket pkts[16];
   const int n = ep_->rx_burst(pkts, 16);
-  if (n < 0) return Status(Errc::kSystem, -n);
-  for (int i = 0; i < n; ++i) {
-    PacketHeader h;
-    HelloBody peer;
-    if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
-        h.type != PacketType::kHelloAck || h.token != reply_token(handle_.token) ||
-        !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, &peer))
-      continue;
+  if (n < 0) {
+    set_state(State::kFailed);
+    return Status(Errc::kSystem, -n);
+  }
+  HelloBody peer;
+  const int i = find_hello_ack(pkts, n, &peer);
+  if (i >= 0) {
+    if (!set_state(State::kDone)) return Status(Errc::kInternal);
     ConnParams params;
     params.token = handle_.token;
     params.pkt_payload = payload_for_datagram(std::min(max_datagram_, peer.max_datagram_bytes));
@@ -122,29 +210,7 @@ Status PendingConnect::poll(EngineImpl* engine, std::unique_ptr<SendComm>* out) 
     *out = std::move(conn);
     return Status::ok();
   }
-  if (now >= next_hello_ns_) {
-    HelloBody mine;
-    mine.max_datagram_bytes = max_datagram_;
-    // The peer's datagram size is unknown until it answers, so packets of our largest size;
-    // only control packets travel this way (the receiver sends no data).
-    mine.window_bytes = receive_window_bytes(*ep_, payload_for_datagram(mine.max_datagram_bytes));
-    mine.features = (opts_.delivery == Delivery::kBounded ? kFeatureBounded : 0) |
-                    (opts_.fill == Fill::kMarker ? kFeatureMarkerFill : 0) |
-                    (opts_.until_started ? kFeatureUntilStarted : 0);
-    uint8_t body[kHelloBodyBytes];
-    encode_hello(mine, body);
-    PacketHeader hh;
-    hh.type = PacketType::kHello;
-    hh.token = handle_.token;
-    hh.payload_len = kHelloBodyBytes;
-    uint8_t hdr[kHeaderBytes];
-    encode(hh, hdr);
-    TxPacket p{hdr, kHeaderBytes, kHelloBodyBytes, body};
-    const int sent = ep_->tx_burst(&p, 1);
-    if (sent < 0) return Status(Errc::kSystem, -sent);
-    next_hello_ns_ = now + backoff_ns_;
-    backoff_ns_ = std::min(backoff_ns_ * 2, kHelloMaxRetryNs);
-  }
+  if (now >= next_hello_ns_) return send_hello(now);
   return Status::ok();
 }
 

@@ -108,6 +108,32 @@ void connect_to(Engine& e, int from, const ConnectionHandle& h, ListenComm& list
   ASSERT_NE(*recv, nullptr);
 }
 
+// Carries one message of `bytes` across, byte-exact.
+void carry(SendComm& send, RecvComm& recv, size_t bytes, uint8_t seed) {
+  std::vector<uint8_t> out(bytes), in(out.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + seed);
+  Request* sreq = nullptr;
+  Request* rreq = nullptr;
+  ASSERT_TRUE(recv.irecv(in.data(), in.size(), &rreq));
+  ASSERT_TRUE(send.isend(out.data(), out.size(), &sreq));
+  ASSERT_NE(sreq, nullptr);
+  ASSERT_NE(rreq, nullptr);
+  bool sdone = false, rdone = false;
+  size_t got = 0;
+  const auto until = Clock::now() + kPatience;
+  while (!(sdone && rdone) && Clock::now() < until) {
+    if (!sdone) {
+      ASSERT_TRUE(send.test(sreq, &sdone, nullptr));
+    }
+    if (!rdone) {
+      ASSERT_TRUE(recv.test(rreq, &rdone, &got));
+    }
+  }
+  ASSERT_TRUE(sdone && rdone);
+  EXPECT_EQ(got, out.size());
+  EXPECT_EQ(in, out);
+}
+
 // Connects device `from` to a listener on device `to` and carries one message across.
 void connect_and_send(Engine& e, int from, int to) {
   ConnectionHandle h;
@@ -118,29 +144,7 @@ void connect_and_send(Engine& e, int from, int to) {
   std::unique_ptr<SendComm> send;
   std::unique_ptr<RecvComm> recv;
   ASSERT_NO_FATAL_FAILURE(connect_to(e, from, h, *listen, &send, &recv));
-
-  std::vector<uint8_t> out(100000), in(out.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 7 + from + to);
-  Request* sreq = nullptr;
-  Request* rreq = nullptr;
-  ASSERT_TRUE(recv->irecv(in.data(), in.size(), &rreq));
-  ASSERT_TRUE(send->isend(out.data(), out.size(), &sreq));
-  ASSERT_NE(sreq, nullptr);
-  ASSERT_NE(rreq, nullptr);
-  bool sdone = false, rdone = false;
-  size_t got = 0;
-  const auto until = Clock::now() + kPatience;
-  while (!(sdone && rdone) && Clock::now() < until) {
-    if (!sdone) {
-      ASSERT_TRUE(send->test(sreq, &sdone, nullptr));
-    }
-    if (!rdone) {
-      ASSERT_TRUE(recv->test(rreq, &rdone, &got));
-    }
-  }
-  ASSERT_TRUE(sdone && rdone);
-  EXPECT_EQ(got, out.size());
-  EXPECT_EQ(in, out);
+  carry(*send, *recv, 100'000, static_cast<uint8_t>(from + to));
 }
 
 TEST(TwoUdpDevices, EachConnectionUsesItsDevicesInterface) {
@@ -407,6 +411,25 @@ TEST(SharedUdpEndpoint, ClosesAPeerTimeoutAfterItsLastConnection) {
   clock.advance_ms(1);
   settle(before);
   EXPECT_EQ(open_fds(), before) << "still open after a peer timeout";
+}
+
+// NCCL accepts once per listen comm: the endpoint goes to the connection accepted. A second
+// accept is the caller's error, refused with kInternal and not a crash, and the connection
+// accepted first still carries data.
+TEST(Handshake, AListenCommAcceptsOnceAndRefusesAfter) {
+  std::shared_ptr<Engine> e;
+  ASSERT_TRUE(Engine::acquire(&e, nullptr, &open_muting_device));
+  ConnectionHandle h;
+  std::unique_ptr<ListenComm> listen;
+  ASSERT_TRUE(e->listen(0, &h, &listen));
+  std::unique_ptr<SendComm> send;
+  std::unique_ptr<RecvComm> recv;
+  ASSERT_NO_FATAL_FAILURE(connect_to(*e, 0, h, *listen, &send, &recv));
+  std::unique_ptr<RecvComm> again;
+  const Status st = listen->accept(&again);
+  EXPECT_EQ(st.code(), Errc::kInternal);
+  EXPECT_EQ(again, nullptr);
+  carry(*send, *recv, 30'000, 0x5A);
 }
 
 }  // namespace

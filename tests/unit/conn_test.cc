@@ -13,6 +13,7 @@
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
 #include "transport/congestion.h"
+#include "transport/handshake.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
@@ -1483,6 +1484,36 @@ TEST(StateMachine, ReceiveSideAcceptsExactlyTheDocumentedEdges) {
       const bool want =
           std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
       EXPECT_EQ(RecvConn::legal_transition(from, to), want) << int(from) << " -> " << int(to);
+    }
+  }
+}
+
+TEST(StateMachine, HandshakeAcceptsExactlyTheDocumentedEdges) {
+  {
+    using S = PendingConnect::State;
+    const S all[] = {S::kIdle, S::kWaitAck, S::kDone, S::kFailed};
+    const std::pair<S, S> legal[] = {{S::kIdle, S::kWaitAck},
+                                     {S::kWaitAck, S::kDone},
+                                     {S::kIdle, S::kFailed},
+                                     {S::kWaitAck, S::kFailed}};
+    for (S from : all) {
+      for (S to : all) {
+        const bool want =
+            std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
+        EXPECT_EQ(PendingConnect::legal_transition(from, to), want)
+            << "connect " << int(from) << " -> " << int(to);
+      }
+    }
+  }
+  using S = ListenCommImpl::State;
+  const S all[] = {S::kListening, S::kAccepted, S::kFailed};
+  const std::pair<S, S> legal[] = {{S::kListening, S::kAccepted}, {S::kListening, S::kFailed}};
+  for (S from : all) {
+    for (S to : all) {
+      const bool want =
+          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
+      EXPECT_EQ(ListenCommImpl::legal_transition(from, to), want)
+          << "listen " << int(from) << " -> " << int(to);
     }
   }
 }
