@@ -1455,8 +1455,21 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
   EXPECT_EQ(dst_b, src_b);
 }
 
-// The state machines accept exactly the edges send.h and recv.h list, and nothing else: every
-// other (from, to) pair, self-loops included, is refused (and fails the connection).
+// The state machines accept exactly the edges send.h, recv.h and handshake.h list, and nothing
+// else: every other (from, to) pair, self-loops included, is refused (and fails the connection
+// or the handshake).
+template <typename S, size_t N, size_t M>
+void expect_exactly_these_edges(const S (&all)[N], const std::pair<S, S> (&legal)[M],
+                                bool (*legal_transition)(S, S)) {
+  for (S from : all) {
+    for (S to : all) {
+      const bool want =
+          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
+      EXPECT_EQ(legal_transition(from, to), want) << int(from) << " -> " << int(to);
+    }
+  }
+}
+
 TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
   using S = SendConn::State;
   const S all[] = {S::kFree, S::kWaitCts, S::kSending, S::kDone};
@@ -1465,13 +1478,7 @@ TEST(StateMachine, SendSideAcceptsExactlyTheDocumentedEdges) {
                                    {S::kWaitCts, S::kDone},
                                    {S::kSending, S::kDone},
                                    {S::kDone, S::kFree}};
-  for (S from : all) {
-    for (S to : all) {
-      const bool want =
-          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
-      EXPECT_EQ(SendConn::legal_transition(from, to), want) << int(from) << " -> " << int(to);
-    }
-  }
+  expect_exactly_these_edges(all, legal, &SendConn::legal_transition);
 }
 
 TEST(StateMachine, ReceiveSideAcceptsExactlyTheDocumentedEdges) {
@@ -1479,43 +1486,24 @@ TEST(StateMachine, ReceiveSideAcceptsExactlyTheDocumentedEdges) {
   const S all[] = {S::kFree, S::kPosted, S::kComplete};
   const std::pair<S, S> legal[] = {
       {S::kFree, S::kPosted}, {S::kPosted, S::kComplete}, {S::kComplete, S::kFree}};
-  for (S from : all) {
-    for (S to : all) {
-      const bool want =
-          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
-      EXPECT_EQ(RecvConn::legal_transition(from, to), want) << int(from) << " -> " << int(to);
-    }
-  }
+  expect_exactly_these_edges(all, legal, &RecvConn::legal_transition);
 }
 
-TEST(StateMachine, HandshakeAcceptsExactlyTheDocumentedEdges) {
-  {
-    using S = PendingConnect::State;
-    const S all[] = {S::kIdle, S::kWaitAck, S::kDone, S::kFailed};
-    const std::pair<S, S> legal[] = {{S::kIdle, S::kWaitAck},
-                                     {S::kWaitAck, S::kDone},
-                                     {S::kIdle, S::kFailed},
-                                     {S::kWaitAck, S::kFailed}};
-    for (S from : all) {
-      for (S to : all) {
-        const bool want =
-            std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
-        EXPECT_EQ(PendingConnect::legal_transition(from, to), want)
-            << "connect " << int(from) << " -> " << int(to);
-      }
-    }
-  }
+TEST(StateMachine, ConnectAcceptsExactlyTheDocumentedEdges) {
+  using S = PendingConnect::State;
+  const S all[] = {S::kIdle, S::kWaitAck, S::kDone, S::kFailed};
+  const std::pair<S, S> legal[] = {{S::kIdle, S::kWaitAck},
+                                   {S::kWaitAck, S::kDone},
+                                   {S::kIdle, S::kFailed},
+                                   {S::kWaitAck, S::kFailed}};
+  expect_exactly_these_edges(all, legal, &PendingConnect::legal_transition);
+}
+
+TEST(StateMachine, ListenAcceptsExactlyTheDocumentedEdges) {
   using S = ListenCommImpl::State;
   const S all[] = {S::kListening, S::kAccepted, S::kFailed};
   const std::pair<S, S> legal[] = {{S::kListening, S::kAccepted}, {S::kListening, S::kFailed}};
-  for (S from : all) {
-    for (S to : all) {
-      const bool want =
-          std::find(std::begin(legal), std::end(legal), std::pair{from, to}) != std::end(legal);
-      EXPECT_EQ(ListenCommImpl::legal_transition(from, to), want)
-          << "listen " << int(from) << " -> " << int(to);
-    }
-  }
+  expect_exactly_these_edges(all, legal, &ListenCommImpl::legal_transition);
 }
 
 }  // namespace
