@@ -1180,6 +1180,41 @@ TEST(RttTimers, OneLossOnATenMicrosecondFabricCostsAFewRtts) {
   }
 }
 
+// A lost last packet after a burst's queue has drained: the probe comes two smoothed RTTs
+// after the last ACK, not after the largest RTT of the burst, which the recent samples still
+// hold. Before, the probe waited out that sample (10-20 ms behind a background burst in
+// bench/lab), and TAR exact's slow phases had about 1.4 such waits per send.
+TEST(RttTimers, ALostTailAfterABurstWaitsTwoRttsNotTheBurstsWorstSample) {
+  constexpr uint64_t kOneWay = 500'000;  // 1 ms RTT
+  Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, kOneWay);
+  warm_up(rig, 10'000);
+  // One message behind a 20 ms queue both ways, then the queue is gone.
+  rig.to_rx->delay_ns = rig.to_tx->delay_ns = 10'000'000;
+  const auto slow = pattern(3000, 11);
+  std::vector<uint8_t> out(slow.size());
+  ASSERT_NE(timed_transfer(rig, slow, out, 1'000'000'000, 10'000), UINT64_MAX);
+  rig.to_rx->delay_ns = rig.to_tx->delay_ns = kOneWay;
+  for (int k = 0; k < 30; ++k) {  // the smoothed RTT comes back to 1 ms
+    const auto src = pattern(3000, 20 + k);
+    std::vector<uint8_t> dst(src.size());
+    ASSERT_NE(timed_transfer(rig, src, dst, 1'000'000'000, 10'000), UINT64_MAX);
+  }
+  const auto src = pattern(3000, 7);  // three packets; the last is lost once
+  std::vector<uint8_t> dst(src.size());
+  int dropped = 0;
+  rig.tx_ep->policy = testing::drop_first(
+      [](const PacketHeader& h) { return h.type == PacketType::kData && h.offset == 2000; }, 1,
+      &dropped);
+  const ConnStats s0 = rig.s->stats();
+  const uint64_t took = timed_transfer(rig, src, dst, 1'000'000'000, 10'000);
+  ASSERT_EQ(dropped, 1);
+  ASSERT_NE(took, UINT64_MAX);
+  EXPECT_EQ(src, dst);
+  std::printf("[ lost tail after a 20 ms burst ] %.1f ms\n", took / 1e6);
+  EXPECT_LE(took, 6'000'000u) << "the probe waited for the burst's worst sample";
+  EXPECT_EQ(rig.s->stats().rto_events - s0.rto_events, 0u) << "a probe, not the RTO";
+}
+
 // Clean transfers on a 10 us and on a 2 ms network: the timers scale with the RTT, so neither
 // sends anything again (no retransmission, probe, RTO or repeated CTS).
 TEST(RttTimers, NoSpuriousRepairsAtTenMicrosecondsOrTwoMilliseconds) {
