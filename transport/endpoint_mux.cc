@@ -205,7 +205,7 @@ void EndpointMux::close_port(MuxPort* p) {
   auto it = ports_.find(p->rx_token_);
   if (it == ports_.end() || it->second != p) return;
   ports_.erase(it);
-  if (ports_.empty()) portless_since_ns_ = std::max<uint64_t>(clock_.now_ns(), 1);
+  if (ports_.empty()) portless_since_ns_ = clock_.now_ns();
   if (!p->has_last_words_ || p->peer_.empty()) return;
   Tombstone& t = tombstones_[next_tombstone_++ % kTombstones];
   t.token = p->rx_token_;

@@ -14,18 +14,25 @@ namespace optireduce {
 namespace {
 constexpr uint64_t kHelloFirstRetryNs = 10'000'000;  // well above any LAN RTT, well below NCCL's patience
 constexpr uint64_t kHelloMaxRetryNs = 500'000'000;
+
+// Both sides' transition: moves *state to `to` where Side::legal_transition allows it, else
+// fails the handshake (kFailed) and says so.
+template <typename Side>
+bool move_to(typename Side::State* state, typename Side::State to, const char* side,
+             uint64_t token) {
+  if (!Side::legal_transition(*state, to)) {
+    OR_WARN("%s %016llx: illegal handshake state change %d -> %d", side,
+            static_cast<unsigned long long>(token), static_cast<int>(*state), static_cast<int>(to));
+    *state = Side::State::kFailed;
+    return false;
+  }
+  *state = to;
+  return true;
+}
 }  // namespace
 
 bool ListenCommImpl::set_state(State to) {
-  if (!legal_transition(state_, to)) {
-    OR_WARN("listen %016llx: illegal handshake state change %d -> %d",
-            static_cast<unsigned long long>(token_), static_cast<int>(state_),
-            static_cast<int>(to));
-    state_ = State::kFailed;
-    return false;
-  }
-  state_ = to;
-  return true;
+  return move_to<ListenCommImpl>(&state_, to, "listen", token_);
 }
 
 ListenCommImpl::ListenCommImpl(EngineImpl* engine, int dev, std::unique_ptr<Endpoint> ep,
@@ -109,15 +116,7 @@ Status ListenCommImpl::accept(std::unique_ptr<RecvComm>* out) {
 }
 
 bool PendingConnect::set_state(State to) {
-  if (!legal_transition(state_, to)) {
-    OR_WARN("connect %016llx: illegal handshake state change %d -> %d",
-            static_cast<unsigned long long>(handle_.token), static_cast<int>(state_),
-            static_cast<int>(to));
-    state_ = State::kFailed;
-    return false;
-  }
-  state_ = to;
-  return true;
+  return move_to<PendingConnect>(&state_, to, "connect", handle_.token);
 }
 
 PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const ConnectionHandle& h,
@@ -130,13 +129,13 @@ PendingConnect::PendingConnect(int dev, std::unique_ptr<Endpoint> ep, const Conn
       backoff_ns_(kHelloFirstRetryNs) {}
 
 int PendingConnect::find_hello_ack(const RxPacket* pkts, int n, HelloBody* peer) {
+  if (state_ == State::kIdle) return -1;  // none answers a HELLO of ours: none has left
   for (int i = 0; i < n; ++i) {
     PacketHeader h;
     if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone ||
         h.type != PacketType::kHelloAck || h.token != reply_token(handle_.token) ||
         !decode_hello(pkts[i].data + kHeaderBytes, h.payload_len, peer))
       continue;
-    if (state_ == State::kIdle) continue;  // answers no HELLO of ours
     return i;
   }
   return -1;

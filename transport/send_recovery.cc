@@ -303,9 +303,8 @@ void SendConn::arm_probe_locked(uint64_t now) {
   // put the probe 10-20 ms after the last ACK, and the slow phases of TAR exact in bench/lab
   // had about 1.4 probes per send (docs/lab.md, "Findings"); at twice the smoothed RTT its
   // P99 / Gloo ring's went from a median of 1.10 to 0.97 over seeds 5-14, lower in 8, higher
-  // in 1. A
-  // probe that a receiver's pause makes spurious costs one packet sent twice; the timeout,
-  // which cuts the window, keeps its margin for pauses (RttEstimator).
+  // in 1. A probe that a receiver's pause makes spurious costs one packet sent twice; the
+  // timeout, which cuts the window, keeps its margin for pauses (RttEstimator).
   const uint64_t pto = 2 * srtt;
   probe_deadline_ = now + std::max(kMinProbeNs, std::min(pto, rtt_.rto_ns() * 3 / 4));
 }
