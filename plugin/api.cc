@@ -529,7 +529,7 @@ ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* 
 }
 
 ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*tags*/,
-                   void** /*mhandles*/, void* phandle, void** request) noexcept {
+                   void** mhandles, void* phandle, void** request) noexcept {
   return guarded("irecv", [&] {
     if (request == nullptr) return misuse("irecv: request is NULL");
     // NCCL may have stored the optional-completion sentinel for LL/LL128: read it, then always
@@ -547,8 +547,12 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
     facts.ll_sentinel = ll_hint;
     const bool bounded = w->comm->delivery() == Delivery::kBounded;
     const MsgDelivery how = choose(*w->ctx, bounded, facts, false);
+    // The registration, where the datapath made one: verbs may receive into it in place.
+    const MemoryRegion* mr = mhandles != nullptr && mhandles[0] != nullptr
+                                 ? static_cast<const MemHandle*>(mhandles[0])->region.get()
+                                 : nullptr;
     Request* r = nullptr;
-    if (Status s = w->comm->irecv(data[0], sizes[0], how, &r); !s) return fail(w, s, "irecv");
+    if (Status s = w->comm->irecv(data[0], sizes[0], how, mr, &r); !s) return fail(w, s, "irecv");
     if (r != nullptr && bounded) {
       w->events.start(r, phandle, w->ctx->comm_id, sizes[0]);
     }

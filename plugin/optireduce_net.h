@@ -15,7 +15,8 @@ extern "C" {
 #define OPTIREDUCE_NET_NAME "OptiReduce"
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
-#define OPTIREDUCE_NET_STATS_VERSION 3 /* 2: cutSends, repairedPkts; 3: spuriousRtos */
+/* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts */
+#define OPTIREDUCE_NET_STATS_VERSION 4
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
@@ -48,6 +49,8 @@ struct optireduceNetCounters {
   uint64_t cutSends;       /* bounded sends ended with packets unacknowledged (deadline) */
   uint64_t repairedPkts;   /* bounded DATA sent again: lost early in a step, repaired in time */
   uint64_t spuriousRtos;   /* of rtoEvents, those an ACK then showed were no loss */
+  uint64_t aimedMsgs;      /* receives the datapath posted straight into their buffer (verbs) */
+  uint64_t placedPkts;     /* DATA that arrived in place, with no copy (UDP guesses, verbs) */
 };
 
 struct optireduceNetStats {

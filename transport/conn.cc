@@ -294,6 +294,7 @@ void Conn::send_ctrl_locked(PacketHeader h, const void* payload, uint32_t len) {
   p.payload_len = len;
   p.payload_mr = nullptr;  // the entry may have carried DATA before
   p.payload_fence = nullptr;
+  p.steer = 0;
 }
 
 TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, uint32_t len) {
@@ -307,8 +308,9 @@ TxPacket* Conn::batch_slot_locked(const PacketHeader& h, const void* payload, ui
   p.hdr_len = kHeaderBytes;
   p.payload = payload;
   p.payload_len = len;
-  p.payload_mr = nullptr;  // the side names a registration itself (send_tx.cc)
+  p.payload_mr = nullptr;  // the side names a registration and a steer itself (send_tx.cc)
   p.payload_fence = nullptr;
+  p.steer = 0;
   return &p;
 }
 

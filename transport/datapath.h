@@ -96,6 +96,11 @@ struct TxPacket {
   // datapath that cannot send from the region, or finds the payload outside it, copies.
   const MemoryRegion* payload_mr = nullptr;
   TxFence* payload_fence = nullptr;
+  // Where at the peer the datagram goes, when its receiver named a place of its own for this
+  // message (Endpoint::aim_open, carried by the CTS): verbs, the QPN of the receive lane whose
+  // work requests point into the receiver's buffer. 0: the peer's address as it is. A
+  // datapath that cannot steer ignores it (UDP).
+  uint32_t steer = 0;
 };
 
 // One received datagram. `data` points into memory owned by the endpoint and stays valid
@@ -117,9 +122,14 @@ struct RxPacket {
   uint8_t* room = nullptr;
   uint32_t placed = 0;
   int32_t guess = -1;
+  // Set by a datapath that received the datagram through a work request aimed at its
+  // receive's buffer (Endpoint::aim_open) and checked it against that aim: its payload, all of
+  // it (`placed` bytes), is at `rest`, the header alone in `data`, and there is nothing to
+  // restore (`room` stays null). `len` still counts header and payload.
+  bool aimed = false;
 
   void restore() {
-    if (rest == nullptr) return;
+    if (rest == nullptr || aimed) return;
     std::memcpy(room, rest, placed);
     rest = room = nullptr;
     placed = 0;
@@ -162,6 +172,18 @@ class RxHandler {
 
  protected:
   ~RxHandler() = default;
+};
+
+// What a receive tells a datapath that can post its receives into the caller's buffer ahead
+// of the data (Endpoint::aim_open): which DATA belong there, and where. Packet k of the message
+// carries bytes [k * pkt_payload, ...) at that offset, so its place is base + offset.
+struct AimTarget {
+  uint64_t token = 0;                // the token the message's DATA carries
+  uint32_t msg_seq = 0;              // and its sequence
+  uint8_t* base = nullptr;           // the receive's buffer
+  uint64_t capacity = 0;             // its size: no datagram is placed beyond it
+  uint32_t pkt_payload = 0;          // payload bytes of every packet but a message's last
+  const MemoryRegion* mr = nullptr;  // the registration [base, base + capacity) lies in
 };
 
 // A connection's door for datagrams that another caller received on a shared endpoint
@@ -307,6 +329,19 @@ class Endpoint {
   // thread's own receives not counted; 0: never, or the datapath cannot say. While callers
   // keep receiving, an ACK reaches its connection within their polling (Conn::wake_ns).
   virtual uint64_t last_caller_drain_ns() const { return 0; }
+
+  // Receiving into place where the datapath posts its receives ahead of the data (verbs: a
+  // UD receive lane whose work requests point into the receive's buffer, packet by packet).
+  // Returns the steer the receiver's CTS names (TxPacket::steer at the sender), or 0 where the
+  // datapath declines: no region of its own, none free, a receive too small to pay. Datagrams
+  // that arrive in place come out of rx_burst marked RxPacket::aimed; every other one as usual.
+  virtual uint32_t aim_open(const AimTarget& t) {
+    (void)t;
+    return 0;
+  }
+  // The receive ended (complete, cut, cancelled): when this returns the device writes into its
+  // buffer no more, whatever it still had posted there. `steer` is aim_open's; 0 does nothing.
+  virtual void aim_close(uint32_t steer) { (void)steer; }
 
   // Any address of this datapath as peer_text() and peer_host() would write it.
   virtual std::string address_text(const PeerAddress&) const { return {}; }

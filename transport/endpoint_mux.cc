@@ -154,6 +154,19 @@ class MuxPort final : public Endpoint {
   uint64_t last_caller_drain_ns() const override {
     return mux_->last_caller_drain_ns_.load(std::memory_order_relaxed);
   }
+  // Under the endpoint's lock, as its every call: a drain holds it only while it receives, so
+  // a receive may end (and close its aim) from inside a drain's hand-over. What the drain took
+  // in place before the close reaches the connection marked aimed, into a receive now ended,
+  // which drops it unread (RxBacklog keeps such datagrams without their payload).
+  uint32_t aim_open(const AimTarget& t) override {
+    std::lock_guard<std::mutex> lock(mux_->ep_mu_);
+    return mux_->ep_->aim_open(t);
+  }
+  void aim_close(uint32_t steer) override {
+    if (steer == 0) return;
+    std::lock_guard<std::mutex> lock(mux_->ep_mu_);
+    mux_->ep_->aim_close(steer);
+  }
 
  private:
   friend class EndpointMux;
@@ -301,7 +314,10 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own) {
       else
         guesses.n = own->rx_guesses(&guesses);
     }
-    for (RxPacket& p : pkts) p.rest = nullptr;  // an endpoint that never guesses leaves them
+    for (RxPacket& p : pkts) {  // an endpoint that never guesses or aims leaves them
+      p.rest = nullptr;
+      p.aimed = false;
+    }
     // Datagrams come in order: the guessed ones, then the first of a receive not started yet.
     // Taking no more than that one beyond the guesses lets the next burst guess the rest of its
     // message instead of copying it (one more system call per message).
@@ -343,7 +359,7 @@ void EndpointMux::check_guesses(RxPacket* pkts, int n, uint64_t own_token, const
   int hits = 0, misses = 0;
   for (int i = 0; i < n; ++i) {
     RxPacket& p = pkts[i];
-    if (p.rest == nullptr) continue;
+    if (p.rest == nullptr || p.aimed) continue;  // aimed: checked by the datapath itself
     PacketHeader h;
     const RxGuesses::Guess* want = p.guess >= 0 && p.guess < g.n ? &g.g[p.guess] : nullptr;
     const bool right = want != nullptr && g.split == kHeaderBytes &&

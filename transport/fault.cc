@@ -77,6 +77,7 @@ struct Held {
   uint64_t seq = 0;  // tie-break: equal release times leave in the order they were held
   uint32_t slot = 0;
   uint32_t len = 0;
+  uint32_t steer = 0;  // TxPacket::steer: a held DATA still goes to its receive lane
   bool dup = false;
 };
 
@@ -144,6 +145,8 @@ class FaultyEndpoint final : public Endpoint {
     inner_->set_last_words(dgram, len);
   }
   bool rx_pending() const override { return inner_->rx_pending(); }
+  uint32_t aim_open(const AimTarget& t) override { return inner_->aim_open(t); }
+  void aim_close(uint32_t steer) override { inner_->aim_close(steer); }
   // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
   // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.
   std::string address_text(const PeerAddress& a) const override { return inner_->address_text(a); }
@@ -162,8 +165,10 @@ class FaultyEndpoint final : public Endpoint {
   int flush(int* taken);
   int release_due(uint64_t now);
   uint8_t* slot_ptr(uint32_t slot) const { return pool_ + static_cast<size_t>(slot) * slot_bytes_; }
-  TxPacket slot_packet(uint32_t slot, uint32_t len) const {
-    return TxPacket{slot_ptr(slot), len, 0, nullptr};
+  TxPacket slot_packet(const Held& h) const {
+    TxPacket p{slot_ptr(h.slot), h.len, 0, nullptr};
+    p.steer = h.steer;
+    return p;
   }
 
   std::unique_ptr<Endpoint> inner_;
@@ -229,6 +234,7 @@ bool FaultyEndpoint::hold(const TxPacket& p, Held* h) {
   h->slot = free_.back();
   free_.pop_back();
   h->len = len;
+  h->steer = p.steer;
   h->seq = held_seq_++;
   uint8_t* dst = slot_ptr(h->slot);
   if (p.hdr_len) std::memcpy(dst, p.hdr, p.hdr_len);
@@ -252,7 +258,7 @@ void FaultyEndpoint::append_reorder_release() {
   Held h = reorder_;
   h.release_ns = 0;
   released_[released_n_] = h;
-  append(slot_packet(h.slot, h.len), OutKind::kHeld, released_n_, h.dup);
+  append(slot_packet(h), OutKind::kHeld, released_n_, h.dup);
   ++released_n_;
 }
 
@@ -316,7 +322,7 @@ int FaultyEndpoint::release_due(uint64_t now) {
     const Held h = heap_.back();
     heap_.pop_back();
     released_[released_n_] = h;
-    append(slot_packet(h.slot, h.len), OutKind::kHeld, released_n_, h.dup);
+    append(slot_packet(h), OutKind::kHeld, released_n_, h.dup);
     ++released_n_;
   }
   return flush(&unused);

@@ -42,6 +42,7 @@ RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoi
 RecvConn::~RecvConn() {
   deactivate();
   std::lock_guard<std::mutex> lock(mu_);
+  for (Msg& m : msgs_) unaim_locked(m);  // receives that never ended: their buffers go back
   say_close_locked(floor_);
   if (downlink_ && bounded_posted_ > 0) downlink_->leave();
 }
@@ -95,7 +96,8 @@ void RecvConn::set_hello_ack(const uint8_t* body) {
   have_hello_ack_ = true;
 }
 
-Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** req) {
+Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, const MemoryRegion* mr,
+                       Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
   *req = nullptr;
   if (Status st = check_peer_locked(); !st) return st;
@@ -129,6 +131,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
   m.burst_head = starts_burst(m.req.seq == floor_, last_complete_ns_, now);
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
+  m.steer = 0;
   ++next_seq_;
   *req = &m.req;
   // The sender told us it gave up on this message before we posted it: done, fully missing,
@@ -145,9 +148,35 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, Request** r
     }
   }
   if (m.req.seq == floor_) arm_deadline_locked(m, now);
+  aim_locked(m, mr);
   send_cts_locked(m, now);
   progress_locked(now);
   return Status::ok();
+}
+
+void RecvConn::aim_locked(Msg& m, const MemoryRegion* mr) {
+  // Below a few packets the lane's set-up and the close's check cost more than the copy. A
+  // bounded receive is not aimed: a lane's first set-up can take longer than its sender waits
+  // for the CTS, and a receive cut at its deadline leaves its sender's stragglers in flight to
+  // shift the lane's next receive (docs/architecture.md, "Registered memory").
+  constexpr uint64_t kMinAimPackets = 8;
+  if (mr == nullptr || m.bounded || m.capacity < kMinAimPackets * params_.pkt_payload) return;
+  if (!mr->contains(m.buf, m.capacity)) return;
+  AimTarget t;
+  t.token = rx_token_;
+  t.msg_seq = m.req.seq;
+  t.base = m.buf;
+  t.capacity = m.capacity;
+  t.pkt_payload = params_.pkt_payload;
+  t.mr = mr;
+  m.steer = ep_->aim_open(t);
+  if (m.steer != 0) ++stats_.aimed_msgs;
+}
+
+void RecvConn::unaim_locked(Msg& m) {
+  if (m.steer == 0) return;
+  ep_->aim_close(m.steer);
+  m.steer = 0;
 }
 
 // A sender's expiry notice ends a receive that is bounded, or exact only because the group is
@@ -232,6 +261,7 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.msg_seq = m.req.seq;
   h.msg_size = m.capacity;
   h.msg_floor = floor_;
+  h.steer = m.steer;  // its DATA go to the place the datapath gave (aim_locked), if any
   if (m.bounded) h.flags = kFlagBounded | (m.until_started ? kFlagWhole : 0);
   if (m.exact && params_.delivery == Delivery::kBounded) h.flags = kFlagExact;
   // The sender learns from this how long it may wait for a CTS before expiring a message: as
@@ -424,6 +454,8 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   // A payload received into its place (rx_guesses) is there already.
   if (h.payload_len && payload != m.buf + h.offset)
     std::memcpy(m.buf + h.offset, payload, h.payload_len);
+  else if (h.payload_len)
+    ++stats_.placed_pkts;
   // The sender's first packet: the network's part of the step starts here, early or late, and
   // the deadline becomes the transfer's budget from now (until here it was the start
   // allowance). A sender merely behind is waited for, so that this rank falls behind with it
@@ -558,6 +590,7 @@ void RecvConn::fill_holes_locked(Msg& m) {
 
 void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (m.state != State::kPosted) return;
+  unaim_locked(m);  // before the holes are filled: nothing may write into the buffer after it
   const uint64_t size = m.started ? m.size : m.capacity;
   if (how != End::kAll) fill_holes_locked(m);
   if (how == End::kDeadline && m.bounded && !m.started) sender_cut_ns_ = now;

@@ -38,7 +38,8 @@ class RecvConn final : public Conn, public RecvComm {
   ~RecvConn() override;
 
   using RecvComm::irecv;
-  Status irecv(void* data, size_t capacity, MsgDelivery how, Request** req) override;
+  Status irecv(void* data, size_t capacity, MsgDelivery how, const MemoryRegion* mr,
+               Request** req) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
@@ -74,6 +75,10 @@ class RecvConn final : public Conn, public RecvComm {
     bool tail_seen = false; // a tail-flagged packet arrived (bounded early timeout)
     uint8_t* buf = nullptr;
     uint64_t capacity = 0;
+    // Receiving into place (Endpoint::aim_open): the steer its CTS names, 0 for none; closed
+    // (aim_close) before the buffer is final, so that no posted work request writes into it
+    // once the caller has it back.
+    uint32_t steer = 0;
     uint64_t size = 0;
     uint32_t npkts = 0;
     uint32_t cum = 0;  // packets below it have all arrived
@@ -111,6 +116,11 @@ class RecvConn final : public Conn, public RecvComm {
   uint32_t hold_ns_locked() const;
   void send_final_for_locked(uint32_t seq, bool bounded);
   void complete_locked(Msg& m, End how, uint64_t now);
+  // Receiving into place: opened for a receive large enough to pay (the datapath decides the
+  // rest), closed when the receive ends and for every receive still open when the connection
+  // goes.
+  void aim_locked(Msg& m, const MemoryRegion* mr);
+  void unaim_locked(Msg& m);
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);

@@ -11,9 +11,16 @@ namespace optireduce {
 struct RxBacklog::Record {
   static constexpr uint32_t kWrap = UINT32_MAX;  // len of a marker: go on at the ring's start
   uint32_t len = 0;
-  uint32_t reserved = 0;
+  // A datagram received in place (RxPacket::aimed): its last `placed` bytes are at `rest`, in
+  // the receive's buffer, where no other datagram writes while the receive lasts, and only the
+  // header is kept here. Not copied: once the receive has ended, its buffer is the caller's
+  // again, and the connection drops the datagram as stale without reading it.
+  uint32_t placed = 0;
+  uint8_t* rest = nullptr;
   PeerAddress from;
   uint64_t arrived_ns = 0;  // when it reached the host, from its age when kept
+
+  uint32_t stored() const { return len - placed; }
 };
 
 namespace {
@@ -30,7 +37,9 @@ int RxBacklog::push(const RxPacket* pkts, int n, uint64_t now) {
   }
   int dropped = 0;
   for (int i = 0; i < n; ++i) {
-    const uint64_t need = align8(sizeof(Record) + pkts[i].len);
+    const bool aimed = pkts[i].aimed && pkts[i].rest != nullptr && pkts[i].placed <= pkts[i].len;
+    const uint32_t stored = aimed ? pkts[i].len - pkts[i].placed : pkts[i].len;
+    const uint64_t need = align8(sizeof(Record) + stored);
     const uint64_t at = tail_ % kCapacityBytes;
     // A record never wraps: the rest of the ring is skipped when it does not fit there.
     const uint64_t skip = at + need > kCapacityBytes ? kCapacityBytes - at : 0;
@@ -45,11 +54,13 @@ int RxBacklog::push(const RxPacket* pkts, int n, uint64_t now) {
     }
     Record r;
     r.len = pkts[i].len;
+    r.placed = aimed ? pkts[i].placed : 0;
+    r.rest = aimed ? pkts[i].rest : nullptr;
     r.from = pkts[i].from;
     r.arrived_ns = pkts[i].age_ns < now ? now - pkts[i].age_ns : now;
     uint8_t* p = &ring_[tail_ % kCapacityBytes];
     std::memcpy(p, &r, sizeof(r));
-    if (pkts[i].len != 0) std::memcpy(p + sizeof(r), pkts[i].data, pkts[i].len);
+    if (stored != 0) std::memcpy(p + sizeof(r), pkts[i].data, stored);
     tail_ += need;
   }
   if (tail_ != head_) pending_.store(true);
@@ -72,11 +83,18 @@ uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt, uint64_t now) const 
     pkt->data = p + sizeof(r);
     pkt->len = r.len;
     pkt->from = r.from;
+    pkt->rest = r.rest;
+    pkt->placed = r.placed;
+    pkt->aimed = r.rest != nullptr;
+    pkt->room = nullptr;
+    pkt->guess = -1;
     // Its age counts its wait here too: the congestion controller must not take that for
     // queueing in the network (RxPacket::age_ns).
     pkt->age_ns = now > r.arrived_ns ? now - r.arrived_ns : 0;
   }
-  return at + align8(sizeof(Record) + len);
+  Record r;
+  std::memcpy(&r, p, sizeof(r));
+  return at + align8(sizeof(Record) + r.stored());
 }
 
 void RxBacklog::advance_head(uint64_t to) {

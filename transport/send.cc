@@ -179,6 +179,7 @@ void SendConn::start_locked(Msg& m, const CtsRecord& cts, uint64_t now) {
   m.bounded = cts.bounded && may_expire_locked(m);
   m.whole = m.bounded && cts.whole;
   m.grant = m.bounded && cts.credit != 0 ? cts.credit : UINT32_MAX;
+  m.steer = cts.steer;
   const uint64_t capacity = cts.capacity;
   if (m.size > capacity) {
     // Never truncate silently: NCCL posted a receive smaller than the send, a caller bug.
@@ -326,6 +327,7 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
   cts.exact = (h.flags & kFlagExact) != 0;
   cts.whole = (h.flags & kFlagWhole) != 0;
   cts.credit = h.credit;
+  cts.steer = h.steer;
   cts.valid = true;
   const CtsRecord& had = cts_[s % kCtsRing];
   cts.arrived_ns = had.valid && had.seq == s ? had.arrived_ns : rx_arrival_ns_;

@@ -89,6 +89,7 @@ class SendConn final : public Conn, public SendComm {
     Status error;
     const uint8_t* data = nullptr;
     const MemoryRegion* mr = nullptr;  // data's registration (zero-copy sends), or null
+    uint32_t steer = 0;  // where its DATA go at the receiver (its CTS's; TxPacket::steer)
     uint64_t size = 0;
     uint32_t npkts = 0;
     uint32_t next_new = 0;  // packets below it have left at least once
@@ -112,6 +113,7 @@ class SendConn final : public Conn, public SendComm {
     bool whole = false;
     bool valid = false;
     uint16_t credit = 0;
+    uint32_t steer = 0;
     uint64_t arrived_ns = 0;  // the first CTS for `seq` (a repeated one keeps it)
   };
   // Outcome of recent messages, to answer a late CTS for an expired one.

@@ -11,9 +11,12 @@ namespace optireduce {
 // A packet goes out from the caller's buffer itself where the datapath can (verbs: a work
 // request whose payload SGE points into the registered buffer), so it carries the message's
 // registration and the fence that keeps test() from handing the buffer back too early.
-// Retransmissions post from the same buffer again, under the same fence.
+// Retransmissions post from the same buffer again, under the same fence. Each goes where the
+// receiver's CTS said (its receive lane, where that lane places it without a copy).
 void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq) {
-  if (p == nullptr || m.mr == nullptr) return;
+  if (p == nullptr) return;
+  p->steer = m.steer;
+  if (m.mr == nullptr) return;
   p->payload_mr = m.mr;
   p->payload_fence = &fence(seq);
 }

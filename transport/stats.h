@@ -41,7 +41,9 @@
   COUNTER(probes, probes)              /* tail loss probes sent */                                 \
   COUNTER(cut_sends, cutSends)         /* bounded sends ended with packets unacknowledged */       \
   COUNTER(repaired_pkts, repairedPkts) /* bounded DATA sent again: lost early, repaired in time */ \
-  COUNTER(spurious_rtos, spuriousRtos) /* of rto_events, those an ACK then showed were no loss */
+  COUNTER(spurious_rtos, spuriousRtos) /* of rto_events, those an ACK then showed were no loss */  \
+  COUNTER(aimed_msgs, aimedMsgs)       /* receives whose datapath posted into their buffer */      \
+  COUNTER(placed_pkts, placedPkts)     /* DATA that arrived in place: no copy (UDP, verbs) */
 
 namespace optireduce {
 

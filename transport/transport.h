@@ -143,10 +143,17 @@ class RecvComm {
  public:
   virtual ~RecvComm() = default;
   // `how`: kExact pins this message exact on a bounded connection; kAskReceiver means the same
-  // as kAsConnection here (the receiver is the one that decides).
-  virtual Status irecv(void* data, size_t capacity, MsgDelivery how, Request** req) = 0;
+  // as kAsConnection here (the receiver is the one that decides). `mr`: the registration
+  // `data` lies in (Engine::register_memory), or null; a datapath that posts its receives
+  // ahead (verbs) may then receive the payloads straight into `data` (Endpoint::aim_open).
+  // The region must stay registered until test() reports the receive done.
+  virtual Status irecv(void* data, size_t capacity, MsgDelivery how, const MemoryRegion* mr,
+                       Request** req) = 0;
+  Status irecv(void* data, size_t capacity, MsgDelivery how, Request** req) {
+    return irecv(data, capacity, how, nullptr, req);
+  }
   Status irecv(void* data, size_t capacity, Request** req) {
-    return irecv(data, capacity, MsgDelivery::kAsConnection, req);
+    return irecv(data, capacity, MsgDelivery::kAsConnection, nullptr, req);
   }
   // *size gets the message's real size (<= capacity).
   virtual Status test(Request* req, bool* done, size_t* size) = 0;

@@ -43,7 +43,7 @@ void encode(const PacketHeader& h, uint8_t* b) {
   put32(b + kOffSeq, h.msg_seq);
   put32(b + kOffPayloadLen, h.payload_len);
   put64(b + kOffMsgSize, h.msg_size);
-  put64(b + kOffOffset, h.offset);
+  put64(b + kOffOffset, h.type == PacketType::kCts ? uint64_t{h.steer} : h.offset);
   put32(b + kOffFloor, h.msg_floor);
   put32(b + kOffTimeout, h.type == PacketType::kAck ? h.hold_ns : h.timeout_us);
 }
@@ -69,6 +69,12 @@ DecodeError decode(const uint8_t* b, size_t len, PacketHeader* h) {
   h->payload_len = get32(b + kOffPayloadLen);
   h->msg_size = get64(b + kOffMsgSize);
   h->offset = get64(b + kOffOffset);
+  h->steer = 0;
+  if (h->type == PacketType::kCts) {
+    if (h->offset >> 32 != 0) return DecodeError::kBadField;
+    h->steer = static_cast<uint32_t>(h->offset);
+    h->offset = 0;
+  }
   h->msg_floor = get32(b + kOffFloor);
   h->timeout_us = h->type == PacketType::kAck ? 0 : get32(b + kOffTimeout);
   h->hold_ns = h->type == PacketType::kAck ? get32(b + kOffTimeout) : 0;

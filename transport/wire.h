@@ -12,8 +12,8 @@
 namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
-// 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs
-inline constexpr uint8_t kWireVersion = 5;
+// 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs; 6: steer in CTS
+inline constexpr uint8_t kWireVersion = 6;
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -69,7 +69,12 @@ inline constexpr uint16_t kKnownFlags = 0x7F;
 //               ACK: number of packets of the message (0 if unknown). Others: 0.
 //   offset      DATA: byte offset of the payload in the message, a multiple of the
 //               connection's packet payload size. ACK: index of the first packet the SACK
-//               bitmap describes; every packet below it has arrived. Others: 0.
+//               bitmap describes; every packet below it has arrived. CTS: `steer` (below),
+//               the upper 32 bits zero. Others: 0.
+//   steer       CTS only, in offset's place: where the message's DATA go at the receiver,
+//               opaque to the protocol (verbs: the QPN of a receive lane whose work requests
+//               point into the posted buffer; datapath.h, Endpoint::aim_open). 0: the
+//               connection's own address, as every other packet.
 //   msg_floor   CTS/ACK, and a receiver's CLOSE: every message below this sequence is complete
 //               at the receiver (repairs lost final ACKs, also when the receiver closes before
 //               the repair). DATA: the sender's oldest unfinished message. A sender's CLOSE: 0.
@@ -94,6 +99,7 @@ struct PacketHeader {
   uint32_t timeout_us = 0;
   uint32_t hold_ns = 0;
   uint16_t credit = 0;
+  uint32_t steer = 0;
 };
 
 // Why a datagram was rejected by decode().

@@ -476,7 +476,9 @@ int UdEndpoint::post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPack
     wr->send_flags = flags;
     wr->wr_id = seq + 1;
     wr->wr.ud.ah = ah;
-    wr->wr.ud.remote_qpn = qpn;
+    // DATA whose receiver named a QP of its own for the message (its CTS's steer) goes there,
+    // on the same port of the same host.
+    wr->wr.ud.remote_qpn = p.steer != 0 ? p.steer : qpn;
     wr->wr.ud.remote_qkey = qkey;
     wr->next = nullptr;
     if (prev)

@@ -15,6 +15,7 @@
 #include "tests/unit/pattern.h"
 #include "transport/endpoint_mux.h"
 #include "transport/recv.h"
+#include "transport/rx_backlog.h"
 #include "transport/send.h"
 #include "transport/wire.h"
 
@@ -228,6 +229,48 @@ TEST(Mux, ABusyConnectionGetsCopiesInOrderAndAFreeOneInPlace) {
   EXPECT_EQ(sink2.bursts, std::vector<int>{2});
   EXPECT_EQ(seq_of(sink2.got[1]), 6u);
   p2->set_rx_sink(nullptr);
+}
+
+// A datagram a datapath received in place (a verbs lane, RxPacket::aimed) is kept for a busy
+// connection as its header and where its payload lies, not as a copy: the payload is in the
+// receive's buffer already, and once that receive has ended the buffer is no longer ours to
+// read (the connection drops such a datagram as stale, unread).
+TEST(Backlog, AnAimedDatagramKeepsItsHeaderAndItsPlaceNotACopy) {
+  std::vector<uint8_t> place(1000, 0xAB);
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.token = 42;
+  h.msg_size = 4000;
+  h.offset = 2000;
+  h.payload_len = 1000;
+  uint8_t head[kHeaderBytes];
+  encode(h, head);
+  const auto plain = pattern(300, 9);
+  RxPacket in[2];
+  in[0].data = head;
+  in[0].len = kHeaderBytes + 1000;
+  in[0].rest = place.data();
+  in[0].placed = 1000;
+  in[0].aimed = true;
+  in[1].data = plain.data();
+  in[1].len = static_cast<uint32_t>(plain.size());
+  RxBacklog b;
+  ASSERT_EQ(b.push(in, 2, 0), 0);
+  place[0] = 0x11;  // written after the push: the backlog must not have taken a copy
+  RxPacket out[4];
+  ASSERT_EQ(b.peek(out, 4, 0), 2);
+  EXPECT_TRUE(out[0].aimed);
+  EXPECT_EQ(out[0].rest, place.data());
+  EXPECT_EQ(out[0].placed, 1000u);
+  EXPECT_EQ(out[0].len, kHeaderBytes + 1000);
+  EXPECT_EQ(std::memcmp(out[0].data, head, kHeaderBytes), 0);
+  EXPECT_EQ(out[0].rest[0], 0x11);
+  EXPECT_FALSE(out[1].aimed);
+  EXPECT_EQ(out[1].rest, nullptr);
+  ASSERT_EQ(out[1].len, plain.size());
+  EXPECT_EQ(std::memcmp(out[1].data, plain.data(), plain.size()), 0);
+  b.consume(2);
+  EXPECT_FALSE(b.pending());
 }
 
 TEST(Mux, StrayDatagramsAreDroppedAndCounted) {

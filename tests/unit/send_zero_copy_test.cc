@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tests/unit/drive_pair.h"
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
 #include "transport/recv.h"
@@ -112,22 +113,8 @@ struct Rig {
     r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
   }
 
-  // Tests both requests until both are done (or `rounds` passes of 100 us).
   bool run(Request* sr, Request* rr, int rounds = 20000) {
-    bool sd = false, rd = false;
-    size_t sz = 0;
-    for (int i = 0; i < rounds && !(sd && rd); ++i) {
-      if (!sd) {
-        EXPECT_TRUE(s->test(sr, &sd, &sz).is_ok());
-      }
-      if (!rd) {
-        EXPECT_TRUE(r->test(rr, &rd, &sz).is_ok());
-      }
-      s->poll();
-      r->poll();
-      clock.advance_us(100);
-    }
-    return sd && rd;
+    return testing::drive_pair(*s, *r, clock, sr, rr, rounds);
   }
 };
 

@@ -68,6 +68,7 @@ TEST(ConnStatsList, CStructGetsEveryFieldInListOrder) {
   EXPECT_EQ(c.tbUs, 7u * 20);
   EXPECT_EQ(c.repairedPkts, 7u * 24);
   EXPECT_EQ(c.spuriousRtos, 7u * 25);
+  EXPECT_EQ(c.placedPkts, 7u * 27);
 }
 
 // A gauge is 32 bits in ConnStats and 64 in the C struct: the widening keeps the whole value.

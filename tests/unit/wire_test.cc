@@ -61,6 +61,35 @@ TEST(Encode, RoundTripsTheCreditOfCtsAndAck) {
   }
 }
 
+// The steer (a receive lane's QPN) rides in a CTS's offset field, which no other meaning of a
+// CTS uses; any other type leaves it 0 whatever its offset, and a CTS whose offset has upper
+// bits set is no CTS we sent.
+TEST(Encode, ACtsCarriesItsSteerInTheOffsetField) {
+  PacketHeader h;
+  h.type = PacketType::kCts;
+  h.steer = 0x00ABCDEF;
+  auto d = datagram(h, 0);
+  EXPECT_EQ(d[32], 0xEF);  // little-endian, at the offset's byte 32
+  EXPECT_EQ(d[34], 0xAB);
+  PacketHeader out;
+  ASSERT_EQ(decode(d.data(), d.size(), &out), DecodeError::kNone);
+  EXPECT_EQ(out.steer, 0x00ABCDEFu);
+  EXPECT_EQ(out.offset, 0u);
+
+  d[39] = 1;  // the upper half of the field
+  EXPECT_EQ(decode(d.data(), d.size(), &out), DecodeError::kBadField);
+
+  PacketHeader data;
+  data.type = PacketType::kData;
+  data.steer = 0x1234;  // not a field of DATA: never encoded
+  data.msg_size = 1 << 20;
+  data.offset = 4096;
+  auto dd = datagram(data, 0);
+  ASSERT_EQ(decode(dd.data(), dd.size(), &out), DecodeError::kNone);
+  EXPECT_EQ(out.steer, 0u);
+  EXPECT_EQ(out.offset, 4096u);
+}
+
 TEST(Encode, AnAckCarriesItsHoldWhereOthersCarryTheirTimeout) {
   PacketHeader h;
   h.type = PacketType::kAck;

@@ -1,0 +1,262 @@
+// Receiving into place as the transport sees it (issue 16, verbs receive lanes): a receive
+// posted with a registration asks its datapath for a place of its own (Endpoint::aim_open), its
+// CTS names the steer the datapath gave, the sender's DATA for that message carry it, what the
+// datapath placed is not copied again, and the aim is closed before the buffer is final: when
+// every packet came, and when the connection goes with the receive still posted. Bounded
+// receives are not aimed. The datapath is the in-memory link behind a
+// wrapper that plays a device with one receive lane.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#include "tests/unit/drive_pair.h"
+#include "tests/unit/mem_link.h"
+#include "tests/unit/pattern.h"
+#include "transport/recv.h"
+#include "transport/send.h"
+#include "transport/wire.h"
+
+namespace optireduce {
+namespace {
+
+using testing::make_mem_pair;
+using testing::MemEndpoint;
+using testing::pattern;
+
+constexpr uint32_t kDgram = 1048;  // 1000-byte payloads
+constexpr uint32_t kSteer = 0x77;
+
+class FakeRegion final : public MemoryRegion {
+ public:
+  FakeRegion(const void* base, size_t bytes) : MemoryRegion(base, bytes, &kDomain) {}
+  static constexpr int kDomain = 0;
+};
+
+// Forwards to the link and keeps what the sender said of each DATA's destination.
+class SteerSpy final : public Endpoint {
+ public:
+  explicit SteerSpy(std::unique_ptr<MemEndpoint> inner) : inner_(std::move(inner)) {}
+  const PeerAddress& local_address() const override { return inner_->local_address(); }
+  Status set_peer(const PeerAddress& p) override { return inner_->set_peer(p); }
+  int tx_burst(const TxPacket* pkts, int n) override {
+    const int k = inner_->tx_burst(pkts, n);
+    for (int i = 0; i < k; ++i) {
+      PacketHeader h;
+      std::vector<uint8_t> d(static_cast<const uint8_t*>(pkts[i].hdr),
+                             static_cast<const uint8_t*>(pkts[i].hdr) + pkts[i].hdr_len);
+      d.resize(kHeaderBytes + pkts[i].payload_len);
+      if (decode(d.data(), d.size(), &h) == DecodeError::kNone && h.type == PacketType::kData)
+        data_steers.push_back(pkts[i].steer);
+    }
+    return k;
+  }
+  int rx_burst(RxPacket* pkts, int max) override { return inner_->rx_burst(pkts, max); }
+  uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
+  const DatapathCounters& counters() const override { return inner_->counters(); }
+  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
+
+  std::vector<uint32_t> data_steers;
+
+ private:
+  std::unique_ptr<MemEndpoint> inner_;
+};
+
+// A device with one receive lane: while an aim is open, DATA of its message is written into
+// the buffer as it arrives and handed out marked aimed; once closed, nothing is written.
+class LaneDevice final : public Endpoint {
+ public:
+  explicit LaneDevice(std::unique_ptr<MemEndpoint> inner) : inner_(std::move(inner)) {}
+  const PeerAddress& local_address() const override { return inner_->local_address(); }
+  Status set_peer(const PeerAddress& p) override { return inner_->set_peer(p); }
+  int tx_burst(const TxPacket* pkts, int n) override { return inner_->tx_burst(pkts, n); }
+  int rx_burst(RxPacket* pkts, int max) override {
+    const int n = inner_->rx_burst(pkts, max);
+    for (int i = 0; i < n && open; ++i) {
+      PacketHeader h;
+      if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone) continue;
+      if (h.type != PacketType::kData || h.token != aim.token || h.msg_seq != aim.msg_seq ||
+          h.payload_len == 0 || h.offset + h.payload_len > aim.capacity)
+        continue;
+      std::memcpy(aim.base + h.offset, pkts[i].data + kHeaderBytes, h.payload_len);
+      pkts[i].rest = aim.base + h.offset;
+      pkts[i].placed = h.payload_len;
+      pkts[i].aimed = true;
+      ++placed;
+    }
+    return n;
+  }
+  uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
+  const DatapathCounters& counters() const override { return inner_->counters(); }
+  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
+
+  uint32_t aim_open(const AimTarget& t) override {
+    if (!offer || open) return 0;
+    aim = t;
+    open = true;
+    ++opens;
+    return kSteer;
+  }
+  void aim_close(uint32_t steer) override {
+    EXPECT_EQ(steer, kSteer);
+    EXPECT_TRUE(open);
+    open = false;
+    ++closes;
+    if (on_close) on_close();
+  }
+
+  bool offer = true;
+  bool open = false;
+  AimTarget aim;
+  int opens = 0, closes = 0, placed = 0;
+  std::function<void()> on_close;
+
+ private:
+  std::unique_ptr<MemEndpoint> inner_;
+};
+
+struct Rig {
+  FakeClock clock;
+  Config cfg;
+  SteerSpy* tx = nullptr;
+  LaneDevice* dev = nullptr;
+  ConnParams cp;
+  std::unique_ptr<SendConn> s;
+  std::unique_ptr<RecvConn> r;
+
+  explicit Rig(Delivery d = Delivery::kExact) {
+    cfg.timeout_ms = 50;
+    auto p = make_mem_pair(kDgram, &clock, 0);
+    auto a = std::make_unique<SteerSpy>(std::move(p.a));
+    auto b = std::make_unique<LaneDevice>(std::move(p.b));
+    tx = a.get();
+    dev = b.get();
+    cp.token = 0x5EED;
+    cp.pkt_payload = payload_for_datagram(kDgram);
+    cp.peer_window = 256 * 1024;
+    cp.delivery = d;
+    s = std::make_unique<SendConn>(cfg, clock, std::move(a), cp, nullptr);
+    r = std::make_unique<RecvConn>(cfg, clock, std::move(b), cp, nullptr);
+  }
+
+  bool run(Request* sr, Request* rr, int rounds = 20000) {
+    return testing::drive_pair(*s, *r, clock, sr, rr, rounds);
+  }
+};
+
+TEST(ReceiveInPlace, DataGoesWhereTheCtsSaidAndIsNotCopiedAgain) {
+  Rig rig;
+  const auto src = pattern(20'500, 5);  // 21 packets, the last one short
+  std::vector<uint8_t> dst(24'000, 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(
+      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  ASSERT_EQ(rig.dev->opens, 1);
+  EXPECT_EQ(rig.dev->aim.token, rig.cp.token);
+  EXPECT_EQ(rig.dev->aim.msg_seq, 0u);
+  EXPECT_EQ(rig.dev->aim.base, dst.data());
+  EXPECT_EQ(rig.dev->aim.capacity, dst.size());
+  EXPECT_EQ(rig.dev->aim.pkt_payload, rig.cp.pkt_payload);
+  EXPECT_EQ(rig.dev->aim.mr, &region);
+  bool closed_before_done = false;
+  rig.dev->on_close = [&] { closed_before_done = true; };
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr));
+  EXPECT_TRUE(closed_before_done);
+  EXPECT_EQ(rig.dev->closes, 1);
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
+  EXPECT_EQ(dst[src.size()], 0xCD);  // nothing past the message
+  ASSERT_EQ(rig.tx->data_steers.size(), 21u);
+  for (uint32_t steer : rig.tx->data_steers) EXPECT_EQ(steer, kSteer);
+  const ConnStats st = rig.r->stats();
+  EXPECT_EQ(st.aimed_msgs, 1u);
+  EXPECT_EQ(st.placed_pkts, 21u);
+  EXPECT_EQ(rig.dev->placed, 21);
+}
+
+// The next message, posted without a registration, asks for nothing, and its DATA go to the
+// connection's own address.
+TEST(ReceiveInPlace, AReceiveWithoutARegionOrTooSmallAsksForNothing) {
+  Rig rig;
+  const auto src = pattern(20'000, 6);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr));
+  EXPECT_EQ(src, dst);
+  // Seven packets' worth: below what pays for a lane.
+  std::vector<uint8_t> small(7 * rig.cp.pkt_payload);
+  FakeRegion region(small.data(), small.size());
+  ASSERT_TRUE(
+      rig.r->irecv(small.data(), small.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(small.data(), small.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr));
+  EXPECT_EQ(rig.dev->opens, 0);
+  for (uint32_t steer : rig.tx->data_steers) EXPECT_EQ(steer, 0u);
+  EXPECT_EQ(rig.r->stats().aimed_msgs, 0u);
+}
+
+// A datapath that declines (no lane free) leaves the receive as it always was.
+TEST(ReceiveInPlace, ADeclinedAimCopiesAsBefore) {
+  Rig rig;
+  rig.dev->offer = false;
+  const auto src = pattern(30'000, 7);
+  std::vector<uint8_t> dst(src.size());
+  FakeRegion region(dst.data(), dst.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(
+      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr));
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(rig.dev->closes, 0);
+  for (uint32_t steer : rig.tx->data_steers) EXPECT_EQ(steer, 0u);
+  EXPECT_EQ(rig.r->stats().placed_pkts, 0u);
+}
+
+// A bounded receive copies: a lane's first set-up may take longer than its sender waits for the
+// CTS, and one cut at its deadline leaves stragglers in flight to shift the lane's next
+// receive. One pinned exact (NCCL's LL/LL128) on the same connection is aimed.
+TEST(ReceiveInPlace, OnABoundedConnectionOnlyAReceivePinnedExactIsAimed) {
+  Rig rig(Delivery::kBounded);
+  std::vector<uint8_t> dst(20'000, 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  Request* rr;
+  ASSERT_TRUE(
+      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  EXPECT_EQ(rig.dev->opens, 0);
+  ASSERT_TRUE(rig.run(nullptr, rr));  // cut: nothing was sent
+  EXPECT_EQ(request_outcome(rr).lost, dst.size());
+
+  Rig pinned(Delivery::kBounded);
+  const auto src = pattern(dst.size(), 8);
+  Request* sr;
+  ASSERT_TRUE(pinned.r->irecv(dst.data(), dst.size(), MsgDelivery::kExact, &region, &rr).is_ok());
+  EXPECT_EQ(pinned.dev->opens, 1);
+  ASSERT_TRUE(pinned.s->isend(src.data(), src.size(), MsgDelivery::kExact, &sr).is_ok());
+  ASSERT_TRUE(pinned.run(sr, rr));
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(pinned.dev->closes, 1);
+  EXPECT_GT(pinned.r->stats().placed_pkts, 0u);
+}
+
+TEST(ReceiveInPlace, AConnectionClosedWithAReceivePostedClosesItsAim) {
+  Rig rig;
+  std::vector<uint8_t> dst(20'000);
+  FakeRegion region(dst.data(), dst.size());
+  Request* rr;
+  ASSERT_TRUE(
+      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  LaneDevice* dev = rig.dev;
+  int closes = 0;
+  dev->on_close = [&] { ++closes; };
+  rig.r.reset();
+  EXPECT_EQ(closes, 1);
+}
+
+}  // namespace
+}  // namespace optireduce
