@@ -242,10 +242,11 @@ Status VerbsDevice::register_memory(void* data, size_t bytes, std::unique_ptr<Me
   const IbvSymbols& ibv = port_->ibv();
   ibv_mr* mr = ibv.reg_mr(port_->pd(), data, bytes, IBV_ACCESS_LOCAL_WRITE);
   int err = errno;
+  const bool writable = mr != nullptr;
   // Read-only pages refuse local write; sending needs only read.
   if (mr == nullptr) mr = ibv.reg_mr(port_->pd(), data, bytes, 0);
   if (mr == nullptr) return Status(Errc::kSystem, err != 0 ? err : EINVAL);
-  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes);
+  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes, writable);
   return Status::ok();
 }
 
@@ -259,7 +260,33 @@ Status VerbsDevice::register_dmabuf(void* data, size_t bytes, uint64_t offset, i
   ibv_mr* mr = ibv.reg_dmabuf_mr(port_->pd(), offset, bytes, reinterpret_cast<uintptr_t>(data), fd,
                                  IBV_ACCESS_LOCAL_WRITE);
   if (mr == nullptr) return register_memory(data, bytes, out);  // the pages are host memory
-  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes);
+  *out = std::make_unique<VerbsRegion>(port_, mr, data, bytes, /*writable=*/true);
+  return Status::ok();
+}
+
+uint8_t* alloc_ring_pages(size_t bytes) {
+  constexpr size_t kPageBytes = 4096;
+  const size_t rounded = (bytes + kPageBytes - 1) / kPageBytes * kPageBytes;
+  void* p = std::aligned_alloc(kPageBytes, rounded);
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return static_cast<uint8_t*>(p);
+}
+
+Status ud_qp_to_rts(const IbvSymbols& ibv, ibv_qp* qp, uint8_t port) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = port;
+  a.qkey = kDefaultQKey;
+  if (ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+    return Status(Errc::kSystem, errno);
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTR;
+  if (ibv.modify_qp(qp, &a, IBV_QP_STATE)) return Status(Errc::kSystem, errno);
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RTS;
+  a.sq_psn = 0;  // UD has no PSN checking; the field is merely required by the transition
+  if (ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN)) return Status(Errc::kSystem, errno);
   return Status::ok();
 }
 

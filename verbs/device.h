@@ -77,15 +77,23 @@ class PortContext {
 // Holds the port, so the PD outlives the registration whatever order things close in.
 class VerbsRegion final : public MemoryRegion {
  public:
-  VerbsRegion(std::shared_ptr<PortContext> port, ibv_mr* mr, const void* data, size_t bytes)
-      : MemoryRegion(data, bytes, port->pd()), port_(std::move(port)), mr_(mr), lkey_(mr->lkey) {}
+  VerbsRegion(std::shared_ptr<PortContext> port, ibv_mr* mr, const void* data, size_t bytes,
+              bool writable)
+      : MemoryRegion(data, bytes, port->pd()),
+        port_(std::move(port)),
+        mr_(mr),
+        lkey_(mr->lkey),
+        writable_(writable) {}
   ~VerbsRegion() override;
   uint32_t lkey() const { return lkey_; }
+  // Registered for local write: the device may receive into it (receive lanes, aim_lane.h).
+  bool writable() const { return writable_; }
 
  private:
   std::shared_ptr<PortContext> port_;
   ibv_mr* mr_;
   uint32_t lkey_;  // mr_->lkey, read once: the send path takes it per datagram
+  bool writable_;
 };
 
 class VerbsDevice final : public Device {
@@ -108,6 +116,15 @@ class VerbsDevice final : public Device {
   std::shared_ptr<PortContext> port_;
   DeviceInfo info_;
 };
+
+// Zeroed, page-aligned memory for rings the device reads or writes (registration pins whole
+// pages, and an aligned base keeps every slot's cache-line layout exact); std::free releases
+// it. Null when out of memory.
+uint8_t* alloc_ring_pages(size_t bytes);
+
+// A UD QP from RESET (just created) through INIT (port, P_Key index 0, our Q_Key) and RTR to
+// RTS: what the endpoint's QP and every receive lane's go through.
+Status ud_qp_to_rts(const IbvSymbols& ibv, ibv_qp* qp, uint8_t port);
 
 }  // namespace verbs
 }  // namespace optireduce

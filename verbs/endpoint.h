@@ -25,6 +25,11 @@
 //    a slot, from any peer) resets the QP and discards what every connection had posted. The
 //    protocol recovers the lost datagrams like any other loss. There is no per-destination
 //    error report (UD has no ICMP): a dead peer is found by the keepalive alone.
+//
+// Receives into NCCL's buffer (aim_open): a receive with a writable registration of this port
+// borrows a receive lane (aim_lane.h), a UD QP of its own whose requests point into the buffer;
+// the lanes share nothing with the QP above but the send CQ, and rx_burst polls them after it.
+// DATA whose receiver named a lane (TxPacket::steer) is posted to the lane's QPN.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -34,6 +39,7 @@
 
 #include "transport/datapath.h"
 #include "verbs/address.h"
+#include "verbs/aim_lane.h"
 #include "verbs/device.h"
 #include "verbs/ring.h"
 
@@ -49,9 +55,13 @@ struct UdCounters {
   uint64_t qp_resets = 0;     // recoveries of the QP from the error state
   uint64_t tx_inline = 0;     // datagrams sent inline (copied by the post, not into the ring)
   uint64_t tx_errors = 0;     // send completions with an error status (also in rx_errors)
+  uint64_t aims = 0;          // receives lent a lane (aim_open that returned a steer)
+  uint64_t aims_declined = 0;    // aim_open without one: region unusable, every lane lent
+  uint64_t rx_aim_conflict = 0;  // DATA on the shared QP for a place a lane still owns: dropped
+  LaneCounters lanes;            // summed over the endpoint's lanes (aim_lane.h)
 };
 
-class UdEndpoint final : public Endpoint {
+class UdEndpoint final : public Endpoint, private SourceCheck {
  public:
   // Send ring depth: the most datagrams in flight between the post and their completion. 256
   // MTU-sized slots (1 MiB at 4 KiB) keep a 100 Gbit/s port busy for ~80 us, longer than a
@@ -73,6 +83,17 @@ class UdEndpoint final : public Endpoint {
   // no DMA read). 256 covers every control packet: the 48-byte header plus a 128-byte SACK
   // bitmap or a 16-byte hello.
   static constexpr uint32_t kInlineBytes = 256;
+  // Receive lanes (aim_lane.h) an endpoint lends at most at once, opened one per receive until
+  // there are this many, then lent idle longest first: as many as NCCL's proxy keeps receives in
+  // flight per connection (8 slots), and with fewer in flight a lane rests for a few receives
+  // before it is lent again, long enough for its last receive's stragglers. Each costs a QP and,
+  // at kMaxLaneDepth, about 1.3 MiB of requests, header, plain and stage slots; a receive that
+  // finds none free is copied as before.
+  static constexpr int kMaxLanes = 8;
+  // A lane's receive requests: the endpoint's ring depth up to this. Beyond, a sender whose
+  // window holds more of one message than this in flight, unreceived, meets an empty queue:
+  // those datagrams are lost and repaired, and land out of place.
+  static constexpr uint32_t kMaxLaneDepth = 4096;
 
   static_assert(is_pow2(kSendSlots) && is_pow2(kMinRecvSlots) && is_pow2(kMaxRecvSlots));
   static_assert(kSendSlots >= 2 * kSignalEvery, "posting must not wait for a signaled group");
@@ -102,8 +123,11 @@ class UdEndpoint final : public Endpoint {
   uint32_t max_datagram_bytes() const override { return max_datagram_; }
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override;
+  // A lane for a receive whose buffer a writable registration of this port covers.
+  uint32_t aim_open(const AimTarget& t) override;
+  void aim_close(uint32_t steer) override;
 
-  const UdCounters& ud_counters() const { return ud_; }
+  const UdCounters& ud_counters() const;
   uint32_t max_inline_bytes() const { return max_inline_; }
   uint32_t recv_slots() const { return recv_slots_; }
 
@@ -129,6 +153,11 @@ class UdEndpoint final : public Endpoint {
   int post_sends(ibv_ah* ah, uint32_t qpn, uint32_t qkey, const TxPacket* pkts, int n);
   // Handles one receive completion; true (and pkt filled) when it delivers a datagram.
   bool take_recv(const ibv_wc& wc, RxPacket* pkt);
+  // SourceCheck: pkt->from for an unbound endpoint; false for a datagram to drop (not from
+  // the peer of a bound one, no source to answer).
+  bool fill_source(const ibv_wc& wc, const uint8_t* grh, RxPacket* pkt) override;
+  // A lane still owns the place of this datagram (DATA for its receive, its request posted).
+  bool lane_owns(const uint8_t* dgram, uint32_t len) const;
 
   std::shared_ptr<PortContext> port_;
   const IbvSymbols* ibv_ = nullptr;
@@ -179,8 +208,13 @@ class UdEndpoint final : public Endpoint {
 
   PeerAddress local_;
   DatapathCounters counters_;
-  UdCounters ud_;
+  mutable UdCounters ud_;  // its lane sums are gathered when read
   ibv_wc wc_[kPollBatch];
+  std::unique_ptr<AimLane> lanes_[kMaxLanes];
+  int lanes_open_ = 0;
+  int lanes_active_ = 0;
+  uint64_t lane_stops_ = 0;   // the lanes' stop clock (AimLane::stopped_tick)
+  bool lane_failed_ = false;  // opening a lane failed once: not tried again
 };
 
 }  // namespace optireduce::verbs

@@ -306,7 +306,8 @@ TEST_F(RxePair, BoundedTransfersKeepDeadlinesAndCountHoles) {
 }
 
 // ---- Zero copy (issue 16): NCCL registers its buffers (regMr) and passes the handle to every
-// isend; sends then post the payload straight from the buffer. Exact messages arrive byte-exact
+// isend and irecv; sends then post the payload straight from the buffer, and receives lend a
+// lane whose requests point into it (verbs/aim_lane.h). Exact messages arrive byte-exact
 // (under loss: their retransmissions post from the buffer again), a bounded step keeps its
 // deadline and never reports a send done while the device reads its buffer (the sender rewrites
 // a slot as soon as its send is done, and the receiver checks every packet that arrived), and
@@ -382,6 +383,15 @@ TEST_F(RxePair, RegisteredBuffersAreSentWithoutACopy) {
       } else {
         std::fprintf(stderr, "%s: %llu bytes missing at the deadlines\n",
                      bounded ? "bounded" : "exact", static_cast<unsigned long long>(holed));
+        if (!rxe_udp_dry_run() && !bounded) {
+          // The receiver's lanes say so at the first datagram they place (verbs/aim_lane.h);
+          // bounded receives are not aimed.
+          const bool said = log_capture().contains("land in registered buffers");
+          std::fprintf(stderr, "%s over %s, netem loss %d%%: receives in place %s\n",
+                       bounded ? "bounded" : "exact", hcas_[1].c_str(), loss,
+                       said ? "reported" : "NOT reported");
+          HCHECK(said, "no datagram arrived in the registered receive buffer");
+        }
       }
     };
     // NCCL_DEBUG=INFO: the plugin formats INFO lines (the zero-copy one) only when NCCL prints

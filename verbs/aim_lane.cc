@@ -1,0 +1,401 @@
+// The receive lane's set-up, posting, completion checks and reset (see aim_lane.h).
+#include "verbs/aim_lane.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "transport/log.h"
+#include "transport/wire.h"
+#include "verbs/ring.h"
+
+namespace optireduce::verbs {
+
+Status AimLane::open(PortContext* port, ibv_cq* send_cq, uint32_t depth, uint32_t max_datagram,
+                     uint64_t* stop_clock, std::unique_ptr<AimLane>* out) {
+  if (!is_pow2(depth) || depth < 4 * kHandout) return Status(Errc::kInternal, EINVAL);
+  std::unique_ptr<AimLane> lane(new AimLane(port, depth, max_datagram, stop_clock));
+  Status st = lane->create(send_cq);
+  if (st.is_ok()) *out = std::move(lane);
+  return st;
+}
+
+AimLane::~AimLane() {
+  if (qp_) ibv_->destroy_qp(qp_);
+  if (cq_) ibv_->destroy_cq(cq_);
+  if (hdr_mr_) ibv_->dereg_mr(hdr_mr_);
+  if (plain_mr_) ibv_->dereg_mr(plain_mr_);
+  std::free(hdr_mem_);
+  std::free(plain_mem_);
+  std::free(stage_mem_);
+}
+
+Status AimLane::create(ibv_cq* send_cq) {
+  plain_stride_ = round_up(kGrhBytes + max_datagram_, kCacheLineBytes);
+  hdr_mem_ = alloc_ring_pages(size_t{depth_} * kHdrStride);
+  plain_mem_ = alloc_ring_pages(size_t{kPlainSlots} * plain_stride_);
+  stage_mem_ = alloc_ring_pages(size_t{kStageSlots} * max_datagram_);
+  if (!hdr_mem_ || !plain_mem_ || !stage_mem_) return Status(Errc::kSystem, ENOMEM);
+  hdr_mr_ =
+      ibv_->reg_mr(port_->pd(), hdr_mem_, size_t{depth_} * kHdrStride, IBV_ACCESS_LOCAL_WRITE);
+  if (hdr_mr_ == nullptr) return Status(Errc::kSystem, errno);
+  plain_mr_ = ibv_->reg_mr(port_->pd(), plain_mem_, size_t{kPlainSlots} * plain_stride_,
+                           IBV_ACCESS_LOCAL_WRITE);
+  if (plain_mr_ == nullptr) return Status(Errc::kSystem, errno);
+  cq_ = ibv_->create_cq(port_->context(), static_cast<int>(depth_), nullptr, nullptr, 0);
+  if (cq_ == nullptr) return Status(Errc::kSystem, errno);
+  send_cq_ = send_cq;
+  entries_.reset(new Entry[depth_]());
+  wr_.reset(new ibv_recv_wr[depth_]());
+  sge_.reset(new ibv_sge[2 * size_t{depth_}]());
+  for (uint32_t i = 0; i < depth_; ++i) wr_[i].sg_list = &sge_[2 * size_t{i}];
+  return make_qp();
+}
+
+Status AimLane::make_qp() {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = send_cq_;
+  ia.recv_cq = cq_;
+  ia.qp_type = IBV_QPT_UD;
+  ia.cap.max_send_wr = 1;
+  ia.cap.max_recv_wr = depth_;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 2;
+  qp_ = ibv_->create_qp(port_->pd(), &ia);
+  if (qp_ == nullptr) return Status(Errc::kSystem, errno);
+  return bring_up();
+}
+
+bool AimLane::flush_in_place() {
+  // Keeps the QPN (a straggler of the receive that ended still finds the lane): the error state
+  // completes every posted request (flushed, or with a datagram the device was already
+  // writing), and once all of them are back no write is in flight; the queue is then empty, so
+  // the reset that follows leaves nothing behind.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) return false;
+  ibv_wc wc[16];
+  uint64_t back = 0;
+  const uint64_t want = posted_ - done_;
+  for (int spins = 0; back < want && spins < 200000; ++spins) {
+    const int n = ibv_poll_cq(cq_, 16, wc);
+    if (n < 0) return false;
+    back += static_cast<uint64_t>(n);
+  }
+  if (back < want) return false;
+  done_ = posted_;
+  pdone_ = pposted_;
+  aimed_out_ = 0;
+  a = ibv_qp_attr{};
+  a.qp_state = IBV_QPS_RESET;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) return false;
+  ++counters_.flushed;
+  return bring_up().is_ok();
+}
+
+void AimLane::recreate() {
+  // Destroyed, the QP holds no request and the device writes into no place of ours once the
+  // call returns; its completions still queued are discarded here, trailing ones by their
+  // stale sequence. A QP reset would do the same on paper, but rxe (Linux 6.1) keeps the reset
+  // QP's posted receive slots in its queue, zeroed, and the next datagrams fall into them.
+  if (qp_ != nullptr) ibv_->destroy_qp(qp_);
+  qp_ = nullptr;
+  ibv_wc wc[16];
+  while (ibv_poll_cq(cq_, 16, wc) > 0) ++counters_.stale;
+  done_ = posted_;
+  pdone_ = pposted_;
+  aimed_out_ = 0;
+  ++counters_.recreated;
+  if (Status st = make_qp(); !st.is_ok()) {
+    if (qp_ != nullptr) ibv_->destroy_qp(qp_);
+    qp_ = nullptr;
+    OR_WARN("verbs: %s: a receive lane could not be recreated (%s, errno %d): not lent again",
+            port_->name.c_str(), errc_name(st.code()), st.sys_errno());
+  }
+}
+
+Status AimLane::bring_up() {
+  return ud_qp_to_rts(*ibv_, qp_, port_->port);
+}
+
+void AimLane::start(const AimTarget& t, uint32_t lkey) {
+  t_ = t;
+  lkey_ = lkey;
+  active_ = true;
+  nfull_ = t.pkt_payload != 0 ? t.capacity / t.pkt_payload : 0;
+  // The plain slots an idle lane keeps posted for stragglers (stop()) come first: the receive's
+  // first packets land there, copied, and the aimed requests begin after them.
+  const uint64_t leftover = posted_ - done_;
+  next_aim_ = aim_from_ = leftover < nfull_ ? leftover : nfull_;
+  first_seq_ = posted_ - next_aim_;
+  tail_pending_ = t.pkt_payload != 0 && t.capacity % t.pkt_payload != 0;
+  missed_ = false;
+  top_up();
+}
+
+void AimLane::stop() {
+  if (!active_) return;
+  if (aimed_out_ != 0 && !flush_in_place()) recreate();
+  // Whatever still waits belongs to the receive that ended: nothing wants it.
+  for (int i = 0; i < held_n_; ++i) {
+    stage_used_[held_[i].stage] = false;
+    ++counters_.dropped;
+  }
+  held_n_ = 0;
+  active_ = false;
+  t_ = AimTarget{};
+  stopped_tick_ = ++*stop_clock_;
+  // Idle, the lane still catches what its last receive's sender sends late (a retransmission
+  // that crossed the final ACK) and hands it up: the connection answers a late DATA with the
+  // FINAL the sender missed, and without it a sender whose FINAL was lost waits for good.
+  top_up();
+}
+
+void AimLane::top_up() {
+  if (qp_ == nullptr) return;
+  const uint64_t room = depth_ - kHandout;
+  ibv_recv_wr* first = nullptr;
+  ibv_recv_wr* prev = nullptr;
+  const uint64_t from = posted_;
+  uint64_t seq = posted_;
+  while (seq - done_ < room) {
+    const uint32_t slot = static_cast<uint32_t>(seq & (depth_ - 1));
+    ibv_recv_wr* wr = &wr_[slot];
+    ibv_sge* sge = wr->sg_list;
+    Entry& e = entries_[slot];
+    if (active_ && next_aim_ < nfull_) {
+      e = Entry{true, next_aim_};
+      ++aimed_out_;
+      sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(hdr_slot(seq)), kHdrSge, hdr_mr_->lkey};
+      sge[1] = ibv_sge{reinterpret_cast<uintptr_t>(t_.base + next_aim_ * t_.pkt_payload),
+                       t_.pkt_payload, lkey_};
+      wr->num_sge = 2;
+      ++next_aim_;
+    } else if (active_ ? (tail_pending_ || missed_) && pposted_ - pdone_ < kPlainSlots - kHandout
+                       : pposted_ - pdone_ < kIdlePlain) {
+      tail_pending_ = false;
+      e = Entry{false, pposted_};
+      sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(plain_slot(pposted_)), kGrhBytes + max_datagram_,
+                       plain_mr_->lkey};
+      wr->num_sge = 1;
+      ++pposted_;
+    } else {
+      break;
+    }
+    wr->wr_id = seq;
+    wr->next = nullptr;
+    if (prev)
+      prev->next = wr;
+    else
+      first = wr;
+    prev = wr;
+    ++seq;
+  }
+  if (first == nullptr) return;
+  ibv_recv_wr* bad = nullptr;
+  if (ibv_post_recv(qp_, first, &bad) == 0) {
+    posted_ = seq;
+    return;
+  }
+  // A refused chain is posted up to `bad`; what follows is taken back, to be posted later.
+  uint64_t ok = from;
+  for (ibv_recv_wr* w = first; w != nullptr && w != bad; w = w->next) ++ok;
+  for (uint64_t s = ok; s < seq; ++s) {
+    const Entry& e = entries_[s & (depth_ - 1)];
+    if (e.aimed) {
+      if (e.index < next_aim_) next_aim_ = e.index;
+      --aimed_out_;
+    } else {
+      --pposted_;
+      if (!missed_) tail_pending_ = true;
+    }
+  }
+  posted_ = ok;
+}
+
+int AimLane::alloc_stage() {
+  for (int i = 0; i < static_cast<int>(kStageSlots); ++i) {
+    if (!stage_used_[i]) {
+      stage_used_[i] = true;
+      return i;
+    }
+  }
+  return -1;
+}
+
+int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
+  for (int i = 0; i < handed_n_; ++i) stage_used_[handed_[i]] = false;
+  handed_n_ = 0;
+  if (error_seen_) {
+    error_seen_ = false;
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    if (ibv_->query_qp(qp_, &a, IBV_QP_STATE, &ia) != 0 || a.qp_state != IBV_QPS_RTS) {
+      // Aimed requests lost with the reset would need their places known to be unfilled;
+      // the rest of this receive comes through plain slots instead.
+      recreate();
+      next_aim_ = aim_from_ = nfull_;
+      missed_ = true;
+    }
+  }
+  top_up();
+  int n = emit_due(out, max);
+  ibv_wc wc[kHandout];
+  while (n < max) {
+    // Each completion may free one waiting datagram besides its own: room for both.
+    const int room = (max - n) / 2;
+    if (room <= 0) break;
+    const int want = room < static_cast<int>(kHandout) ? room : static_cast<int>(kHandout);
+    const int got = ibv_poll_cq(cq_, want, wc);
+    if (got < 0) return -EIO;
+    for (int i = 0; i < got; ++i) n += take(wc[i], out + n, src);
+    if (got < want) break;
+  }
+
+  return n;
+}
+
+bool AimLane::owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const {
+  if (!active_ || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0) return false;
+  if (offset % t_.pkt_payload != 0) return false;
+  return aimed_posted(offset / t_.pkt_payload);
+}
+
+int AimLane::take(const ibv_wc& wc, RxPacket* out, SourceCheck& src) {
+  if (wc.wr_id != done_) {  // a request a reset discarded
+    ++counters_.stale;
+    return 0;
+  }
+  const uint64_t seq = done_++;
+  const Entry e = entries_[seq & (depth_ - 1)];
+  if (e.aimed)
+    --aimed_out_;
+  else
+    ++pdone_;
+  // Whatever this completion brought, the place of packet e.index has no request posted any
+  // more: a datagram that waited for it may go now, after this one.
+  const int n = take_one(wc, e, seq, out, src);
+  for (int i = 0; i < held_n_; ++i)
+    if (held_[i].wait_seq == seq) held_[i].due = true;
+  return n + emit_due(out + n, 1);
+}
+
+int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* out,
+                      SourceCheck& src) {
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) ++counters_.errors;
+    error_seen_ = true;
+    return 0;
+  }
+  if (wc.byte_len < kGrhBytes) {
+    ++counters_.dropped;
+    return 0;
+  }
+  const uint32_t dlen = wc.byte_len - kGrhBytes;  // the datagram, header included
+  RxPacket p;
+  if (!e.aimed) {
+    const uint8_t* slot = plain_slot(e.index);
+    if (!src.fill_source(wc, slot, &p)) {
+      ++counters_.dropped;
+      return 0;
+    }
+    p.data = slot + kGrhBytes;
+    p.len = dlen;
+    return hand_out(p, -1, out);
+  }
+  uint8_t* hdr = hdr_slot(seq);
+  if (!src.fill_source(wc, hdr, &p)) {
+    ++counters_.dropped;
+    return 0;
+  }
+  const uint8_t* head = hdr + kGrhBytes;
+  if (dlen <= kHeaderBytes) {  // all of it in the header slot (a bare header, a runt)
+    p.data = head;
+    p.len = dlen;
+    out[0] = p;
+    return 1;
+  }
+  const uint32_t pb = dlen - kHeaderBytes;  // payload bytes the device put in the place
+  uint8_t* place = t_.base + e.index * t_.pkt_payload;
+  PacketHeader h;
+  const bool ours = decode(head, dlen, &h) == DecodeError::kNone && h.type == PacketType::kData &&
+                    h.token == t_.token && h.msg_seq == t_.msg_seq;
+  const uint64_t size = h.msg_size;
+  const uint64_t at = e.index * t_.pkt_payload;
+  const bool hit = ours && h.offset == at && size <= t_.capacity && at < size &&
+                   pb == (size - at < t_.pkt_payload ? size - at : t_.pkt_payload);
+  if (hit) {
+    p.data = head;
+    p.len = dlen;
+    p.rest = place;
+    p.placed = pb;
+    p.aimed = true;
+    ++counters_.placed;
+    out[0] = p;
+    return 1;
+  }
+  // A miss: the datagram is made whole in a stage buffer before its place is used again.
+  ++counters_.missed;
+  missed_ = true;
+  const int st = alloc_stage();
+  if (st < 0) {
+    ++counters_.dropped;
+    return 0;
+  }
+  std::memcpy(stage(st), head, kHeaderBytes);
+  std::memcpy(stage(st) + kHeaderBytes, place, pb);
+  p.data = stage(st);
+  p.len = dlen;
+  return hand_out(p, st, out);
+}
+
+int AimLane::hand_out(RxPacket p, int st, RxPacket* out) {
+  // A packet of the receive whose own place still has its aimed request posted came early
+  // (a loss ahead of it shifts every later packet one request early, into the request before
+  // its own, or into a plain slot posted ahead of the aimed ones): the connection's copy into
+  // its place would be overwritten by whatever that request takes. It waits in a stage buffer
+  // until that request completes, which the lane's next datagram brings (the lost packet's
+  // repair at the latest). Every other datagram goes at once: its place, if any, is free.
+  PacketHeader h;
+  const bool early = active_ && decode(p.data, p.len, &h) == DecodeError::kNone &&
+                     h.type == PacketType::kData && h.token == t_.token &&
+                     h.msg_seq == t_.msg_seq && t_.pkt_payload != 0 &&
+                     h.offset % t_.pkt_payload == 0 && aimed_posted(h.offset / t_.pkt_payload);
+  if (!early) {
+    out[0] = p;
+    if (st >= 0) handed_[handed_n_++] = st;
+    return 1;
+  }
+  if (st < 0) {  // from a plain slot, which is posted again before the wait ends
+    st = alloc_stage();
+    if (st < 0) {
+      ++counters_.dropped;
+      return 0;
+    }
+    std::memcpy(stage(st), p.data, p.len);
+    p.data = stage(st);
+  }
+  ++counters_.waited;
+  Held& w = held_[held_n_++];
+  w.stage = st;
+  w.wait_seq = first_seq_ + h.offset / t_.pkt_payload;
+  w.due = false;
+  w.pkt = p;
+  return 0;
+}
+
+int AimLane::emit_due(RxPacket* out, int max) {
+  int n = 0;
+  for (int i = 0; i < held_n_ && n < max;) {
+    if (!held_[i].due) {
+      ++i;
+      continue;
+    }
+    out[n++] = held_[i].pkt;
+    handed_[handed_n_++] = held_[i].stage;
+    held_[i] = held_[--held_n_];
+  }
+  return n;
+}
+
+}  // namespace optireduce::verbs
