@@ -161,6 +161,13 @@ void RecvConn::aim_locked(Msg& m, const MemoryRegion* mr) {
   // shift the lane's next receive (docs/architecture.md, "Registered memory").
   constexpr uint64_t kMinAimPackets = 8;
   if (mr == nullptr || m.bounded || m.capacity < kMinAimPackets * params_.pkt_payload) return;
+  // A receive that ends short of its capacity leaves requests aimed into its buffer, and the
+  // datapath must take them back before the buffer is final: on verbs a queue pair's trip
+  // through the error state, which costs the NIC's firmware more than the copy it saves. NCCL
+  // posts every receive at the step's full size; LL and LL128 steps, and the last step of a
+  // collective, arrive short. Aiming only after a receive that arrived full gives lanes to the
+  // streams of full steps, which carry the bytes, and pays for one take-back per run of them.
+  if (!last_filled_) return;
   if (!mr->contains(m.buf, m.capacity)) return;
   AimTarget t;
   t.token = rx_token_;
@@ -596,6 +603,7 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (how == End::kDeadline && m.bounded && !m.started) sender_cut_ns_ = now;
   last_complete_ns_ = now;
   if (!m.started) m.size = size;
+  last_filled_ = m.started && m.size == m.capacity;
   if (!set_msg_state_locked(m, State::kComplete, now)) return;
   ++stats_.msgs;
   stats_.bytes += m.bytes_got;

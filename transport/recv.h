@@ -144,6 +144,8 @@ class RecvConn final : public Conn, public RecvComm {
 
   uint64_t last_data_arrival_ns_ = 0;  // the newest DATA's rx_arrival_ns_
   uint64_t last_complete_ns_ = 0;      // when a receive last completed (0: never)
+  // The last receive to complete held as many bytes as it had room for (aim_locked).
+  bool last_filled_ = true;
   // When a bounded receive was last cut without its sender ever starting it (0: never). Until
   // DATA arrives again, the sender is absent from this burst: a straggler, or a peer whose data
   // never comes.

@@ -258,7 +258,9 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
 bool AimLane::owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const {
   if (!active_ || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0) return false;
   if (offset % t_.pkt_payload != 0) return false;
-  return aimed_posted(offset / t_.pkt_payload);
+  // Also a place whose request is yet to be posted: a copy there now would be overwritten.
+  const uint64_t q = offset / t_.pkt_payload;
+  return aimed_posted(q) || (q >= next_aim_ && q < nfull_);
 }
 
 int AimLane::take(const ibv_wc& wc, RxPacket* out, SourceCheck& src) {
@@ -337,6 +339,10 @@ int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* 
   // A miss: the datagram is made whole in a stage buffer before its place is used again.
   ++counters_.missed;
   missed_ = true;
+  // No request is aimed from here on: what comes next lands one or more requests off anyway,
+  // and a packet that overtook the requests posted so far is copied into its place at once
+  // (hand_out), which a request aimed there later could overwrite with another datagram.
+  nfull_ = next_aim_;
   const int st = alloc_stage();
   if (st < 0) {
     ++counters_.dropped;

@@ -29,7 +29,8 @@
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss
 // the rest of the message lands one request off and is copied: misses cost copies, never
-// exactness.
+// exactness. So after the first miss no further request is aimed: one aimed later at a place
+// whose packet had overtaken the requests and been copied could take another datagram there.
 //
 // Requests are posted in order: the few plain slots an idle lane keeps for stragglers, aimed
 // ones for the receive's packets from there up to capacity/pkt_payload, one plain slot for a
@@ -110,8 +111,8 @@ class AimLane {
   void stop();
   // Up to `max` datagrams: reposts what the last call handed out, then takes completions.
   int poll(RxPacket* out, int max, SourceCheck& src);
-  // DATA of this lane's receive whose place a posted request still owns: it must not be copied
-  // there now (it came another way: the endpoint's shared QP).
+  // DATA of this lane's receive whose place a request owns, posted or still to be posted: it
+  // must not be copied there now (it came another way: the endpoint's shared QP).
   bool owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const;
 
   const LaneCounters& counters() const { return counters_; }
@@ -192,7 +193,7 @@ class AimLane {
   uint32_t lkey_ = 0;
   uint64_t first_seq_ = 0;  // packet q's request is first_seq_ + q, for q in [aim_from_, next_aim_)
   uint64_t aim_from_ = 0;   // the first packet aimed (those below land in idle plain slots)
-  uint64_t nfull_ = 0;      // whole packets the buffer holds: each gets an aimed request
+  uint64_t nfull_ = 0;      // packets aimed at most: those the buffer holds whole, until a miss
   uint64_t next_aim_ = 0;   // the next packet to aim a request at
   bool tail_pending_ = false;  // a plain request for the partial last packet is still to post
   bool missed_ = false;        // something missed: keep plain requests posted after the aimed

@@ -59,6 +59,7 @@ UdEndpoint::~UdEndpoint() {
         static_cast<unsigned long long>(c.waited), static_cast<unsigned long long>(c.dropped),
         static_cast<unsigned long long>(c.flushed), static_cast<unsigned long long>(c.recreated));
   }
+  opener_.abandon();                 // a lane still opening shares the send CQ too
   for (auto& l : lanes_) l.reset();  // before the send CQ they share
   if (qp_) ibv_->destroy_qp(qp_);
   // The device reads nothing of a destroyed QP's: whoever still waits on a fence may go on (a
@@ -340,25 +341,18 @@ uint32_t UdEndpoint::aim_open(const AimTarget& t) {
     ud_.aims_declined++;
     return 0;
   }
-  // A new lane while the pool has room, else the one idle longest (AimLane::stopped_tick).
+  adopt_lane();
+  // The lane idle longest (AimLane::stopped_tick): its last receive's stragglers had the most
+  // time to arrive and be dropped.
   AimLane* lane = nullptr;
-  if (lanes_open_ < kMaxLanes) {
-    std::unique_ptr<AimLane> fresh;
+  for (int i = 0; i < lanes_open_; i++) {
+    AimLane* l = lanes_[i].get();
+    if (!l->active() && (lane == nullptr || l->stopped_tick() < lane->stopped_tick())) lane = l;
+  }
+  // One more lane per receive asking while the pool has room, as the receives in flight grow.
+  if (!lane_failed_ && lanes_open_ < kMaxLanes && !opener_.busy()) {
     const uint32_t depth = recv_slots_ < kMaxLaneDepth ? recv_slots_ : kMaxLaneDepth;
-    Status st = AimLane::open(port_.get(), send_cq_, depth, max_datagram_, &lane_stops_, &fresh);
-    if (!st.is_ok()) {
-      lane_failed_ = true;
-      OR_WARN("verbs: %s: cannot open a receive lane (%s, errno %d): receives are copied",
-              port_->name.c_str(), errc_name(st.code()), st.sys_errno());
-      ud_.aims_declined++;
-      return 0;
-    }
-    lane = fresh.get();
-    lanes_[lanes_open_++] = std::move(fresh);
-  } else {
-    for (auto& l : lanes_)
-      if (!l->active() && (lane == nullptr || l->stopped_tick() < lane->stopped_tick()))
-        lane = l.get();
+    opener_.start(port_.get(), send_cq_, depth, max_datagram_, &lane_stops_);
   }
   if (lane == nullptr) {
     ud_.aims_declined++;
@@ -368,6 +362,19 @@ uint32_t UdEndpoint::aim_open(const AimTarget& t) {
   lanes_active_++;
   ud_.aims++;
   return lane->qpn();
+}
+
+void UdEndpoint::adopt_lane() {
+  std::unique_ptr<AimLane> fresh;
+  Status st;
+  if (!opener_.take(&fresh, &st)) return;
+  if (!st.is_ok()) {
+    lane_failed_ = true;
+    OR_WARN("verbs: %s: cannot open a receive lane (%s, errno %d): receives are copied",
+            port_->name.c_str(), errc_name(st.code()), st.sys_errno());
+    return;
+  }
+  lanes_[lanes_open_++] = std::move(fresh);
 }
 
 void UdEndpoint::aim_close(uint32_t steer) {

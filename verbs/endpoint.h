@@ -41,6 +41,7 @@
 #include "verbs/address.h"
 #include "verbs/aim_lane.h"
 #include "verbs/device.h"
+#include "verbs/lane_opener.h"
 #include "verbs/ring.h"
 
 namespace optireduce::verbs {
@@ -84,7 +85,8 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // bitmap or a 16-byte hello.
   static constexpr uint32_t kInlineBytes = 256;
   // Receive lanes (aim_lane.h) an endpoint lends at most at once, opened one per receive until
-  // there are this many, then lent idle longest first: as many as NCCL's proxy keeps receives in
+  // there are this many (in the background, lane_opener.h: the receive that asks first is
+  // copied), then lent idle longest first: as many as NCCL's proxy keeps receives in
   // flight per connection (8 slots), and with fewer in flight a lane rests for a few receives
   // before it is lent again, long enough for its last receive's stragglers. Each costs a QP and,
   // at kMaxLaneDepth, about 1.3 MiB of requests, header, plain and stage slots; a receive that
@@ -156,6 +158,8 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // SourceCheck: pkt->from for an unbound endpoint; false for a datagram to drop (not from
   // the peer of a bound one, no source to answer).
   bool fill_source(const ibv_wc& wc, const uint8_t* grh, RxPacket* pkt) override;
+  // Takes in the lane the opener finished, if any.
+  void adopt_lane();
   // A lane still owns the place of this datagram (DATA for its receive, its request posted).
   bool lane_owns(const uint8_t* dgram, uint32_t len) const;
 
@@ -215,6 +219,7 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   int lanes_active_ = 0;
   uint64_t lane_stops_ = 0;   // the lanes' stop clock (AimLane::stopped_tick)
   bool lane_failed_ = false;  // opening a lane failed once: not tried again
+  LaneOpener opener_;         // the next lane, opening
 };
 
 }  // namespace optireduce::verbs

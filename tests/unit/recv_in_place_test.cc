@@ -244,6 +244,32 @@ TEST(ReceiveInPlace, OnABoundedConnectionOnlyAReceivePinnedExactIsAimed) {
   EXPECT_GT(pinned.r->stats().placed_pkts, 0u);
 }
 
+// A receive that arrives short of its capacity leaves requests to take back (on verbs a trip
+// through the error state): the next receive is copied, and a full one brings the aim back.
+TEST(ReceiveInPlace, AfterAShortReceiveTheNextIsCopiedUntilOneArrivesFull) {
+  Rig rig;
+  std::vector<uint8_t> dst(24'000, 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  auto step = [&](size_t bytes, uint64_t seed) {
+    const auto src = pattern(bytes, seed);
+    Request *sr, *rr;
+    EXPECT_TRUE(
+        rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+    EXPECT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    EXPECT_TRUE(rig.run(sr, rr));
+    EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << "seed " << seed;
+  };
+  step(20'500, 1);  // the first is aimed, and arrives short
+  EXPECT_EQ(rig.dev->opens, 1);
+  step(24'000, 2);  // copied, and arrives full
+  EXPECT_EQ(rig.dev->opens, 1);
+  step(24'000, 3);  // aimed again
+  EXPECT_EQ(rig.dev->opens, 2);
+  step(24'000, 4);
+  EXPECT_EQ(rig.dev->opens, 3);
+  EXPECT_EQ(rig.r->stats().aimed_msgs, 3u);
+}
+
 TEST(ReceiveInPlace, AConnectionClosedWithAReceivePostedClosesItsAim) {
   Rig rig;
   std::vector<uint8_t> dst(20'000);
