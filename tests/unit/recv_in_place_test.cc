@@ -12,6 +12,7 @@
 #include <functional>
 #include <vector>
 
+#include "tests/unit/device_doubles.h"
 #include "tests/unit/drive_pair.h"
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
@@ -22,58 +23,38 @@
 namespace optireduce {
 namespace {
 
+using testing::FakeRegion;
+using testing::ForwardingEndpoint;
 using testing::make_mem_pair;
-using testing::MemEndpoint;
 using testing::pattern;
 
 constexpr uint32_t kDgram = 1048;  // 1000-byte payloads
 constexpr uint32_t kSteer = 0x77;
 
-class FakeRegion final : public MemoryRegion {
- public:
-  FakeRegion(const void* base, size_t bytes) : MemoryRegion(base, bytes, &kDomain) {}
-  static constexpr int kDomain = 0;
-};
-
 // Forwards to the link and keeps what the sender said of each DATA's destination.
-class SteerSpy final : public Endpoint {
+class SteerSpy final : public ForwardingEndpoint {
  public:
-  explicit SteerSpy(std::unique_ptr<MemEndpoint> inner) : inner_(std::move(inner)) {}
-  const PeerAddress& local_address() const override { return inner_->local_address(); }
-  Status set_peer(const PeerAddress& p) override { return inner_->set_peer(p); }
+  using ForwardingEndpoint::ForwardingEndpoint;
   int tx_burst(const TxPacket* pkts, int n) override {
-    const int k = inner_->tx_burst(pkts, n);
+    const int k = ForwardingEndpoint::tx_burst(pkts, n);
     for (int i = 0; i < k; ++i) {
       PacketHeader h;
-      std::vector<uint8_t> d(static_cast<const uint8_t*>(pkts[i].hdr),
-                             static_cast<const uint8_t*>(pkts[i].hdr) + pkts[i].hdr_len);
-      d.resize(kHeaderBytes + pkts[i].payload_len);
-      if (decode(d.data(), d.size(), &h) == DecodeError::kNone && h.type == PacketType::kData)
+      if (testing::tx_header(pkts[i], &h) && h.type == PacketType::kData)
         data_steers.push_back(pkts[i].steer);
     }
     return k;
   }
-  int rx_burst(RxPacket* pkts, int max) override { return inner_->rx_burst(pkts, max); }
-  uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
-  const DatapathCounters& counters() const override { return inner_->counters(); }
-  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
 
   std::vector<uint32_t> data_steers;
-
- private:
-  std::unique_ptr<MemEndpoint> inner_;
 };
 
 // A device with one receive lane: while an aim is open, DATA of its message is written into
 // the buffer as it arrives and handed out marked aimed; once closed, nothing is written.
-class LaneDevice final : public Endpoint {
+class LaneDevice final : public ForwardingEndpoint {
  public:
-  explicit LaneDevice(std::unique_ptr<MemEndpoint> inner) : inner_(std::move(inner)) {}
-  const PeerAddress& local_address() const override { return inner_->local_address(); }
-  Status set_peer(const PeerAddress& p) override { return inner_->set_peer(p); }
-  int tx_burst(const TxPacket* pkts, int n) override { return inner_->tx_burst(pkts, n); }
+  using ForwardingEndpoint::ForwardingEndpoint;
   int rx_burst(RxPacket* pkts, int max) override {
-    const int n = inner_->rx_burst(pkts, max);
+    const int n = ForwardingEndpoint::rx_burst(pkts, max);
     for (int i = 0; i < n && open; ++i) {
       PacketHeader h;
       if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone) continue;
@@ -88,9 +69,6 @@ class LaneDevice final : public Endpoint {
     }
     return n;
   }
-  uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
-  const DatapathCounters& counters() const override { return inner_->counters(); }
-  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
 
   uint32_t aim_open(const AimTarget& t) override {
     if (!offer || open) return 0;
@@ -112,9 +90,6 @@ class LaneDevice final : public Endpoint {
   AimTarget aim;
   int opens = 0, closes = 0, placed = 0;
   std::function<void()> on_close;
-
- private:
-  std::unique_ptr<MemEndpoint> inner_;
 };
 
 struct Rig {

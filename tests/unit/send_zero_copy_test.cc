@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tests/unit/device_doubles.h"
 #include "tests/unit/drive_pair.h"
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
@@ -18,18 +19,13 @@
 namespace optireduce {
 namespace {
 
+using testing::FakeRegion;
+using testing::ForwardingEndpoint;
 using testing::make_mem_pair;
 using testing::MemEndpoint;
 using testing::pattern;
 
 constexpr uint32_t kDgram = 1048;  // 1000-byte payloads: many packets from small messages
-
-// A registration of a test buffer; its domain is only an identity, as a datapath sees it.
-class FakeRegion final : public MemoryRegion {
- public:
-  FakeRegion(const void* base, size_t bytes) : MemoryRegion(base, bytes, &kDomain) {}
-  static constexpr int kDomain = 0;
-};
 
 // What one tx_burst entry carried.
 struct Seen {
@@ -43,21 +39,16 @@ struct Seen {
 // The sender's datapath: the in-memory link (which copies what it takes, so the receiver gets
 // the bytes) plus a device's view of zero copy: every packet with a region and a fence holds the
 // fence until complete() (its send completion), as the verbs endpoint does.
-class DeviceEndpoint final : public Endpoint {
+class DeviceEndpoint final : public ForwardingEndpoint {
  public:
-  explicit DeviceEndpoint(std::unique_ptr<MemEndpoint> inner) : inner_(std::move(inner)) {}
+  using ForwardingEndpoint::ForwardingEndpoint;
   ~DeviceEndpoint() override { complete(); }
 
-  const PeerAddress& local_address() const override { return inner_->local_address(); }
-  Status set_peer(const PeerAddress& p) override { return inner_->set_peer(p); }
   int tx_burst(const TxPacket* pkts, int n) override {
-    const int k = inner_->tx_burst(pkts, n);
+    const int k = ForwardingEndpoint::tx_burst(pkts, n);
     for (int i = 0; i < k; ++i) {
       PacketHeader h;
-      std::vector<uint8_t> hdr(static_cast<const uint8_t*>(pkts[i].hdr),
-                               static_cast<const uint8_t*>(pkts[i].hdr) + pkts[i].hdr_len);
-      hdr.resize(kHeaderBytes + pkts[i].payload_len);  // decode checks the stated length
-      (void)decode(hdr.data(), hdr.size(), &h);
+      (void)testing::tx_header(pkts[i], &h);
       seen.push_back({h.type, pkts[i].payload_mr, pkts[i].payload_fence, pkts[i].payload,
                       pkts[i].payload_len});
       if (pkts[i].payload_mr != nullptr && pkts[i].payload_fence != nullptr) {
@@ -69,11 +60,8 @@ class DeviceEndpoint final : public Endpoint {
   }
   int rx_burst(RxPacket* pkts, int max) override {
     if (complete_on_rx) complete();
-    return inner_->rx_burst(pkts, max);
+    return ForwardingEndpoint::rx_burst(pkts, max);
   }
-  uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
-  const DatapathCounters& counters() const override { return inner_->counters(); }
-  uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
 
   // Every send posted so far completes.
   void complete() {
@@ -86,7 +74,6 @@ class DeviceEndpoint final : public Endpoint {
   bool complete_on_rx = true;  // completions are reaped on every receive call (a fast device)
 
  private:
-  std::unique_ptr<MemEndpoint> inner_;
   std::vector<TxFence*> held_;
 };
 
