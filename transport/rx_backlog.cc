@@ -72,14 +72,11 @@ static_assert(sizeof(PeerAddress) % 8 == 0, "records stay 8-byte aligned");
 uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt, uint64_t now) const {
   uint32_t len;
   std::memcpy(&len, &ring_[at % kCapacityBytes], sizeof(len));
-  if (len == Record::kWrap) {
-    at += kCapacityBytes - at % kCapacityBytes;
-    std::memcpy(&len, &ring_[at % kCapacityBytes], sizeof(len));
-  }
+  if (len == Record::kWrap) at += kCapacityBytes - at % kCapacityBytes;
   const uint8_t* p = &ring_[at % kCapacityBytes];
+  Record r;
+  std::memcpy(&r, p, sizeof(r));
   if (pkt != nullptr) {
-    Record r;
-    std::memcpy(&r, p, sizeof(r));
     pkt->data = p + sizeof(r);
     pkt->len = r.len;
     pkt->from = r.from;
@@ -92,8 +89,6 @@ uint64_t RxBacklog::next_record(uint64_t at, RxPacket* pkt, uint64_t now) const 
     // queueing in the network (RxPacket::age_ns).
     pkt->age_ns = now > r.arrived_ns ? now - r.arrived_ns : 0;
   }
-  Record r;
-  std::memcpy(&r, p, sizeof(r));
   return at + align8(sizeof(Record) + r.stored());
 }
 
