@@ -265,9 +265,8 @@ void SendConn::on_peer_closed_locked(uint32_t floor, uint64_t) {
 // On a bounded connection a message below it that still waits here was ended by the
 // receiver's deadline with none or only part of our data, so it is done: without this, a send
 // that waits for its CTS without expiring (MsgDelivery::kAskReceiver) would wait for a CTS that
-// never comes. Exact messages under way are left to their acknowledgements.
+// never comes. A message under way below it is done in every mode (see the loop).
 void SendConn::on_receiver_floor_locked(uint32_t floor) {
-  if (params_.delivery != Delivery::kBounded) return;
   if (static_cast<int32_t>(floor - receiver_floor_) <= 0) return;  // old news (reordered)
   // A receiver may be any number of messages ahead of us: while we straggled it cut every
   // receive we were late for, and posted (and cut) the next ones. Only a floor beyond what any
@@ -279,9 +278,13 @@ void SendConn::on_receiver_floor_locked(uint32_t floor) {
   receiver_floor_ = floor;
   for (uint32_t s = oldest_; s != next_seq_ && static_cast<int32_t>(s - floor) < 0; ++s) {
     Msg& m = slot(s);
-    if (m.state == State::kWaitCts && !m.exact) {
+    if (m.state == State::kWaitCts && !m.exact && params_.delivery == Delivery::kBounded) {
       if (!expire_unstarted_locked(m)) return;
-    } else if (m.state == State::kSending && m.bounded) {
+    } else if (m.state == State::kSending) {
+      // Bounded, the receiver ended it (its deadline); otherwise it ended it whole, which the
+      // FINAL said too unless it was lost: this, the next CTS, repairs a lost FINAL within a
+      // round trip, where the sender would otherwise retransmit after its RTO for the
+      // receiver's answer to a late DATA.
       on_receiver_done_locked(m);
     }
   }

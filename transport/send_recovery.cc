@@ -154,7 +154,7 @@ uint64_t SendConn::network_rtt(uint64_t rtt, uint64_t now, uint32_t hold_ns) con
 }
 
 void SendConn::on_receiver_done_locked(Msg& m) {
-  if (!m.acked.full()) ++stats_.cut_sends;
+  if (m.bounded && !m.acked.full()) ++stats_.cut_sends;  // not whole: a later ACK was lost
   forget_outstanding_locked(m);
   finish_locked(m);
 }
