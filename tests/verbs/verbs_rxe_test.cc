@@ -650,8 +650,22 @@ TEST_F(RxeTest, RegisteredBuffersAreSentWithoutACopy) {
 constexpr uint32_t kLanePkts = 700;
 constexpr uint32_t kLaneFlood = 524;
 
-void lane_message(UdEndpoint* a, UdEndpoint* b, Device* dev_b, bool flood, uint32_t* placed,
-                  LaneCounters* c) {
+// The smallest ring: a lane gets 256 requests, 224 posted at once.
+std::unique_ptr<UdEndpoint> open_small(Device* d) {
+  EndpointOptions o;
+  o.socket_buffer_bytes = 1;
+  std::unique_ptr<Endpoint> ep;
+  EXPECT_TRUE(d->open_endpoint(o, &ep).is_ok());
+  return std::unique_ptr<UdEndpoint>(static_cast<UdEndpoint*>(ep.release()));
+}
+
+// `a` on dev_a, bound to `b` on dev_b, which has the smallest ring.
+void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, LaneCounters* c) {
+  const auto a = open_small(dev_a);
+  const auto b = open_small(dev_b);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(a->set_peer(b->local_address()).is_ok());
+  ASSERT_TRUE(b->set_peer(a->local_address()).is_ok());
   const uint32_t pp =
       std::min(a->max_datagram_bytes(), b->max_datagram_bytes()) - uint32_t{kHeaderBytes};
   const uint64_t size = uint64_t{kLanePkts} * pp - pp / 2;  // a short last packet
@@ -759,26 +773,13 @@ void lane_message(UdEndpoint* a, UdEndpoint* b, Device* dev_b, bool flood, uint3
     ASSERT_EQ(dst[i], src[i]) << "byte " << i << " (packet " << i / pp << ")";
 }
 
-// The smallest ring: a lane gets 256 requests, 224 posted at once.
-std::unique_ptr<UdEndpoint> open_small(Device* d) {
-  EndpointOptions o;
-  o.socket_buffer_bytes = 1;
-  std::unique_ptr<Endpoint> ep;
-  EXPECT_TRUE(d->open_endpoint(o, &ep).is_ok());
-  return std::unique_ptr<UdEndpoint>(static_cast<UdEndpoint*>(ep.release()));
-}
-
 // A packet lost in mid-message and repaired last: those before it land in place, every later
 // one lands a request early and waits there until its own place's request has completed.
 TEST_F(RxeTest, ALaneReceivesInPlaceAndPacketsThatComeEarlyWaitForTheirPlace) {
   if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
-  auto a = open(dev_a());
-  auto b = open_small(dev_b());
-  ASSERT_TRUE(a && b);
-  connect_pair(a.get(), b.get());
   uint32_t placed = 0;
   LaneCounters c;
-  ASSERT_NO_FATAL_FAILURE(lane_message(a.get(), b.get(), dev_b(), false, &placed, &c));
+  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), false, &placed, &c));
   EXPECT_GE(placed, kLanePkts / 2);  // those before the loss
   EXPECT_GE(c.missed, 1u);
   EXPECT_GE(c.waited, 1u);
@@ -789,13 +790,9 @@ TEST_F(RxeTest, ALaneReceivesInPlaceAndPacketsThatComeEarlyWaitForTheirPlace) {
 // request may be aimed there afterwards, where it could take another datagram.
 TEST_F(RxeTest, ALaneOverrunByAFloodStaysExact) {
   if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
-  auto a = open(dev_a());
-  auto b = open_small(dev_b());
-  ASSERT_TRUE(a && b);
-  connect_pair(a.get(), b.get());
   uint32_t placed = 0;
   LaneCounters c;
-  ASSERT_NO_FATAL_FAILURE(lane_message(a.get(), b.get(), dev_b(), true, &placed, &c));
+  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), true, &placed, &c));
   EXPECT_GE(placed, 1u);
   EXPECT_GE(c.missed, 1u);
 }
