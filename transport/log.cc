@@ -18,20 +18,35 @@ void stderr_sink(LogLevel level, const char* file, int line, const char* msg) {
 }
 
 // OPTIREDUCE_LOG is read here and not through the parameter table because logging must work
-// before (and while) the table is parsed; the table documents and validates the same variable.
+// before (and while) the table is parsed; the table documents and validates the same variable
+// (a bad value fails init there, with the message every variable gets).
 LogLevel initial_level() {
-  const char* v = std::getenv("OPTIREDUCE_LOG");
-  if (v == nullptr) return LogLevel::kWarn;
-  if (std::strcmp(v, "none") == 0) return LogLevel::kNone;
-  if (std::strcmp(v, "info") == 0) return LogLevel::kInfo;
-  if (std::strcmp(v, "trace") == 0) return LogLevel::kTrace;
-  return LogLevel::kWarn;
+  LogLevel level = LogLevel::kWarn;
+  if (const char* v = std::getenv("OPTIREDUCE_LOG")) parse_log_level(v, &level);
+  return level;
 }
 
 std::atomic<LogSink> g_sink{stderr_sink};
 std::atomic<int> g_level{static_cast<int>(initial_level())};
 
 }  // namespace
+
+bool parse_log_level(const char* v, LogLevel* out) {
+  constexpr LogLevel kLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::kInfo,
+                                  LogLevel::kTrace};
+  const char* name = kLogLevelNames;
+  for (LogLevel level : kLevels) {
+    const char* end = std::strchr(name, '|');
+    const size_t len = end ? static_cast<size_t>(end - name) : std::strlen(name);
+    if (std::strlen(v) == len && std::strncmp(v, name, len) == 0) {
+      *out = level;
+      return true;
+    }
+    if (end == nullptr) break;
+    name = end + 1;
+  }
+  return false;
+}
 
 void log_set_sink(LogSink sink) { g_sink.store(sink ? sink : stderr_sink); }
 void log_set_level(LogLevel level) { g_level.store(static_cast<int>(level)); }

@@ -9,6 +9,11 @@ namespace optireduce {
 // Levels by frequency: WARN once per event, INFO per connection or step, TRACE per packet.
 enum class LogLevel : int { kNone = 0, kWarn = 2, kInfo = 3, kTrace = 5 };
 
+// OPTIREDUCE_LOG's values, in the order of params.h's LogChoice.
+inline constexpr const char* kLogLevelNames = "none|warn|info|trace";
+// The level OPTIREDUCE_LOG's value `v` names; false (and *out untouched) for any other value.
+bool parse_log_level(const char* v, LogLevel* out);
+
 // A sink receives one already formatted line (no trailing newline). It must be thread-safe.
 using LogSink = void (*)(LogLevel level, const char* file, int line, const char* msg);
 

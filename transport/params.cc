@@ -12,16 +12,17 @@
 #include <variant>
 
 #include "transport/ifname_filter.h"
+#include "transport/log.h"
 
 extern char** environ;
 
 namespace optireduce {
 namespace {
 
-using Field =
-    std::variant<std::string Config::*, int64_t Config::*, uint64_t Config::*, double Config::*,
-                 bool Config::*, DatapathChoice Config::*, ModeChoice Config::*,
-                 FillChoice Config::*, GatherFillChoice Config::*, GatherModeChoice Config::*>;
+using Field = std::variant<std::string Config::*, int64_t Config::*, uint64_t Config::*,
+                           double Config::*, bool Config::*, DatapathChoice Config::*,
+                           ModeChoice Config::*, FillChoice Config::*, GatherFillChoice Config::*,
+                           GatherModeChoice Config::*, LogChoice Config::*>;
 
 struct ParamSpec {
   const char* name;
@@ -71,7 +72,7 @@ const ParamSpec kParams[] = {
    "Use UDP receive coalescing (UDP_GRO) where the kernel has it."},
   {"OPTIREDUCE_SHARED_ENDPOINT", &Config::shared_endpoint, 0, 1, nullptr,
    "One UDP socket per device and thread, shared by every connection that thread opens, incoming datagrams told apart by their connection's token; 0 gives each connection a socket of its own (what an idle connection costs then grows with their number)."},
-  {"OPTIREDUCE_LOG", &Config::log, 0, 0, "none|warn|info|trace",
+  {"OPTIREDUCE_LOG", &Config::log, 0, 0, kLogLevelNames,
    "Log level outside NCCL (inside NCCL, NCCL_DEBUG governs). `info` adds one line per connection when a host-path communicator closes: messages, retransmissions, timer expiries, probes, drops."},
   {"OPTIREDUCE_RTO_MIN_US", &Config::rto_min_us, 50, 10'000'000, nullptr,
    "Lower bound of the retransmission timeout in microseconds. Above it the timeout follows the RTT each connection measures (the larger of 2 x smoothed RTT and smoothed RTT + 4 x its variation; 20 ms before the first sample), so it suits a 10 us fabric and a millisecond network alike; lost tail packets and lost CTS are repaired after a few RTTs, by the tail loss probe and the CTS repeat, without waiting for it."},

@@ -17,6 +17,8 @@ enum class DatapathChoice : uint8_t { kAuto, kUdp, kVerbs };
 enum class ModeChoice : uint8_t { kExact, kBounded };
 enum class FillChoice : uint8_t { kZero, kMarker };
 enum class GatherFillChoice : uint8_t { kZero, kOwn };
+// OPTIREDUCE_LOG, in log.h's order of kLogLevelNames (log_level() converts).
+enum class LogChoice : uint8_t { kNone, kWarn, kInfo, kTrace };
 // OPTIREDUCE_ALLGATHER_MODE: how liboptireduce's bounded calls run phase 2 (collectives/tar.h).
 enum class GatherModeChoice : uint8_t { kExact, kBounded, kStarted };
 // OPTIREDUCE_INCAST: senders a receiver admits at once, >= 1, or one of these two names (the C
@@ -35,7 +37,7 @@ struct Config {
   bool udp_gso = true;            // OPTIREDUCE_UDP_GSO
   bool udp_gro = true;            // OPTIREDUCE_UDP_GRO
   bool shared_endpoint = true;    // OPTIREDUCE_SHARED_ENDPOINT
-  std::string log = "warn";       // OPTIREDUCE_LOG (validated here; log.cc reads it itself)
+  LogChoice log = LogChoice::kWarn;  // OPTIREDUCE_LOG (validated here; log.cc reads it itself)
 
   // --- reliable delivery, pacing
   int64_t rto_min_us = 100;       // OPTIREDUCE_RTO_MIN_US (the timeout follows the RTT above it)

@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
 
+#include "transport/log.h"
 #include "transport/params.h"
 
 namespace optireduce {
@@ -55,13 +57,18 @@ TEST(ParseConfig, EnumeratedValuesAreTyped) {
     bool (*check)(const Config&);
   };
   const Case cases[] = {
-      {"OPTIREDUCE_DATAPATH", "udp", [](const Config& c) { return c.datapath == DatapathChoice::kUdp; }},
-      {"OPTIREDUCE_DATAPATH", "verbs", [](const Config& c) { return c.datapath == DatapathChoice::kVerbs; }},
+      {"OPTIREDUCE_DATAPATH", "udp",
+       [](const Config& c) { return c.datapath == DatapathChoice::kUdp; }},
+      {"OPTIREDUCE_DATAPATH", "verbs",
+       [](const Config& c) { return c.datapath == DatapathChoice::kVerbs; }},
       {"OPTIREDUCE_FILL", "marker", [](const Config& c) { return c.fill == FillChoice::kMarker; }},
-      {"OPTIREDUCE_ALLREDUCE_MODE", "bounded", [](const Config& c) { return c.allreduce_mode == ModeChoice::kBounded; }},
+      {"OPTIREDUCE_ALLREDUCE_MODE", "bounded",
+       [](const Config& c) { return c.allreduce_mode == ModeChoice::kBounded; }},
       {"OPTIREDUCE_INCAST", "max", [](const Config& c) { return c.incast == kIncastMax; }},
       {"OPTIREDUCE_INCAST", "auto", [](const Config& c) { return c.incast == kIncastAuto; }},
       {"OPTIREDUCE_INCAST", "1048576", [](const Config& c) { return c.incast == 1 << 20; }},
+      {"OPTIREDUCE_LOG", "none", [](const Config& c) { return c.log == LogChoice::kNone; }},
+      {"OPTIREDUCE_LOG", "trace", [](const Config& c) { return c.log == LogChoice::kTrace; }},
   };
   for (const Case& k : cases) {
     g_env = {{k.name, k.value}};
@@ -85,12 +92,13 @@ TEST(ParseConfig, EnumeratedValuesAreTyped) {
 
 TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
   const std::pair<const char*, const char*> bad[] = {
-      {"OPTIREDUCE_MODE", "fast"},          {"OPTIREDUCE_FAULT_DROP", "1.5"},
-      {"OPTIREDUCE_FAULT_DROP", "abc"},     {"OPTIREDUCE_RTO_MIN_US", "12x"},
-      {"OPTIREDUCE_UDP_GSO", "maybe"},      {"OPTIREDUCE_HADAMARD_BLOCK", "1000"},
-      {"OPTIREDUCE_MAX_DATAGRAM", "100"},   {"OPTIREDUCE_INCAST", "0"},
-      {"OPTIREDUCE_SOCKET_BUFFER", "-1"},   {"OPTIREDUCE_IFNAME", "^"},
-      {"OPTIREDUCE_IFNAME", "=^eth0"},      {"OPTIREDUCE_IFNAME", "eth0:1"},
+      {"OPTIREDUCE_MODE", "fast"},        {"OPTIREDUCE_FAULT_DROP", "1.5"},
+      {"OPTIREDUCE_FAULT_DROP", "abc"},   {"OPTIREDUCE_RTO_MIN_US", "12x"},
+      {"OPTIREDUCE_UDP_GSO", "maybe"},    {"OPTIREDUCE_HADAMARD_BLOCK", "1000"},
+      {"OPTIREDUCE_MAX_DATAGRAM", "100"}, {"OPTIREDUCE_INCAST", "0"},
+      {"OPTIREDUCE_SOCKET_BUFFER", "-1"}, {"OPTIREDUCE_IFNAME", "^"},
+      {"OPTIREDUCE_IFNAME", "=^eth0"},    {"OPTIREDUCE_IFNAME", "eth0:1"},
+      {"OPTIREDUCE_LOG", "verbose"},
   };
   for (const auto& [name, value] : bad) {
     g_env = {{name, value}};
@@ -99,6 +107,30 @@ TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
     const Status st = parse_config(&c, &err, nullptr, lookup);
     EXPECT_EQ(st.code(), Errc::kInvalidUsage) << name << "=" << value;
     EXPECT_NE(err.find(name), std::string::npos) << err;
+  }
+}
+
+// log.cc reads OPTIREDUCE_LOG before the table can (parse_log_level); both take the same names,
+// in the same order.
+TEST(ParseConfig, TheLoggerReadsTheLogLevelAsTheTableDoes) {
+  const std::pair<const char*, LogLevel> names[] = {{"none", LogLevel::kNone},
+                                                    {"warn", LogLevel::kWarn},
+                                                    {"info", LogLevel::kInfo},
+                                                    {"trace", LogLevel::kTrace}};
+  for (size_t i = 0; i < std::size(names); ++i) {
+    LogLevel level = LogLevel::kWarn;
+    EXPECT_TRUE(parse_log_level(names[i].first, &level)) << names[i].first;
+    EXPECT_EQ(level, names[i].second) << names[i].first;
+    g_env = {{"OPTIREDUCE_LOG", names[i].first}};
+    Config c;
+    std::string err;
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+    EXPECT_EQ(static_cast<size_t>(c.log), i) << names[i].first;
+  }
+  for (const char* bad : {"", "inf", "infoo", "INFO", "warn|info"}) {
+    LogLevel level = LogLevel::kTrace;
+    EXPECT_FALSE(parse_log_level(bad, &level)) << bad;
+    EXPECT_EQ(level, LogLevel::kTrace) << bad;
   }
 }
 
