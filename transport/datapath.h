@@ -339,9 +339,16 @@ class Endpoint {
     (void)t;
     return 0;
   }
-  // The receive ended (complete, cut, cancelled): when this returns the device writes into its
-  // buffer no more, whatever it still had posted there. `steer` is aim_open's; 0 does nothing.
-  virtual void aim_close(uint32_t steer) { (void)steer; }
+  // The receive ended (complete, cut, cancelled), or asks again: true once the device writes
+  // into its buffer no more, whatever it still had posted there; false while the datapath is
+  // still taking its requests back, and the receive asks again, with the same steer, before
+  // it hands the buffer back (verbs: a lane's flushed requests come back asynchronously).
+  // Once it said true, the steer is the receive's no longer. `wait`: return only once it holds
+  // (a connection that closes with the receive posted). `steer` is aim_open's; 0 does nothing.
+  virtual bool aim_close(uint32_t steer, bool wait) {
+    (void)steer, (void)wait;
+    return true;
+  }
 
   // Any address of this datapath as peer_text() and peer_host() would write it.
   virtual std::string address_text(const PeerAddress&) const { return {}; }

@@ -162,10 +162,10 @@ class MuxPort final : public Endpoint {
     std::lock_guard<std::mutex> lock(mux_->ep_mu_);
     return mux_->ep_->aim_open(t);
   }
-  void aim_close(uint32_t steer) override {
-    if (steer == 0) return;
+  bool aim_close(uint32_t steer, bool wait) override {
+    if (steer == 0) return true;
     std::lock_guard<std::mutex> lock(mux_->ep_mu_);
-    mux_->ep_->aim_close(steer);
+    return mux_->ep_->aim_close(steer, wait);
   }
 
  private:

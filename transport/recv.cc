@@ -42,7 +42,9 @@ RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoi
 RecvConn::~RecvConn() {
   deactivate();
   std::lock_guard<std::mutex> lock(mu_);
-  for (Msg& m : msgs_) unaim_locked(m);  // receives that never ended: their buffers go back
+  // Receives that never ended, or whose lane was still taking its requests back: their
+  // buffers go back now.
+  for (Msg& m : msgs_) unaim_locked(m, true);
   say_close_locked(floor_);
   if (downlink_ && bounded_posted_ > 0) downlink_->leave();
 }
@@ -180,10 +182,11 @@ void RecvConn::aim_locked(Msg& m, const MemoryRegion* mr) {
   if (m.steer != 0) ++stats_.aimed_msgs;
 }
 
-void RecvConn::unaim_locked(Msg& m) {
-  if (m.steer == 0) return;
-  ep_->aim_close(m.steer);
+bool RecvConn::unaim_locked(Msg& m, bool wait) {
+  if (m.steer == 0) return true;
+  if (!ep_->aim_close(m.steer, wait)) return false;
   m.steer = 0;
+  return true;
 }
 
 // A sender's expiry notice ends a receive that is bounded, or exact only because the group is
@@ -597,7 +600,10 @@ void RecvConn::fill_holes_locked(Msg& m) {
 
 void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   if (m.state != State::kPosted) return;
-  unaim_locked(m);  // before the holes are filled: nothing may write into the buffer after it
+  // The datapath starts taking back what it posted into the buffer; test() hands the buffer
+  // back once that is done (unaim_locked). Only exact receives are aimed, and they have no
+  // holes to fill below.
+  unaim_locked(m, false);
   const uint64_t size = m.started ? m.size : m.capacity;
   if (how != End::kAll) fill_holes_locked(m);
   if (how == End::kDeadline && m.bounded && !m.started) sender_cut_ns_ = now;
@@ -689,6 +695,8 @@ Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t no
   Msg& m = slot(s);
   // A receive that completed before the connection failed is still reported as complete.
   if (m.state != State::kComplete) return fatal_;
+  // Its buffer is the caller's again only once the datapath writes into it no more.
+  if (!unaim_locked(m, false)) return fatal_;
   if (!set_msg_state_locked(m, State::kFree, now)) return fatal_;
   *done = true;
   if (size) *size = m.size;

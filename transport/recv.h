@@ -118,9 +118,10 @@ class RecvConn final : public Conn, public RecvComm {
   void complete_locked(Msg& m, End how, uint64_t now);
   // Receiving into place: opened for a receive large enough to pay (the datapath decides the
   // rest), closed when the receive ends and for every receive still open when the connection
-  // goes.
+  // goes. unaim_locked: true once the datapath writes into the buffer no more (at once with
+  // `wait`); false while it is still taking its requests back, and test() asks again.
   void aim_locked(Msg& m, const MemoryRegion* mr);
-  void unaim_locked(Msg& m);
+  bool unaim_locked(Msg& m, bool wait);
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);

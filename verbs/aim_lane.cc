@@ -1,6 +1,7 @@
 // The receive lane's set-up, posting, completion checks and reset (see aim_lane.h).
 #include "verbs/aim_lane.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -66,33 +67,6 @@ Status AimLane::make_qp() {
   return bring_up();
 }
 
-bool AimLane::flush_in_place() {
-  // Keeps the QPN (a straggler of the receive that ended still finds the lane): the error state
-  // completes every posted request (flushed, or with a datagram the device was already
-  // writing), and once all of them are back no write is in flight; the queue is then empty, so
-  // the reset that follows leaves nothing behind.
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) return false;
-  ibv_wc wc[16];
-  uint64_t back = 0;
-  const uint64_t want = posted_ - done_;
-  for (int spins = 0; back < want && spins < 200000; ++spins) {
-    const int n = ibv_poll_cq(cq_, 16, wc);
-    if (n < 0) return false;
-    back += static_cast<uint64_t>(n);
-  }
-  if (back < want) return false;
-  done_ = posted_;
-  pdone_ = pposted_;
-  aimed_out_ = 0;
-  a = ibv_qp_attr{};
-  a.qp_state = IBV_QPS_RESET;
-  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) return false;
-  ++counters_.flushed;
-  return bring_up().is_ok();
-}
-
 void AimLane::recreate() {
   // Destroyed, the QP holds no request and the device writes into no place of ours once the
   // call returns; its completions still queued are discarded here, trailing ones by their
@@ -118,10 +92,26 @@ Status AimLane::bring_up() {
   return ud_qp_to_rts(*ibv_, qp_, port_->port);
 }
 
+bool AimLane::move_to(LaneState to) {
+  using S = LaneState;
+  const S from = state_;
+  const bool ok = (from == S::kIdle && to == S::kLent) ||
+                  (from == S::kLent && (to == S::kDraining || to == S::kIdle)) ||
+                  (from == S::kDraining && to == S::kDrained) ||
+                  (from == S::kDrained && to == S::kIdle);
+  if (!ok) {
+    OR_WARN("verbs: %s: receive lane qpn %u: no move from state %d to %d", port_->name.c_str(),
+            qp_ ? qp_->qp_num : 0u, static_cast<int>(from), static_cast<int>(to));
+    return false;
+  }
+  state_ = to;
+  return true;
+}
+
 void AimLane::start(const AimTarget& t, uint32_t lkey) {
+  if (!move_to(LaneState::kLent)) return;
   t_ = t;
   lkey_ = lkey;
-  active_ = true;
   nfull_ = t.pkt_payload != 0 ? t.capacity / t.pkt_payload : 0;
   // The plain slots an idle lane keeps posted for stragglers (stop()) come first: the receive's
   // first packets land there, copied, and the aimed requests begin after them.
@@ -133,26 +123,96 @@ void AimLane::start(const AimTarget& t, uint32_t lkey) {
   top_up();
 }
 
-void AimLane::stop() {
-  if (!active_) return;
-  if (aimed_out_ != 0 && !flush_in_place()) recreate();
+bool AimLane::stop(bool wait) {
+  switch (state_) {
+    case LaneState::kIdle:
+      return true;
+    case LaneState::kDraining:
+      if (!drain(wait)) return false;
+      finish_stop();
+      return true;
+    case LaneState::kDrained:
+      finish_stop();
+      return true;
+    case LaneState::kLent:
+      break;
+  }
   // Whatever still waits belongs to the receive that ended: nothing wants it.
   for (int i = 0; i < held_n_; ++i) {
     stage_used_[held_[i].stage] = false;
     ++counters_.dropped;
   }
   held_n_ = 0;
-  active_ = false;
+  if (aimed_out_ == 0) {
+    finish_stop();
+    return true;
+  }
+  // The error state completes every posted request (flushed, or with a datagram the device was
+  // already writing); once all of them are back no write is in flight and the queue is empty.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
+    recreate();
+    finish_stop();
+    return true;
+  }
+  drain_left_ = posted_ - done_;
+  move_to(LaneState::kDraining);
+  if (!drain(wait)) return false;
+  finish_stop();
+  return true;
+}
+
+bool AimLane::drain(bool wait) {
+  // Waiting (a connection that closes) is bounded: past it the QP is recreated, which also
+  // ends every write into the buffer, at the cost of a new QPN.
+  constexpr int kMaxEmptyPolls = 200000;
+  ibv_wc wc[16];
+  bool broken = false;
+  for (int empty = 0; drain_left_ > 0;) {
+    const int n = ibv_poll_cq(cq_, 16, wc);
+    if (n < 0) {
+      broken = true;
+      break;
+    }
+    drain_left_ -= std::min<uint64_t>(drain_left_, static_cast<uint64_t>(n));
+    if (n > 0) continue;
+    if (!wait) return false;
+    if (++empty >= kMaxEmptyPolls) {
+      broken = true;
+      break;
+    }
+  }
+  if (broken) {
+    recreate();
+  } else {
+    done_ = posted_;
+    pdone_ = pposted_;
+    aimed_out_ = 0;
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_RESET;
+    if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0 || !bring_up().is_ok())
+      recreate();
+    else
+      ++counters_.flushed;
+  }
+  move_to(LaneState::kDrained);
+  return true;
+}
+
+void AimLane::finish_stop() {
   t_ = AimTarget{};
   stopped_tick_ = ++*stop_clock_;
+  move_to(LaneState::kIdle);
   // Idle, the lane still catches what its last receive's sender sends late (a retransmission
   // that crossed the final ACK) and hands it up: the connection answers a late DATA with the
-  // FINAL the sender missed, and without it a sender whose FINAL was lost waits for good.
+  // FINAL the sender missed.
   top_up();
 }
 
 void AimLane::top_up() {
-  if (qp_ == nullptr) return;
+  // Draining, the QP is in the error state: what is posted now would only come back flushed.
+  if (qp_ == nullptr || state_ == LaneState::kDraining) return;
   const uint64_t room = depth_ - kHandout;
   ibv_recv_wr* first = nullptr;
   ibv_recv_wr* prev = nullptr;
@@ -163,7 +223,7 @@ void AimLane::top_up() {
     ibv_recv_wr* wr = &wr_[slot];
     ibv_sge* sge = wr->sg_list;
     Entry& e = entries_[slot];
-    if (active_ && next_aim_ < nfull_) {
+    if (active() && next_aim_ < nfull_) {
       e = Entry{true, next_aim_};
       ++aimed_out_;
       sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(hdr_slot(seq)), kHdrSge, hdr_mr_->lkey};
@@ -171,8 +231,8 @@ void AimLane::top_up() {
                        t_.pkt_payload, lkey_};
       wr->num_sge = 2;
       ++next_aim_;
-    } else if (active_ ? (tail_pending_ || missed_) && pposted_ - pdone_ < kPlainSlots - kHandout
-                       : pposted_ - pdone_ < kIdlePlain) {
+    } else if (active() ? (tail_pending_ || missed_) && pposted_ - pdone_ < kPlainSlots - kHandout
+                        : pposted_ - pdone_ < kIdlePlain) {
       tail_pending_ = false;
       e = Entry{false, pposted_};
       sge[0] = ibv_sge{reinterpret_cast<uintptr_t>(plain_slot(pposted_)), kGrhBytes + max_datagram_,
@@ -226,6 +286,12 @@ int AimLane::alloc_stage() {
 int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
   for (int i = 0; i < handed_n_; ++i) stage_used_[handed_[i]] = false;
   handed_n_ = 0;
+  // What comes back while draining belongs to the receive that ended: flushed requests, or
+  // datagrams written just before the error state. Nothing of it is handed out.
+  if (state_ == LaneState::kDraining) {
+    drain(false);
+    return 0;
+  }
   if (error_seen_) {
     error_seen_ = false;
     ibv_qp_attr a{};
@@ -256,7 +322,7 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
 }
 
 bool AimLane::owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const {
-  if (!active_ || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0) return false;
+  if (!active() || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0) return false;
   if (offset % t_.pkt_payload != 0) return false;
   // Also a place whose request is yet to be posted: a copy there now would be overwritten.
   const uint64_t q = offset / t_.pkt_payload;
@@ -363,7 +429,7 @@ int AimLane::hand_out(RxPacket p, int st, RxPacket* out) {
   // until that request completes, which the lane's next datagram brings (the lost packet's
   // repair at the latest). Every other datagram goes at once: its place, if any, is free.
   PacketHeader h;
-  const bool early = active_ && decode(p.data, p.len, &h) == DecodeError::kNone &&
+  const bool early = active() && decode(p.data, p.len, &h) == DecodeError::kNone &&
                      h.type == PacketType::kData && h.token == t_.token &&
                      h.msg_seq == t_.msg_seq && t_.pkt_payload != 0 &&
                      h.offset % t_.pkt_payload == 0 && aimed_posted(h.offset / t_.pkt_payload);

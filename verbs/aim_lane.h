@@ -20,12 +20,19 @@
 //  - the endpoint drops DATA that arrives elsewhere (the shared QP) for a place a request here
 //    still owns (owns());
 //  - stop() flushes the QP in place when an aimed request is still posted (error state, every
-//    request back, reset, RTS): when it returns the device writes into the buffer no more, so
+//    request back, reset, RTS): once it says so the device writes into the buffer no more, so
 //    the receive may end and the caller reuse it, and the QPN stays, so the ended receive's
 //    stragglers still reach the lane (and the FINAL their sender missed is answered). Not a
 //    plain reset: rxe (Linux 6.1) keeps a reset QP's posted receive slots in its queue, zeroed,
 //    and the next datagrams fall into them. Recreating the QP is the fallback only: its new QPN
-//    strands those stragglers.
+//    strands those stragglers. The requests come back asynchronously; stop() does not wait for
+//    them unless told to: the receive asks again (Endpoint::aim_close) until they are back.
+//
+// States (LaneState, each move checked): Idle -> Lent (start) -> Idle when stop() finds no
+// aimed request posted, else Draining (the QP in the error state, requests coming back) ->
+// Drained (all back, the QP in RTS again) -> Idle when its receive asks again. A drained lane
+// waits for that question rather than going idle by itself: lent again meanwhile under the
+// same QPN, it would answer the old receive's question as if it were the new one's.
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss
 // the rest of the message lands one request off and is copied: misses cost copies, never
@@ -97,8 +104,12 @@ class AimLane {
   AimLane(const AimLane&) = delete;
   AimLane& operator=(const AimLane&) = delete;
 
+  enum class LaneState : uint8_t { kIdle, kLent, kDraining, kDrained };
+
   uint32_t qpn() const { return qp_->qp_num; }
-  bool active() const { return active_; }
+  bool active() const { return state_ == LaneState::kLent; }
+  // Lent, or not yet given back by the receive it was lent to: not to be lent.
+  bool busy() const { return state_ != LaneState::kIdle; }
   // When the lane last stopped, in its endpoint's count of stops: the endpoint lends the lane
   // idle longest, so that the stragglers of its last receive (a retransmission that crossed
   // the final ACK) find no request posted and are dropped by the device, instead of taking the
@@ -107,8 +118,10 @@ class AimLane {
 
   // Lends the lane to a receive: `lkey` is the registration of [t.base, t.base + t.capacity).
   void start(const AimTarget& t, uint32_t lkey);
-  // The receive ended: the device writes into its buffer no more once this returns.
-  void stop();
+  // The receive ended, or asks again: true once the device writes into its buffer no more
+  // (the lane is then idle); false while its requests are still coming back. `wait`: spin
+  // until they are (a connection that closes).
+  bool stop(bool wait);
   // Up to `max` datagrams: reposts what the last call handed out, then takes completions.
   int poll(RxPacket* out, int max, SourceCheck& src);
   // DATA of this lane's receive whose place a request owns, posted or still to be posted: it
@@ -137,8 +150,11 @@ class AimLane {
   Status create(ibv_cq* send_cq);
   Status make_qp();
   void recreate();
-  bool flush_in_place();  // error state, every request back, reset: the same QPN, empty  // a fresh
-                          // QP: nothing posted, the device writes into no place of ours
+  bool move_to(LaneState to);  // false, and logged, for a move the states above do not allow
+  // Takes the flushed requests back (one pass of the CQ, or until all are back with `wait`),
+  // then resets the QP and brings it back to RTS: false while some are still out.
+  bool drain(bool wait);
+  void finish_stop();  // Drained or Lent -> Idle
   Status bring_up();
   void top_up();
   // One completion: hands out its datagram (unless it must wait) and any datagram that waited
@@ -187,8 +203,9 @@ class AimLane {
   uint64_t pposted_ = 0;  // plain slots, free-running, the same way
   uint64_t pdone_ = 0;
 
+  LaneState state_ = LaneState::kIdle;
+  uint64_t drain_left_ = 0;  // Draining: requests not yet back
   // The receive the lane is lent to.
-  bool active_ = false;
   AimTarget t_{};
   uint32_t lkey_ = 0;
   uint64_t first_seq_ = 0;  // packet q's request is first_seq_ + q, for q in [aim_from_, next_aim_)

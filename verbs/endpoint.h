@@ -127,7 +127,7 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   uint64_t receive_buffer_bytes() const override;
   // A lane for a receive whose buffer a writable registration of this port covers.
   uint32_t aim_open(const AimTarget& t) override;
-  void aim_close(uint32_t steer) override;
+  bool aim_close(uint32_t steer, bool wait) override;
 
   const UdCounters& ud_counters() const;
   uint32_t max_inline_bytes() const { return max_inline_; }

@@ -77,18 +77,26 @@ class LaneDevice final : public ForwardingEndpoint {
     ++opens;
     return kSteer;
   }
-  void aim_close(uint32_t steer) override {
+  bool aim_close(uint32_t steer, bool wait) override {
     EXPECT_EQ(steer, kSteer);
     EXPECT_TRUE(open);
+    if (!wait && not_yet > 0) {  // still taking its requests back
+      --not_yet;
+      ++asked_again;
+      return false;
+    }
     open = false;
     ++closes;
     if (on_close) on_close();
+    return true;
   }
 
   bool offer = true;
   bool open = false;
   AimTarget aim;
   int opens = 0, closes = 0, placed = 0;
+  int not_yet = 0;      // aim_close answers "not yet" this many times first
+  int asked_again = 0;  // and counts them
   std::function<void()> on_close;
 };
 
@@ -150,6 +158,25 @@ TEST(ReceiveInPlace, DataGoesWhereTheCtsSaidAndIsNotCopiedAgain) {
   EXPECT_EQ(st.aimed_msgs, 1u);
   EXPECT_EQ(st.placed_pkts, 21u);
   EXPECT_EQ(rig.dev->placed, 21);
+}
+
+// A datapath still taking its requests back when the receive ends (verbs: a lane's flushed
+// requests come back asynchronously): the receive is done only once it says they are back,
+// every test meanwhile asking it again.
+TEST(ReceiveInPlace, AReceiveIsDoneOnlyOnceItsDatapathWritesIntoItNoMore) {
+  Rig rig;
+  rig.dev->not_yet = 3;
+  const auto src = pattern(20'500, 9);
+  std::vector<uint8_t> dst(24'000, 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  Request *sr, *rr;
+  ASSERT_TRUE(
+      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  ASSERT_TRUE(rig.run(sr, rr));
+  EXPECT_EQ(rig.dev->asked_again, 3);
+  EXPECT_EQ(rig.dev->closes, 1);  // before the receive was done: the connection is still open
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
 }
 
 // The next message, posted without a registration, asks for nothing, and its DATA go to the
