@@ -127,6 +127,13 @@ struct Rig {
   bool run(Request* sr, Request* rr, int rounds = 20000) {
     return testing::drive_pair(*s, *r, clock, sr, rr, rounds);
   }
+  // One message of `src` into `dst`, registered as `region`: posted, sent, and both done.
+  bool transfer(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
+                const MemoryRegion* region) {
+    Request *sr, *rr;
+    return r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, region, &rr).is_ok() &&
+           s->isend(src.data(), src.size(), &sr).is_ok() && run(sr, rr);
+  }
 };
 
 TEST(ReceiveInPlace, DataGoesWhereTheCtsSaidAndIsNotCopiedAgain) {
@@ -169,11 +176,7 @@ TEST(ReceiveInPlace, AReceiveIsDoneOnlyOnceItsDatapathWritesIntoItNoMore) {
   const auto src = pattern(20'500, 9);
   std::vector<uint8_t> dst(24'000, 0xCD);
   FakeRegion region(dst.data(), dst.size());
-  Request *sr, *rr;
-  ASSERT_TRUE(
-      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
-  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-  ASSERT_TRUE(rig.run(sr, rr));
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
   EXPECT_EQ(rig.dev->asked_again, 3);
   EXPECT_EQ(rig.dev->closes, 1);  // before the receive was done: the connection is still open
   EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin()));
@@ -209,11 +212,7 @@ TEST(ReceiveInPlace, ADeclinedAimCopiesAsBefore) {
   const auto src = pattern(30'000, 7);
   std::vector<uint8_t> dst(src.size());
   FakeRegion region(dst.data(), dst.size());
-  Request *sr, *rr;
-  ASSERT_TRUE(
-      rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
-  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-  ASSERT_TRUE(rig.run(sr, rr));
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
   EXPECT_EQ(src, dst);
   EXPECT_EQ(rig.dev->closes, 0);
   for (uint32_t steer : rig.tx->data_steers) EXPECT_EQ(steer, 0u);
@@ -254,11 +253,7 @@ TEST(ReceiveInPlace, AfterAShortReceiveTheNextIsCopiedUntilOneArrivesFull) {
   FakeRegion region(dst.data(), dst.size());
   auto step = [&](size_t bytes, uint64_t seed) {
     const auto src = pattern(bytes, seed);
-    Request *sr, *rr;
-    EXPECT_TRUE(
-        rig.r->irecv(dst.data(), dst.size(), MsgDelivery::kAsConnection, &region, &rr).is_ok());
-    EXPECT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
-    EXPECT_TRUE(rig.run(sr, rr));
+    EXPECT_TRUE(rig.transfer(src, dst, &region));
     EXPECT_TRUE(std::equal(src.begin(), src.end(), dst.begin())) << "seed " << seed;
   };
   step(20'500, 1);  // the first is aimed, and arrives short

@@ -659,6 +659,42 @@ std::unique_ptr<UdEndpoint> open_small(Device* d) {
   return std::unique_ptr<UdEndpoint>(static_cast<UdEndpoint*>(ep.release()));
 }
 
+// A lane of `b` for message `msg_seq` of `token` received into `dst` (registered as `mr`),
+// asked for until one is open: the first ask starts the lane's opening in the background and
+// is declined. *t describes the receive; 0 after 20 s.
+uint32_t lend_lane(UdEndpoint* b, std::vector<uint8_t>& dst, const MemoryRegion* mr,
+                   uint32_t pkt_payload, uint64_t token, uint32_t msg_seq, AimTarget* t) {
+  t->token = token;
+  t->msg_seq = msg_seq;
+  t->base = dst.data();
+  t->capacity = dst.size();
+  t->pkt_payload = pkt_payload;
+  t->mr = mr;
+  uint32_t steer = 0;
+  for (const auto t0 = Clock::now(); steer == 0 && Clock::now() - t0 < std::chrono::seconds(20);) {
+    steer = b->aim_open(*t);
+    if (steer == 0) usleep(1000);
+  }
+  return steer;
+}
+
+// DATA packet k of the `size`-byte message `src` that `t` receives, steered to its lane; `hdr`
+// holds the header until the packet is sent.
+TxPacket lane_packet(const AimTarget& t, const uint8_t* src, uint64_t size, uint32_t steer,
+                     uint32_t k, uint8_t* hdr) {
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.token = t.token;
+  h.msg_seq = t.msg_seq;
+  h.offset = uint64_t{k} * t.pkt_payload;
+  h.msg_size = size;
+  h.payload_len = uint32_t(std::min<uint64_t>(t.pkt_payload, size - h.offset));
+  encode(h, hdr);
+  TxPacket p{hdr, kHeaderBytes, h.payload_len, src + h.offset};
+  p.steer = steer;
+  return p;
+}
+
 // `a` on dev_a, bound to `b` on dev_b, which has the smallest ring.
 void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, LaneCounters* c) {
   const auto a = open_small(dev_a);
@@ -674,34 +710,13 @@ void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, La
   std::unique_ptr<MemoryRegion> region;
   ASSERT_TRUE(dev_b->register_memory(dst.data(), dst.size(), &region).is_ok());
   AimTarget t;
-  t.token = 0xA1A2;
-  t.msg_seq = 5;
-  t.base = dst.data();
-  t.capacity = dst.size();
-  t.pkt_payload = pp;
-  t.mr = region.get();
-  // The first ask starts the lane's opening in the background and is declined.
-  uint32_t steer = 0;
-  for (const auto t0 = Clock::now(); steer == 0 && Clock::now() - t0 < std::chrono::seconds(20);) {
-    steer = b->aim_open(t);
-    if (steer == 0) usleep(1000);
-  }
+  const uint32_t steer = lend_lane(b.get(), dst, region.get(), pp, 0xA1A2, 5, &t);
   ASSERT_NE(steer, 0u) << "no lane opened in 20 s";
   EXPECT_GE(b->ud_counters().aims_declined, 1u);
 
   std::vector<std::array<uint8_t, kHeaderBytes>> hdrs(kLanePkts);
   auto packet = [&](uint32_t k) {
-    PacketHeader h;
-    h.type = PacketType::kData;
-    h.token = t.token;
-    h.msg_seq = t.msg_seq;
-    h.offset = uint64_t{k} * pp;
-    h.msg_size = size;
-    h.payload_len = uint32_t(std::min<uint64_t>(pp, size - h.offset));
-    encode(h, hdrs[k].data());
-    TxPacket p{hdrs[k].data(), kHeaderBytes, h.payload_len, src.data() + h.offset};
-    p.steer = steer;
-    return p;
+    return lane_packet(t, src.data(), size, steer, k, hdrs[k].data());
   };
   std::vector<bool> got(kLanePkts, false);
   uint32_t have = 0;
@@ -792,33 +807,12 @@ TEST_F(RxeTest, ALaneClosedWithRequestsPostedIsDrainedWithoutWaiting) {
   std::unique_ptr<MemoryRegion> region;
   ASSERT_TRUE(dev_b()->register_memory(dst.data(), dst.size(), &region).is_ok());
   AimTarget t;
-  t.token = 0xB1B2;
-  t.msg_seq = 9;
-  t.base = dst.data();
-  t.capacity = dst.size();
-  t.pkt_payload = pp;
-  t.mr = region.get();
-  uint32_t steer = 0;
-  for (const auto t0 = Clock::now(); steer == 0 && Clock::now() - t0 < std::chrono::seconds(20);) {
-    steer = b->aim_open(t);
-    if (steer == 0) usleep(1000);
-  }
+  const uint32_t steer = lend_lane(b.get(), dst, region.get(), pp, 0xB1B2, 9, &t);
   ASSERT_NE(steer, 0u) << "no lane opened in 20 s";
   std::vector<std::array<uint8_t, kHeaderBytes>> hdrs(kSent);
   std::vector<TxPacket> pkts;
-  for (uint32_t k = 0; k < kSent; k++) {
-    PacketHeader h;
-    h.type = PacketType::kData;
-    h.token = t.token;
-    h.msg_seq = t.msg_seq;
-    h.offset = uint64_t{k} * pp;
-    h.msg_size = size;
-    h.payload_len = pp;
-    encode(h, hdrs[k].data());
-    TxPacket p{hdrs[k].data(), kHeaderBytes, pp, src.data() + h.offset};
-    p.steer = steer;
-    pkts.push_back(p);
-  }
+  for (uint32_t k = 0; k < kSent; k++)
+    pkts.push_back(lane_packet(t, src.data(), size, steer, k, hdrs[k].data()));
   for (size_t sent = 0; sent < pkts.size();) {
     const int k = a->tx_burst(pkts.data() + sent, int(pkts.size() - sent));
     ASSERT_GE(k, 0);
