@@ -695,8 +695,10 @@ Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t no
   Msg& m = slot(s);
   // A receive that completed before the connection failed is still reported as complete.
   if (m.state != State::kComplete) return fatal_;
-  // Its buffer is the caller's again only once the datapath writes into it no more.
-  if (!unaim_locked(m, false)) return fatal_;
+  // Its buffer is the caller's again only once the datapath writes into it no more: asked
+  // again at the next test, also after a failure (a receive complete before it is reported
+  // complete).
+  if (!unaim_locked(m, false)) return Status::ok();
   if (!set_msg_state_locked(m, State::kFree, now)) return fatal_;
   *done = true;
   if (size) *size = m.size;

@@ -106,7 +106,9 @@ class AimLane {
 
   enum class LaneState : uint8_t { kIdle, kLent, kDraining, kDrained };
 
-  uint32_t qpn() const { return qp_->qp_num; }
+  // 0 for a lane whose QP could not be recreated: never lent again.
+  uint32_t qpn() const { return qp_ != nullptr ? qp_->qp_num : 0; }
+  bool usable() const { return qp_ != nullptr; }
   bool active() const { return state_ == LaneState::kLent; }
   // Lent, or not yet given back by the receive it was lent to: not to be lent.
   bool busy() const { return state_ != LaneState::kIdle; }

@@ -347,7 +347,8 @@ uint32_t UdEndpoint::aim_open(const AimTarget& t) {
   AimLane* lane = nullptr;
   for (int i = 0; i < lanes_open_; i++) {
     AimLane* l = lanes_[i].get();
-    if (!l->busy() && (lane == nullptr || l->stopped_tick() < lane->stopped_tick())) lane = l;
+    if (!l->busy() && l->usable() && (lane == nullptr || l->stopped_tick() < lane->stopped_tick()))
+      lane = l;
   }
   // One more lane per receive asking while the pool has room, as the receives in flight grow.
   if (!lane_failed_ && lanes_open_ < kMaxLanes && !opener_.busy()) {
@@ -379,7 +380,7 @@ void UdEndpoint::adopt_lane() {
 
 bool UdEndpoint::aim_close(uint32_t steer, bool wait) {
   for (auto& l : lanes_) {
-    if (l && l->busy() && l->qpn() == steer) {
+    if (l && l->busy() && l->usable() && l->qpn() == steer) {
       if (l->active()) lanes_active_--;
       return l->stop(wait);
     }
