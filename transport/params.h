@@ -17,7 +17,8 @@ enum class DatapathChoice : uint8_t { kAuto, kUdp, kVerbs };
 enum class ModeChoice : uint8_t { kExact, kBounded };
 enum class FillChoice : uint8_t { kZero, kMarker };
 enum class GatherFillChoice : uint8_t { kZero, kOwn };
-// OPTIREDUCE_LOG, in log.h's order of kLogLevelNames (log_level() converts).
+// OPTIREDUCE_LOG, in the order of log.h's kLogLevelNames (log.cc parses the same names into a
+// LogLevel itself, before the table is read).
 enum class LogChoice : uint8_t { kNone, kWarn, kInfo, kTrace };
 // OPTIREDUCE_ALLGATHER_MODE: how liboptireduce's bounded calls run phase 2 (collectives/tar.h).
 enum class GatherModeChoice : uint8_t { kExact, kBounded, kStarted };

@@ -69,10 +69,9 @@ struct LaneCounters {
   uint64_t missed = 0;     // completions of aimed requests that took another datagram
   uint64_t waited = 0;     // of the misses, held until their own place's request completed
   uint64_t flushed = 0;    // QPs flushed and reset in place (the QPN kept)
-  uint64_t recreated = 0;  // QPs recreated (a receive ended with aimed requests posted)
+  uint64_t recreated = 0;  // QPs recreated (a flush or a reset that failed, an error state)
   uint64_t dropped = 0;    // no stage buffer free, a foreign source, a short completion
   uint64_t stale = 0;      // completions of requests a reset discarded
-  uint64_t resets = 0;     // QP resets (a receive that ended with requests posted, an error)
   uint64_t errors = 0;     // error completions
 };
 

@@ -400,7 +400,6 @@ const UdCounters& UdEndpoint::ud_counters() const {
     ud_.lanes.recreated += c.recreated;
     ud_.lanes.dropped += c.dropped;
     ud_.lanes.stale += c.stale;
-    ud_.lanes.resets += c.resets;
     ud_.lanes.errors += c.errors;
   }
   return ud_;
