@@ -95,10 +95,11 @@ Status AimLane::bring_up() {
 bool AimLane::move_to(LaneState to) {
   using S = LaneState;
   const S from = state_;
-  const bool ok = (from == S::kIdle && to == S::kLent) ||
-                  (from == S::kLent && (to == S::kDraining || to == S::kIdle)) ||
-                  (from == S::kDraining && to == S::kDrained) ||
-                  (from == S::kDrained && to == S::kIdle);
+  const bool ok =
+      (from == S::kIdle && to == S::kLent) ||
+      (from == S::kLent && (to == S::kDraining || to == S::kIdle || to == S::kRecovering)) ||
+      (from == S::kRecovering && (to == S::kLent || to == S::kDraining)) ||
+      (from == S::kDraining && to == S::kDrained) || (from == S::kDrained && to == S::kIdle);
   if (!ok) {
     OR_WARN("verbs: %s: receive lane qpn %u: no move from state %d to %d", port_->name.c_str(),
             qp_ ? qp_->qp_num : 0u, static_cast<int>(from), static_cast<int>(to));
@@ -112,6 +113,7 @@ void AimLane::start(const AimTarget& t, uint32_t lkey) {
   if (!move_to(LaneState::kLent)) return;
   t_ = t;
   lkey_ = lkey;
+  lent_qpn_ = qpn();
   nfull_ = t.pkt_payload != 0 ? t.capacity / t.pkt_payload : 0;
   // The plain slots an idle lane keeps posted for stragglers (stop()) come first: the receive's
   // first packets land there, copied, and the aimed requests begin after them.
@@ -135,6 +137,7 @@ bool AimLane::stop(bool wait) {
       finish_stop();
       return true;
     case LaneState::kLent:
+    case LaneState::kRecovering:
       break;
   }
   // Whatever still waits belongs to the receive that ended: nothing wants it.
@@ -143,19 +146,23 @@ bool AimLane::stop(bool wait) {
     ++counters_.dropped;
   }
   held_n_ = 0;
-  if (aimed_out_ == 0) {
-    finish_stop();
-    return true;
+  if (state_ == LaneState::kLent) {
+    if (aimed_out_ == 0) {
+      finish_stop();
+      return true;
+    }
+    // The error state completes every posted request (flushed, or with a datagram the device
+    // was already writing); once all of them are back no write is in flight and the queue is
+    // empty.
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
+      recreate();
+      finish_stop();
+      return true;
+    }
   }
-  // The error state completes every posted request (flushed, or with a datagram the device was
-  // already writing); once all of them are back no write is in flight and the queue is empty.
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_ERR;
-  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
-    recreate();
-    finish_stop();
-    return true;
-  }
+  // Recovering, the QP is in the error state already and its requests are coming back.
   drain_left_ = posted_ - done_;
   move_to(LaneState::kDraining);
   if (!drain(wait)) return false;
@@ -166,7 +173,6 @@ bool AimLane::stop(bool wait) {
 bool AimLane::drain(bool wait) {
   // Waiting (a connection that closes) is bounded: past it the QP is recreated, which also
   // ends every write into the buffer, at the cost of a new QPN.
-  constexpr int kMaxEmptyPolls = 200000;
   ibv_wc wc[16];
   bool broken = false;
   for (int empty = 0; drain_left_ > 0;) {
@@ -212,7 +218,7 @@ void AimLane::finish_stop() {
 
 void AimLane::top_up() {
   // Draining, the QP is in the error state: what is posted now would only come back flushed.
-  if (qp_ == nullptr || state_ == LaneState::kDraining) return;
+  if (qp_ == nullptr || state_ == LaneState::kDraining || state_ == LaneState::kRecovering) return;
   const uint64_t room = depth_ - kHandout;
   ibv_recv_wr* first = nullptr;
   ibv_recv_wr* prev = nullptr;
@@ -296,17 +302,20 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
     error_seen_ = false;
     ibv_qp_attr a{};
     ibv_qp_init_attr ia{};
-    if (ibv_->query_qp(qp_, &a, IBV_QP_STATE, &ia) != 0 || a.qp_state != IBV_QPS_RTS) {
-      // Aimed requests lost with the reset would need their places known to be unfilled;
-      // the rest of this receive comes through plain slots instead.
-      recreate();
-      next_aim_ = aim_from_ = nfull_;
-      missed_ = true;
+    if (state_ != LaneState::kRecovering &&
+        (ibv_->query_qp(qp_, &a, IBV_QP_STATE, &ia) != 0 || a.qp_state != IBV_QPS_RTS)) {
+      // In mid-receive the QPN must stay: the receive's sender keeps sending to it. An idle
+      // lane's has nobody waiting on it.
+      if (state_ == LaneState::kLent)
+        begin_recovery();
+      else
+        recreate();
     }
   }
   top_up();
   int n = emit_due(out, max);
   ibv_wc wc[kHandout];
+  const uint64_t done_before = done_;
   while (n < max) {
     // Each completion may free one waiting datagram besides its own: room for both.
     const int room = (max - n) / 2;
@@ -317,8 +326,51 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
     for (int i = 0; i < got; ++i) n += take(wc[i], out + n, src);
     if (got < want) break;
   }
-
+  if (state_ == LaneState::kRecovering) {
+    recover_idle_ = done_ != done_before ? 0 : recover_idle_ + 1;
+    if (done_ == posted_) {
+      end_recovery();
+    } else if (recover_idle_ >= kMaxEmptyPolls) {
+      // A device that does not give the requests back: a new QP (and QPN) ends every write.
+      recreate();
+      move_to(LaneState::kLent);
+      top_up();
+    }
+  }
   return n;
+}
+
+void AimLane::begin_recovery() {
+  recover_idle_ = 0;
+  // The requests still posted come back flushed, in order, through take(): a completion
+  // already written before the error is handed out as any other, and a datagram that waits
+  // for its place is freed when that place's request comes back. No request is aimed again in
+  // this receive: its places are not known to be unfilled, so what comes next is copied.
+  move_to(LaneState::kRecovering);
+  nfull_ = next_aim_;
+  missed_ = true;
+  // The QP is in the error state already, but rxe (Linux 6.1) gives the posted requests back
+  // only when told so: after a responder error they stay queued and never complete.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
+    recreate();
+    move_to(LaneState::kLent);
+  }
+}
+
+void AimLane::end_recovery() {
+  pdone_ = pposted_;
+  aimed_out_ = 0;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RESET;
+  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0 || !bring_up().is_ok()) {
+    recreate();  // the receive's sender is stranded until its timeout: the fallback only
+  } else {
+    ++counters_.recovered;
+  }
+  move_to(LaneState::kLent);
+  top_up();
 }
 
 bool AimLane::owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const {
@@ -351,7 +403,15 @@ int AimLane::take(const ibv_wc& wc, RxPacket* out, SourceCheck& src) {
 int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* out,
                       SourceCheck& src) {
   if (wc.status != IBV_WC_SUCCESS) {
-    if (wc.status != IBV_WC_WR_FLUSH_ERR) ++counters_.errors;
+    if (wc.status != IBV_WC_WR_FLUSH_ERR) {
+      ++counters_.errors;
+      // Whatever the device wrote of it is in a place whose packet now comes another way, as
+      // after a miss.
+      if (e.aimed && active()) {
+        nfull_ = next_aim_;
+        missed_ = true;
+      }
+    }
     error_seen_ = true;
     return 0;
   }

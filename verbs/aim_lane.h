@@ -33,6 +33,12 @@
 // Drained (all back, the QP in RTS again) -> Idle when its receive asks again. A drained lane
 // waits for that question rather than going idle by itself: lent again meanwhile under the
 // same QPN, it would answer the old receive's question as if it were the new one's.
+// Lent -> Recovering when an error completion (a datagram larger than its request, which no
+// peer of ours sends) has put the QP in the error state in mid-receive: the posted requests
+// come back flushed, then the QP is reset and brought back to RTS under the same QPN, and the
+// lane is Lent again with plain requests only, so the receive's sender, which keeps sending to
+// that QPN, still reaches it (a new QPN would strand it until its peer timeout). Recovering ->
+// Draining when the receive ends meanwhile.
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss
 // the rest of the message lands one request off and is copied: misses cost copies, never
@@ -69,7 +75,8 @@ struct LaneCounters {
   uint64_t missed = 0;     // completions of aimed requests that took another datagram
   uint64_t waited = 0;     // of the misses, held until their own place's request completed
   uint64_t flushed = 0;    // QPs flushed and reset in place (the QPN kept)
-  uint64_t recreated = 0;  // QPs recreated (a flush or a reset that failed, an error state)
+  uint64_t recovered = 0;  // QPs reset in place after an error completion in mid-receive
+  uint64_t recreated = 0;  // QPs recreated (a flush or a reset that failed, an idle lane's error)
   uint64_t dropped = 0;    // no stage buffer free, a foreign source, a short completion
   uint64_t stale = 0;      // completions of requests a reset discarded
   uint64_t errors = 0;     // error completions
@@ -92,6 +99,9 @@ class AimLane {
   // Plain slots an idle lane keeps posted to catch its last receive's stragglers; the next
   // receive's first packets land in them, copied.
   static constexpr uint32_t kIdlePlain = 4;
+  // Polls in a row that bring back none of the requests a flush (Draining) or an error
+  // (Recovering) completes before the lane gives up on them and recreates its QP.
+  static constexpr int kMaxEmptyPolls = 200000;
 
   // `depth`: receive requests (a power of two, at least 4 * kHandout), as many as the
   // endpoint's own ring so that a sender's window never outruns the lane. `send_cq`: the
@@ -103,12 +113,16 @@ class AimLane {
   AimLane(const AimLane&) = delete;
   AimLane& operator=(const AimLane&) = delete;
 
-  enum class LaneState : uint8_t { kIdle, kLent, kDraining, kDrained };
+  enum class LaneState : uint8_t { kIdle, kLent, kRecovering, kDraining, kDrained };
 
   // 0 for a lane whose QP could not be recreated: never lent again.
   uint32_t qpn() const { return qp_ != nullptr ? qp_->qp_num : 0; }
   bool usable() const { return qp_ != nullptr; }
-  bool active() const { return state_ == LaneState::kLent; }
+  // Lent to a receive that has not ended (its QP may be recovering from an error).
+  bool active() const { return state_ == LaneState::kLent || state_ == LaneState::kRecovering; }
+  // The steer this lane was last lent under: the receive names it at its close even if the QP
+  // had to be recreated under another QPN meanwhile.
+  bool lent_as(uint32_t steer) const { return busy() && lent_qpn_ == steer; }
   // Lent, or not yet given back by the receive it was lent to: not to be lent.
   bool busy() const { return state_ != LaneState::kIdle; }
   // When the lane last stopped, in its endpoint's count of stops: the endpoint lends the lane
@@ -156,6 +170,10 @@ class AimLane {
   // then resets the QP and brings it back to RTS: false while some are still out.
   bool drain(bool wait);
   void finish_stop();  // Drained or Lent -> Idle
+  // An error completion in mid-receive: the QP is in the error state (Lent -> Recovering).
+  void begin_recovery();
+  // Recovering and every request back: reset, RTS under the same QPN, Lent again.
+  void end_recovery();
   Status bring_up();
   void top_up();
   // One completion: hands out its datagram (unless it must wait) and any datagram that waited
@@ -209,6 +227,7 @@ class AimLane {
   // The receive the lane is lent to.
   AimTarget t_{};
   uint32_t lkey_ = 0;
+  uint32_t lent_qpn_ = 0;   // qpn() when start() lent the lane
   uint64_t first_seq_ = 0;  // packet q's request is first_seq_ + q, for q in [aim_from_, next_aim_)
   uint64_t aim_from_ = 0;   // the first packet aimed (those below land in idle plain slots)
   uint64_t nfull_ = 0;      // packets aimed at most: those the buffer holds whole, until a miss
@@ -223,6 +242,7 @@ class AimLane {
   int handed_[kStageSlots];  // stage buffers handed out by the last poll, freed by the next
   int handed_n_ = 0;
   bool error_seen_ = false;
+  int recover_idle_ = 0;  // Recovering: polls in a row that brought back no request
   LaneCounters counters_;
 };
 

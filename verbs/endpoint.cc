@@ -52,12 +52,13 @@ UdEndpoint::~UdEndpoint() {
     OR_INFO(
         "verbs: %s qpn %u: %llu receives lent a lane (%llu declined): %llu datagrams placed, "
         "%llu missed (%llu of them waited for their place), %llu dropped, %llu lanes flushed "
-        "in place, %llu recreated",
+        "in place, %llu recovered in place from an error, %llu recreated",
         port_->name.c_str(), qp_ ? qp_->qp_num : 0u, static_cast<unsigned long long>(ud_.aims),
         static_cast<unsigned long long>(ud_.aims_declined),
         static_cast<unsigned long long>(c.placed), static_cast<unsigned long long>(c.missed),
         static_cast<unsigned long long>(c.waited), static_cast<unsigned long long>(c.dropped),
-        static_cast<unsigned long long>(c.flushed), static_cast<unsigned long long>(c.recreated));
+        static_cast<unsigned long long>(c.flushed), static_cast<unsigned long long>(c.recovered),
+        static_cast<unsigned long long>(c.recreated));
   }
   opener_.abandon();                 // a lane still opening shares the send CQ too
   for (auto& l : lanes_) l.reset();  // before the send CQ they share
@@ -380,7 +381,7 @@ void UdEndpoint::adopt_lane() {
 
 bool UdEndpoint::aim_close(uint32_t steer, bool wait) {
   for (auto& l : lanes_) {
-    if (l && l->busy() && l->usable() && l->qpn() == steer) {
+    if (l && l->lent_as(steer)) {
       if (l->active()) lanes_active_--;
       return l->stop(wait);
     }
@@ -397,6 +398,7 @@ const UdCounters& UdEndpoint::ud_counters() const {
     ud_.lanes.missed += c.missed;
     ud_.lanes.waited += c.waited;
     ud_.lanes.flushed += c.flushed;
+    ud_.lanes.recovered += c.recovered;
     ud_.lanes.recreated += c.recreated;
     ud_.lanes.dropped += c.dropped;
     ud_.lanes.stale += c.stale;

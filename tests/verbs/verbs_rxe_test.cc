@@ -642,13 +642,22 @@ TEST_F(RxeTest, RegisteredBuffersAreSentWithoutACopy) {
 
 // Receive lanes (issue 16): one message of kLanePkts packets, longer than the 224 requests a
 // lane posts at once, steered to a lane of `b`, whose mini receiver does what the connection
-// does: it copies what the lane did not place, and `a` sends again what never came. `flood`:
-// the first kLaneFlood packets are sent before the receiver polls at all (the lane takes 224 of
-// them, the device drops the rest), and each round sends the packets past the flood before the
-// holes; otherwise packet kLanePkts/2 comes last of each round. Returns whether every byte
-// arrived exact; `placed` and `c` say how.
+// does: it copies what the lane did not place, and `a` sends again what never came. Returns
+// whether every byte arrived exact; `placed` and `c` say how.
 constexpr uint32_t kLanePkts = 700;
 constexpr uint32_t kLaneFlood = 524;
+constexpr uint32_t kLaneJunkAfter = 100;
+enum class LaneRun {
+  kLateHole,  // packet kLanePkts/2 comes last of each round
+  // the first kLaneFlood packets are sent before the receiver polls at all (the lane takes 224
+  // of them, the device drops the rest), and each round sends the packets past the flood
+  // before the holes
+  kFlood,
+  // as kLateHole, with packets of half the datagram, and after packet kLaneJunkAfter of the
+  // first round a datagram of the whole, larger than the lane's request: an error completion
+  // that puts the lane's QP in the error state in mid-receive
+  kOversize,
+};
 
 // The smallest ring: a lane gets 256 requests, 224 posted at once.
 std::unique_ptr<UdEndpoint> open_small(Device* d) {
@@ -696,14 +705,16 @@ TxPacket lane_packet(const AimTarget& t, const uint8_t* src, uint64_t size, uint
 }
 
 // `a` on dev_a, bound to `b` on dev_b, which has the smallest ring.
-void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, LaneCounters* c) {
+void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, LaneCounters* c) {
+  const bool flood = run == LaneRun::kFlood;
   const auto a = open_small(dev_a);
   const auto b = open_small(dev_b);
   ASSERT_TRUE(a && b);
   ASSERT_TRUE(a->set_peer(b->local_address()).is_ok());
   ASSERT_TRUE(b->set_peer(a->local_address()).is_ok());
-  const uint32_t pp =
+  const uint32_t whole =
       std::min(a->max_datagram_bytes(), b->max_datagram_bytes()) - uint32_t{kHeaderBytes};
+  const uint32_t pp = run == LaneRun::kOversize ? whole / 2 : whole;
   const uint64_t size = uint64_t{kLanePkts} * pp - pp / 2;  // a short last packet
   std::vector<uint8_t> src(size), dst(size, 0xEE);
   for (uint64_t i = 0; i < size; i++) src[i] = pattern(i / pp + 1000, uint32_t(i % pp));
@@ -754,6 +765,7 @@ void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, La
     }
   };
   std::vector<TxPacket> burst;
+  std::vector<uint8_t> junk(kHeaderBytes + whole, 0x5A);
   if (flood) {
     for (uint32_t k = 0; k < kLaneFlood; k++) burst.push_back(packet(k));
     send(burst, false);
@@ -768,22 +780,30 @@ void lane_message(Device* dev_a, Device* dev_b, bool flood, uint32_t* placed, La
       for (uint32_t k = 0; k < kLaneFlood; k++)
         if (!got[k]) burst.push_back(packet(k));
     } else {
-      for (uint32_t k = 0; k < kLanePkts; k++)
+      for (uint32_t k = 0; k < kLanePkts; k++) {
         if (!got[k] && k != late) burst.push_back(packet(k));
+        if (run == LaneRun::kOversize && round == 0 && k == kLaneJunkAfter) {
+          TxPacket j{junk.data(), kHeaderBytes, whole, junk.data() + kHeaderBytes};
+          j.steer = steer;
+          burst.push_back(j);
+        }
+      }
       if (!got[late]) burst.push_back(packet(late));
     }
     send(burst, true);
     receive_for(std::chrono::milliseconds(300));
   }
+  *c = b->ud_counters().lanes;
+  std::fprintf(
+      stderr,
+      "lane: %u of %u packets placed by the device, %llu missed (%llu waited), %llu "
+      "dropped, %llu error completions, %llu recovered, %llu recreated\n",
+      *placed, kLanePkts, static_cast<unsigned long long>(c->missed),
+      static_cast<unsigned long long>(c->waited), static_cast<unsigned long long>(c->dropped),
+      static_cast<unsigned long long>(c->errors), static_cast<unsigned long long>(c->recovered),
+      static_cast<unsigned long long>(c->recreated));
   ASSERT_EQ(have, kLanePkts);
   EXPECT_TRUE(b->aim_close(steer, true));
-  *c = b->ud_counters().lanes;
-  std::fprintf(stderr,
-               "lane: %u of %u packets placed by the device, %llu missed (%llu waited), %llu "
-               "dropped\n",
-               *placed, kLanePkts, static_cast<unsigned long long>(c->missed),
-               static_cast<unsigned long long>(c->waited),
-               static_cast<unsigned long long>(c->dropped));
   for (uint64_t i = 0; i < size; i++)
     ASSERT_EQ(dst[i], src[i]) << "byte " << i << " (packet " << i / pp << ")";
 }
@@ -867,7 +887,7 @@ TEST_F(RxeTest, ALaneReceivesInPlaceAndPacketsThatComeEarlyWaitForTheirPlace) {
   if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
   uint32_t placed = 0;
   LaneCounters c;
-  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), false, &placed, &c));
+  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), LaneRun::kLateHole, &placed, &c));
   EXPECT_GE(placed, kLanePkts / 2);  // those before the loss
   EXPECT_GE(c.missed, 1u);
   EXPECT_GE(c.waited, 1u);
@@ -880,9 +900,24 @@ TEST_F(RxeTest, ALaneOverrunByAFloodStaysExact) {
   if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
   uint32_t placed = 0;
   LaneCounters c;
-  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), true, &placed, &c));
+  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), LaneRun::kFlood, &placed, &c));
   EXPECT_GE(placed, 1u);
   EXPECT_GE(c.missed, 1u);
+}
+
+// A datagram larger than the lane's request in mid-receive (no peer of ours sends one; a
+// stray or hostile one can): the error completion puts the lane's QP in the error state. The
+// lane recovers under the same QPN, so the receive's sender, which keeps sending there, still
+// completes the message, copied from then on; a new QPN would strand it.
+TEST_F(RxeTest, ALaneRecoversFromAnErrorCompletionUnderItsQpn) {
+  if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
+  uint32_t placed = 0;
+  LaneCounters c;
+  ASSERT_NO_FATAL_FAILURE(lane_message(dev_a(), dev_b(), LaneRun::kOversize, &placed, &c));
+  EXPECT_GE(placed, kLaneJunkAfter);  // those before the error
+  EXPECT_GE(c.errors, 1u);
+  EXPECT_EQ(c.recovered, 1u);
+  EXPECT_EQ(c.recreated, 0u);
 }
 
 }  // namespace
