@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 #include "transport/log.h"
 #include "transport/wire.h"
@@ -13,9 +15,9 @@
 namespace optireduce::verbs {
 
 Status AimLane::open(PortContext* port, ibv_cq* send_cq, uint32_t depth, uint32_t max_datagram,
-                     uint64_t* stop_clock, std::unique_ptr<AimLane>* out) {
+                     uint64_t* stop_clock, LaneFlusher* flusher, std::unique_ptr<AimLane>* out) {
   if (!is_pow2(depth) || depth < 4 * kHandout) return Status(Errc::kInternal, EINVAL);
-  std::unique_ptr<AimLane> lane(new AimLane(port, depth, max_datagram, stop_clock));
+  std::unique_ptr<AimLane> lane(new AimLane(port, depth, max_datagram, stop_clock, flusher));
   Status st = lane->create(send_cq);
   if (st.is_ok()) *out = std::move(lane);
   return st;
@@ -67,7 +69,7 @@ Status AimLane::make_qp() {
   return bring_up();
 }
 
-void AimLane::recreate() {
+void AimLane::recreate(LaneCounters& c) {
   // Destroyed, the QP holds no request and the device writes into no place of ours once the
   // call returns; its completions still queued are discarded here, trailing ones by their
   // stale sequence. A QP reset would do the same on paper, but rxe (Linux 6.1) keeps the reset
@@ -75,11 +77,11 @@ void AimLane::recreate() {
   if (qp_ != nullptr) ibv_->destroy_qp(qp_);
   qp_ = nullptr;
   ibv_wc wc[16];
-  while (ibv_poll_cq(cq_, 16, wc) > 0) ++counters_.stale;
+  while (ibv_poll_cq(cq_, 16, wc) > 0) ++c.stale;
   done_ = posted_;
   pdone_ = pposted_;
   aimed_out_ = 0;
-  ++counters_.recreated;
+  ++c.recreated;
   if (Status st = make_qp(); !st.is_ok()) {
     if (qp_ != nullptr) ibv_->destroy_qp(qp_);
     qp_ = nullptr;
@@ -130,9 +132,7 @@ bool AimLane::stop(bool wait) {
     case LaneState::kIdle:
       return true;
     case LaneState::kDraining:
-      if (!drain(wait)) return false;
-      finish_stop();
-      return true;
+      return finish_drain(wait);
     case LaneState::kDrained:
       finish_stop();
       return true;
@@ -146,64 +146,73 @@ bool AimLane::stop(bool wait) {
     ++counters_.dropped;
   }
   held_n_ = 0;
-  if (state_ == LaneState::kLent) {
-    if (aimed_out_ == 0) {
-      finish_stop();
-      return true;
-    }
-    // The error state completes every posted request (flushed, or with a datagram the device
-    // was already writing); once all of them are back no write is in flight and the queue is
-    // empty.
-    ibv_qp_attr a{};
-    a.qp_state = IBV_QPS_ERR;
-    if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
-      recreate();
-      finish_stop();
-      return true;
-    }
+  if (state_ == LaneState::kLent && aimed_out_ == 0) {
+    finish_stop();
+    return true;
   }
-  // Recovering, the QP is in the error state already and its requests are coming back.
+  // Requests are still posted into the buffer: the flush takes them back, on the worker's
+  // thread (a Recovering lane's QP is in the error state already; the flush's move there is a
+  // no-op). Until the lane says it is flushed, nothing here touches its QP or CQ.
   drain_left_ = posted_ - done_;
+  flush_counts_ = LaneCounters{};
+  flush_done_.store(false, std::memory_order_relaxed);
   move_to(LaneState::kDraining);
-  if (!drain(wait)) return false;
+  if (flusher_ == nullptr || !flusher_->submit(this)) {
+    ++counters_.flushed_inline;
+    flush_now();
+  }
+  return finish_drain(wait);
+}
+
+bool AimLane::finish_drain(bool wait) {
+  if (!flush_done_.load(std::memory_order_acquire)) {
+    if (!wait) return false;
+    // A connection that closes: the flush's own wait is bounded (kFlushWait).
+    while (!flush_done_.load(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  counters_.stale += flush_counts_.stale;
+  counters_.flushed += flush_counts_.flushed;
+  counters_.recreated += flush_counts_.recreated;
+  move_to(LaneState::kDrained);
   finish_stop();
   return true;
 }
 
-bool AimLane::drain(bool wait) {
-  // Waiting (a connection that closes) is bounded: past it the QP is recreated, which also
-  // ends every write into the buffer, at the cost of a new QPN.
+void AimLane::flush_now() {
+  // The error state completes every posted request (flushed, or with a datagram the device was
+  // already writing); once all of them are back no write is in flight and the queue is empty.
+  // Waiting for them is bounded: past it the QP is recreated, which also ends every write into
+  // the buffer, at the cost of a new QPN.
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_ERR;
+  bool broken = ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0;
+  const auto give_up = std::chrono::steady_clock::now() + kFlushWait;
   ibv_wc wc[16];
-  bool broken = false;
-  for (int empty = 0; drain_left_ > 0;) {
+  for (int empty = 0; !broken && drain_left_ > 0;) {
     const int n = ibv_poll_cq(cq_, 16, wc);
     if (n < 0) {
       broken = true;
-      break;
-    }
-    drain_left_ -= std::min<uint64_t>(drain_left_, static_cast<uint64_t>(n));
-    if (n > 0) continue;
-    if (!wait) return false;
-    if (++empty >= kMaxEmptyPolls) {
-      broken = true;
-      break;
+    } else if (n > 0) {
+      drain_left_ -= std::min<uint64_t>(drain_left_, static_cast<uint64_t>(n));
+      empty = 0;
+    } else if (++empty % 64 == 0) {
+      if (std::chrono::steady_clock::now() > give_up) broken = true;
+      std::this_thread::yield();
     }
   }
   if (broken) {
-    recreate();
+    recreate(flush_counts_);
   } else {
     done_ = posted_;
     pdone_ = pposted_;
     aimed_out_ = 0;
-    ibv_qp_attr a{};
     a.qp_state = IBV_QPS_RESET;
     if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0 || !bring_up().is_ok())
-      recreate();
+      recreate(flush_counts_);
     else
-      ++counters_.flushed;
+      ++flush_counts_.flushed;
   }
-  move_to(LaneState::kDrained);
-  return true;
+  flush_done_.store(true, std::memory_order_release);
 }
 
 void AimLane::finish_stop() {
@@ -292,12 +301,9 @@ int AimLane::alloc_stage() {
 int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
   for (int i = 0; i < handed_n_; ++i) stage_used_[handed_[i]] = false;
   handed_n_ = 0;
-  // What comes back while draining belongs to the receive that ended: flushed requests, or
-  // datagrams written just before the error state. Nothing of it is handed out.
-  if (state_ == LaneState::kDraining) {
-    drain(false);
-    return 0;
-  }
+  // Draining, the QP and the CQ are the flush's (flush_now), and what comes back belongs to
+  // the receive that ended.
+  if (state_ == LaneState::kDraining) return 0;
   if (error_seen_) {
     error_seen_ = false;
     ibv_qp_attr a{};
@@ -309,7 +315,7 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
       if (state_ == LaneState::kLent)
         begin_recovery();
       else
-        recreate();
+        recreate(counters_);
     }
   }
   top_up();
@@ -332,7 +338,7 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
       end_recovery();
     } else if (recover_idle_ >= kMaxEmptyPolls) {
       // A device that does not give the requests back: a new QP (and QPN) ends every write.
-      recreate();
+      recreate(counters_);
       move_to(LaneState::kLent);
       top_up();
     }
@@ -354,7 +360,7 @@ void AimLane::begin_recovery() {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
   if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0) {
-    recreate();
+    recreate(counters_);
     move_to(LaneState::kLent);
   }
 }
@@ -365,7 +371,7 @@ void AimLane::end_recovery() {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RESET;
   if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0 || !bring_up().is_ok()) {
-    recreate();  // the receive's sender is stranded until its timeout: the fallback only
+    recreate(counters_);  // the receive's sender is stranded until its timeout: the fallback only
   } else {
     ++counters_.recovered;
   }

@@ -19,20 +19,23 @@
 //    packet's repair at the latest); one that came late, and another's datagram, go at once;
 //  - the endpoint drops DATA that arrives elsewhere (the shared QP) for a place a request here
 //    still owns (owns());
-//  - stop() flushes the QP in place when an aimed request is still posted (error state, every
-//    request back, reset, RTS): once it says so the device writes into the buffer no more, so
-//    the receive may end and the caller reuse it, and the QPN stays, so the ended receive's
-//    stragglers still reach the lane (and the FINAL their sender missed is answered). Not a
-//    plain reset: rxe (Linux 6.1) keeps a reset QP's posted receive slots in its queue, zeroed,
-//    and the next datagrams fall into them. Recreating the QP is the fallback only: its new QPN
-//    strands those stragglers. The requests come back asynchronously; stop() does not wait for
-//    them unless told to: the receive asks again (Endpoint::aim_close) until they are back.
+//  - stop() has the QP flushed in place when an aimed request is still posted (error state,
+//    every request back, reset, RTS): once it says so the device writes into the buffer no
+//    more, so the receive may end and the caller reuse it, and the QPN stays, so the ended
+//    receive's stragglers still reach the lane (and the FINAL their sender missed is
+//    answered). Not a plain reset: rxe (Linux 6.1) keeps a reset QP's posted receive slots in
+//    its queue, zeroed, and the next datagrams fall into them. Recreating the QP is the
+//    fallback only: its new QPN strands those stragglers. The flush's five QP state changes are
+//    firmware commands on a NIC, so it runs on the endpoint's worker thread (LaneFlusher,
+//    lane_worker.h); stop() does not wait for it unless told to: the receive asks again
+//    (Endpoint::aim_close) until it is done.
 //
 // States (LaneState, each move checked): Idle -> Lent (start) -> Idle when stop() finds no
-// aimed request posted, else Draining (the QP in the error state, requests coming back) ->
-// Drained (all back, the QP in RTS again) -> Idle when its receive asks again. A drained lane
-// waits for that question rather than going idle by itself: lent again meanwhile under the
-// same QPN, it would answer the old receive's question as if it were the new one's.
+// aimed request posted, else Draining (the flush under way, the QP and CQ the flusher's) ->
+// Drained (all back, the QP in RTS again) -> Idle, both when its receive asks again after the
+// flush. A flushed lane waits for that question rather than going idle by itself: lent again
+// meanwhile under the same QPN, it would answer the old receive's question as if it were the
+// new one's.
 // Lent -> Recovering when an error completion (a datagram larger than its request, which no
 // peer of ours sends) has put the QP in the error state in mid-receive: the posted requests
 // come back flushed, then the QP is reset and brought back to RTS under the same QPN, and the
@@ -52,6 +55,8 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 
@@ -70,11 +75,24 @@ class SourceCheck {
   ~SourceCheck() = default;
 };
 
+class AimLane;
+
+// Runs a lane's flush (AimLane::flush_now) away from the caller's thread. submit() false: it
+// cannot, and the lane flushes on the caller's thread.
+class LaneFlusher {
+ public:
+  virtual bool submit(AimLane* lane) = 0;
+
+ protected:
+  ~LaneFlusher() = default;
+};
+
 struct LaneCounters {
   uint64_t placed = 0;     // DATA that arrived in their place
   uint64_t missed = 0;     // completions of aimed requests that took another datagram
   uint64_t waited = 0;     // of the misses, held until their own place's request completed
   uint64_t flushed = 0;    // QPs flushed and reset in place (the QPN kept)
+  uint64_t flushed_inline = 0;  // of the flushes, run on the caller's thread (no worker thread)
   uint64_t recovered = 0;  // QPs reset in place after an error completion in mid-receive
   uint64_t recreated = 0;  // QPs recreated (a flush or a reset that failed, an idle lane's error)
   uint64_t dropped = 0;    // no stage buffer free, a foreign source, a short completion
@@ -99,16 +117,18 @@ class AimLane {
   // Plain slots an idle lane keeps posted to catch its last receive's stragglers; the next
   // receive's first packets land in them, copied.
   static constexpr uint32_t kIdlePlain = 4;
-  // Polls in a row that bring back none of the requests a flush (Draining) or an error
-  // (Recovering) completes before the lane gives up on them and recreates its QP.
+  // Polls in a row that bring back none of the requests an error (Recovering) completes before
+  // the lane gives up on them and recreates its QP; and how long a flush waits for them.
   static constexpr int kMaxEmptyPolls = 200000;
+  static constexpr std::chrono::milliseconds kFlushWait{1000};
 
   // `depth`: receive requests (a power of two, at least 4 * kHandout), as many as the
   // endpoint's own ring so that a sender's window never outruns the lane. `send_cq`: the
   // endpoint's (a lane sends nothing, but a QP needs one).
   // `stop_clock`: the endpoint's count of stops, which the lane advances (stopped_tick()).
+  // `flusher`: where stop() sends the flush (null: the caller's thread).
   static Status open(PortContext* port, ibv_cq* send_cq, uint32_t depth, uint32_t max_datagram,
-                     uint64_t* stop_clock, std::unique_ptr<AimLane>* out);
+                     uint64_t* stop_clock, LaneFlusher* flusher, std::unique_ptr<AimLane>* out);
   ~AimLane();
   AimLane(const AimLane&) = delete;
   AimLane& operator=(const AimLane&) = delete;
@@ -134,9 +154,13 @@ class AimLane {
   // Lends the lane to a receive: `lkey` is the registration of [t.base, t.base + t.capacity).
   void start(const AimTarget& t, uint32_t lkey);
   // The receive ended, or asks again: true once the device writes into its buffer no more
-  // (the lane is then idle); false while its requests are still coming back. `wait`: spin
-  // until they are (a connection that closes).
+  // (the lane is then idle); false while its flush is under way. `wait`: until it is done (a
+  // connection that closes).
   bool stop(bool wait);
+  // The flush stop() asked for: the QP to the error state, every posted request back, reset,
+  // RTS (or, failing that or past kFlushWait, a new QP). Runs on the flusher's thread; the
+  // lane is the flusher's alone until it is done.
+  void flush_now();
   // Up to `max` datagrams: reposts what the last call handed out, then takes completions.
   int poll(RxPacket* out, int max, SourceCheck& src);
   // DATA of this lane's receive whose place a request owns, posted or still to be posted: it
@@ -156,19 +180,21 @@ class AimLane {
     bool due = false;       // that request completed
     RxPacket pkt;
   };
-  AimLane(PortContext* port, uint32_t depth, uint32_t max_datagram, uint64_t* stop_clock)
+  AimLane(PortContext* port, uint32_t depth, uint32_t max_datagram, uint64_t* stop_clock,
+          LaneFlusher* flusher)
       : port_(port),
         ibv_(&port->ibv()),
         depth_(depth),
         max_datagram_(max_datagram),
-        stop_clock_(stop_clock) {}
+        stop_clock_(stop_clock),
+        flusher_(flusher) {}
   Status create(ibv_cq* send_cq);
   Status make_qp();
-  void recreate();
+  void recreate(LaneCounters& c);  // counted in `c`
   bool move_to(LaneState to);  // false, and logged, for a move the states above do not allow
-  // Takes the flushed requests back (one pass of the CQ, or until all are back with `wait`),
-  // then resets the QP and brings it back to RTS: false while some are still out.
-  bool drain(bool wait);
+  // Draining: once the flush is done (or, with `wait`, after waiting for it), takes its
+  // counts and goes idle; false while it is under way.
+  bool finish_drain(bool wait);
   void finish_stop();  // Drained or Lent -> Idle
   // An error completion in mid-receive: the QP is in the error state (Lent -> Recovering).
   void begin_recovery();
@@ -202,6 +228,7 @@ class AimLane {
   const uint32_t depth_;
   const uint32_t max_datagram_;
   uint64_t* const stop_clock_;
+  LaneFlusher* const flusher_;
   uint64_t stopped_tick_ = 0;
   uint32_t plain_stride_ = 0;
   ibv_cq* cq_ = nullptr;
@@ -223,7 +250,10 @@ class AimLane {
   uint64_t pdone_ = 0;
 
   LaneState state_ = LaneState::kIdle;
-  uint64_t drain_left_ = 0;  // Draining: requests not yet back
+  // Draining: the flush's, until flush_done_ says it is done.
+  uint64_t drain_left_ = 0;    // requests not yet back
+  LaneCounters flush_counts_;  // stale, flushed, recreated: added to counters_ afterwards
+  std::atomic<bool> flush_done_{false};
   // The receive the lane is lent to.
   AimTarget t_{};
   uint32_t lkey_ = 0;

@@ -52,15 +52,17 @@ UdEndpoint::~UdEndpoint() {
     OR_INFO(
         "verbs: %s qpn %u: %llu receives lent a lane (%llu declined): %llu datagrams placed, "
         "%llu missed (%llu of them waited for their place), %llu dropped, %llu lanes flushed "
-        "in place, %llu recovered in place from an error, %llu recreated",
+        "in place (%llu on NCCL's thread), %llu recovered in place from an error, %llu "
+        "recreated",
         port_->name.c_str(), qp_ ? qp_->qp_num : 0u, static_cast<unsigned long long>(ud_.aims),
         static_cast<unsigned long long>(ud_.aims_declined),
         static_cast<unsigned long long>(c.placed), static_cast<unsigned long long>(c.missed),
         static_cast<unsigned long long>(c.waited), static_cast<unsigned long long>(c.dropped),
-        static_cast<unsigned long long>(c.flushed), static_cast<unsigned long long>(c.recovered),
-        static_cast<unsigned long long>(c.recreated));
+        static_cast<unsigned long long>(c.flushed),
+        static_cast<unsigned long long>(c.flushed_inline),
+        static_cast<unsigned long long>(c.recovered), static_cast<unsigned long long>(c.recreated));
   }
-  opener_.abandon();                 // a lane still opening shares the send CQ too
+  worker_.shutdown();                // its lane opening and flushes share the send CQ and the lanes
   for (auto& l : lanes_) l.reset();  // before the send CQ they share
   if (qp_) ibv_->destroy_qp(qp_);
   // The device reads nothing of a destroyed QP's: whoever still waits on a fence may go on (a
@@ -352,9 +354,9 @@ uint32_t UdEndpoint::aim_open(const AimTarget& t) {
       lane = l;
   }
   // One more lane per receive asking while the pool has room, as the receives in flight grow.
-  if (!lane_failed_ && lanes_open_ < kMaxLanes && !opener_.busy()) {
+  if (!lane_failed_ && lanes_open_ < kMaxLanes && !worker_.opening()) {
     const uint32_t depth = recv_slots_ < kMaxLaneDepth ? recv_slots_ : kMaxLaneDepth;
-    opener_.start(port_.get(), send_cq_, depth, max_datagram_, &lane_stops_);
+    worker_.start_open(port_.get(), send_cq_, depth, max_datagram_, &lane_stops_);
   }
   if (lane == nullptr) {
     ud_.aims_declined++;
@@ -369,7 +371,7 @@ uint32_t UdEndpoint::aim_open(const AimTarget& t) {
 void UdEndpoint::adopt_lane() {
   std::unique_ptr<AimLane> fresh;
   Status st;
-  if (!opener_.take(&fresh, &st)) return;
+  if (!worker_.take_opened(&fresh, &st)) return;
   if (!st.is_ok()) {
     lane_failed_ = true;
     OR_WARN("verbs: %s: cannot open a receive lane (%s, errno %d): receives are copied",
@@ -398,6 +400,7 @@ const UdCounters& UdEndpoint::ud_counters() const {
     ud_.lanes.missed += c.missed;
     ud_.lanes.waited += c.waited;
     ud_.lanes.flushed += c.flushed;
+    ud_.lanes.flushed_inline += c.flushed_inline;
     ud_.lanes.recovered += c.recovered;
     ud_.lanes.recreated += c.recreated;
     ud_.lanes.dropped += c.dropped;

@@ -41,7 +41,7 @@
 #include "verbs/address.h"
 #include "verbs/aim_lane.h"
 #include "verbs/device.h"
-#include "verbs/lane_opener.h"
+#include "verbs/lane_worker.h"
 #include "verbs/ring.h"
 
 namespace optireduce::verbs {
@@ -85,13 +85,14 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // bitmap or a 16-byte hello.
   static constexpr uint32_t kInlineBytes = 256;
   // Receive lanes (aim_lane.h) an endpoint lends at most at once, opened one per receive until
-  // there are this many (in the background, lane_opener.h: the receive that asks first is
+  // there are this many (in the background, lane_worker.h: the receive that asks first is
   // copied), then lent idle longest first: as many as NCCL's proxy keeps receives in
   // flight per connection (8 slots), and with fewer in flight a lane rests for a few receives
   // before it is lent again, long enough for its last receive's stragglers. Each costs a QP and,
   // at kMaxLaneDepth, about 1.3 MiB of requests, header, plain and stage slots; a receive that
   // finds none free is copied as before.
   static constexpr int kMaxLanes = 8;
+  static_assert(kMaxLanes <= LaneWorker::kMaxFlushes, "every lane's flush may be queued at once");
   // A lane's receive requests: the endpoint's ring depth up to this. Beyond, a sender whose
   // window holds more of one message than this in flight, unreceived, meets an empty queue:
   // those datagrams are lost and repaired, and land out of place.
@@ -219,7 +220,7 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   int lanes_active_ = 0;
   uint64_t lane_stops_ = 0;   // the lanes' stop clock (AimLane::stopped_tick)
   bool lane_failed_ = false;  // opening a lane failed once: not tried again
-  LaneOpener opener_;         // the next lane, opening
+  LaneWorker worker_;         // opens lanes and flushes them, off NCCL's thread
 };
 
 }  // namespace optireduce::verbs

@@ -809,9 +809,10 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
 }
 
 // A message shorter than its receive leaves aimed requests posted past it: closing the lane
-// flushes them, and the requests come back asynchronously, so aim_close says "not yet" until
-// they have (the connection's test asks again). Past the message the buffer stays untouched, and
-// a straggler that comes after the close is handed up as a copy, not placed.
+// flushes them on the endpoint's worker thread (five QP state changes, firmware commands on a
+// NIC), so aim_close says "not yet" until the flush is done (the connection's test asks again).
+// Past the message the buffer stays untouched, and a straggler that comes after the close is handed
+// up as a copy, not placed.
 TEST_F(RxeTest, ALaneClosedWithRequestsPostedIsDrainedWithoutWaiting) {
   if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
   const auto a = open_small(dev_a());
@@ -863,6 +864,7 @@ TEST_F(RxeTest, ALaneClosedWithRequestsPostedIsDrainedWithoutWaiting) {
   std::fprintf(stderr, "lane closed after %d asks; %llu flushed in place\n", asked,
                static_cast<unsigned long long>(b->ud_counters().lanes.flushed));
   EXPECT_EQ(b->ud_counters().lanes.flushed, 1u);
+  EXPECT_EQ(b->ud_counters().lanes.flushed_inline, 0u) << "the flush ran on the caller's thread";
   // A straggler after the close: handed up as a copy.
   ASSERT_EQ(a->tx_burst(&pkts[7], 1), 1);
   int late = 0;
