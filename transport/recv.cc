@@ -1,5 +1,6 @@
-// RecvConn: CTS, placement by offset with every bounds check, SACK generation, completion
-// (exact or bounded), hole filling.
+// RecvConn: posting a receive, its CTS and the datapath's place for it, and placement of what
+// arrives, by offset with every bounds check. Its deadlines and timers are in recv_deadline.cc,
+// how it ends (ACKs, hole filling, completion, test) in recv_complete.cc.
 #include "transport/recv.h"
 
 #include <algorithm>
@@ -11,26 +12,7 @@
 namespace optireduce {
 
 namespace {
-// The erasure marker: 0x7FF1 repeated is a NaN read as fp16, bf16, fp32 or fp64 at any even
-// offset, so liboptireduce can find every lost element in its own buffers.
-constexpr uint16_t kMarker16 = 0x7FF1;
-// Without a policy, a bounded receive gets this budget (OPTIREDUCE_TIMEOUT_MS overrides).
-constexpr uint64_t kDefaultBudgetNs = 1'000'000'000;
-// A CTS is repeated after this many RTTs without DATA (the CTS's own round trip, the sender's
-// poll, one to spare), doubling up to the RTO maximum. A repeat the sender did not need costs
-// one small datagram, which it ignores, so the timer may be short.
-constexpr uint64_t kCtsRtts = 3;
-// ... but never sooner than this: a software timer served by polling, on a host that
-// schedules other threads, is no finer.
-constexpr uint64_t kCtsResendMinNs = 20'000;
-// Before the connection measured an RTT: a conservative first repeat, as for a millisecond
-// network.
-constexpr uint64_t kCtsResendInitialNs = 5'000'000;
 constexpr uint32_t kAckEveryPkts = 16;
-// Bound of an exact receive on a bounded connection (calibration), and of a whole one (a
-// kUntilStarted receive whose sender started), as kFallbackGiveUpNs of the sending side: never
-// cuts a live step, never lets a dead sender hang us.
-constexpr uint64_t kFallbackNs = 10'000'000'000;
 }  // namespace
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
@@ -187,82 +169,6 @@ bool RecvConn::unaim_locked(Msg& m, bool wait) {
   if (!ep_->aim_close(m.steer, wait)) return false;
   m.steer = 0;
   return true;
-}
-
-// A sender's expiry notice ends a receive that is bounded, or exact only because the group is
-// calibrating (the sender gave up on it just as we would at the fallback bound). A receive
-// pinned exact (NCCL's LL/LL128) never ends without its data; its CTS told the sender so.
-void RecvConn::fail_expired_pinned_locked() {
-  fail_locked(Status(Errc::kRemote),
-              "the sender expired a message this receiver pinned exact (LL/LL128)");
-}
-
-bool RecvConn::expiry_allowed_locked(const Msg& m) const {
-  return m.bounded || (params_.delivery == Delivery::kBounded && !m.exact);
-}
-
-void RecvConn::arm_deadline_locked(Msg& m, uint64_t now) {
-  // Every receive's step time is measured from here (calibration needs exact ones too); only
-  // bounded ones get a deadline.
-  if (m.head_ns == 0) {
-    m.head_ns = now;
-    m.pipelined = m.bytes_got > 0;
-  }
-  if (m.deadline_ns != 0) return;
-  if (!m.bounded) {
-    // An exact (calibration) receive on a bounded connection still may not hang on a dead
-    // sender: it gets the generous fallback bound.
-    if (expiry_allowed_locked(m)) m.deadline_ns = now + kFallbackNs;
-    return;
-  }
-  // Data already under way: the transfer's budget from now. Otherwise the sender may still be
-  // on its way to this step: it gets the start allowance, and the budget once it starts
-  // (on_data_locked). While the sender is absent (a receive of it was cut for never starting,
-  // and no DATA came since), the rest of the burst is cut at once: NCCL posts a step as dozens
-  // of chunks, and an allowance for each made a 1.5 s straggler cost the other rank 2 s
-  // (GpuChunks.AStragglerCostsTheOtherAboutOneDeadlinePerPhase). A new burst waits the
-  // allowance again, so that a straggler that is back (its isends expire at once against our
-  // floor, sending nothing) is heard again instead of being cut for good.
-  if (!m.started && !m.burst_head && sender_absent_locked()) {
-    m.deadline_ns = now;
-    return;
-  }
-  m.deadline_ns = now + (m.started ? started_budget_locked(m) : start_allowance_locked(m.capacity));
-}
-
-uint64_t RecvConn::budget_locked(uint64_t bytes) const {
-  if (policy_ != nullptr) return policy_->budget_ns(bytes);
-  if (cfg_.timeout_ms > 0) return static_cast<uint64_t>(cfg_.timeout_ms * 1e6);
-  return kDefaultBudgetNs;
-}
-
-uint64_t RecvConn::started_budget_locked(const Msg& m) const {
-  return m.whole() ? kFallbackNs : budget_locked(m.size);
-}
-
-uint64_t RecvConn::start_allowance_locked(uint64_t bytes) const {
-  if (policy_ != nullptr) return policy_->start_allowance_ns(bytes);
-  return budget_locked(bytes);
-}
-
-uint64_t RecvConn::cts_resend_ns_locked() const {
-  if (!rtt_.has_sample()) return kCtsResendInitialNs;
-  return std::clamp(kCtsRtts * rtt_.min_ns(), kCtsResendMinNs, kCtsResendInitialNs);
-}
-
-uint64_t RecvConn::next_timer_locked() const {
-  uint64_t next = 0;
-  auto consider = [&next](uint64_t t) {
-    if (t != 0 && (next == 0 || t < next)) next = t;
-  };
-  for (uint32_t s = floor_; s != next_seq_; ++s) {
-    const Msg& m = msgs_[s % kMaxRequests];
-    if (m.state != State::kPosted) continue;
-    consider(m.deadline_ns);
-    if (m.bounded) consider(m.early_ns);
-    if (!m.started) consider(m.cts_ns + m.cts_backoff_ns);
-  }
-  return next;
 }
 
 void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
@@ -500,8 +406,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   if (m.tail_seen) {
     // Without a policy, the fraction applies to the receive's own budget (its estimate).
     const uint64_t budget = m.deadline_ns > m.head_ns && m.head_ns != 0 ? m.deadline_ns - m.head_ns
-                            : cfg_.timeout_ms > 0 ? static_cast<uint64_t>(cfg_.timeout_ms * 1e6)
-                                                  : kDefaultBudgetNs;
+                                                                        : budget_locked(m.size);
     const uint64_t early =
         policy_ ? policy_->early_ns(m.size)
                 : static_cast<uint64_t>(cfg_.early_fraction * static_cast<double>(budget));
@@ -520,190 +425,6 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     send_ack_locked(m, false);
   else
     dirty_ |= 1u << (s % kMaxRequests);
-}
-
-void RecvConn::after_rx_burst_locked(uint64_t now) {
-  if (burst_bytes_ != 0) {
-    downlink_->on_bytes(burst_bytes_, now);
-    burst_bytes_ = 0;
-  }
-  // One SACK per message per received burst: enough feedback for loss detection without an
-  // ACK per packet (and, in bounded mode, a fresh credit per burst).
-  while (dirty_) {
-    const int k = __builtin_ctz(dirty_);
-    dirty_ &= dirty_ - 1;
-    Msg& m = msgs_[k];
-    if (m.state == State::kPosted && m.started) send_ack_locked(m, false);
-  }
-}
-
-uint32_t RecvConn::hold_ns_locked() const {
-  if (last_data_arrival_ns_ == 0) return 0;
-  const uint64_t now = clock_.now_ns();
-  const uint64_t hold = now > last_data_arrival_ns_ ? now - last_data_arrival_ns_ : 0;
-  return static_cast<uint32_t>(std::min<uint64_t>(hold, UINT32_MAX));
-}
-
-void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
-  PacketHeader h;
-  h.type = PacketType::kAck;
-  h.hold_ns = hold_ns_locked();
-  h.msg_seq = m.req.seq;
-  h.msg_floor = floor_;
-  if (final_ack) {
-    h.flags = kFlagFinal;
-    h.msg_size = m.npkts;
-    h.offset = m.npkts;
-    send_ctrl_locked(h);
-    return;
-  }
-  uint8_t sack[kSackBytes];
-  h.msg_size = m.npkts;
-  h.offset = m.cum;
-  h.credit = credit_locked(m, false);
-  const uint32_t used = m.got.export_bits(m.cum, kSackBits, sack);
-  send_ctrl_locked(h, sack, used);
-  m.pkts_since_ack = 0;
-}
-
-void RecvConn::send_final_for_locked(uint32_t seq, bool bounded) {
-  PacketHeader h;
-  h.type = PacketType::kAck;
-  h.flags = kFlagFinal | (bounded ? kFlagBounded : 0);
-  h.msg_seq = seq;
-  h.msg_floor = floor_;
-  h.hold_ns = hold_ns_locked();
-  send_ctrl_locked(h);
-}
-
-void RecvConn::fill_holes_locked(Msg& m) {
-  const uint64_t size = m.started ? m.size : m.capacity;
-  auto fill = [&](uint64_t off, uint64_t len) {
-    if (params_.fill == Fill::kZero) {
-      std::memset(m.buf + off, 0, len);
-      return;
-    }
-    // Offsets are multiples of 8 (packet grid), so the pattern starts on an even byte.
-    uint8_t* p = m.buf + off;
-    for (uint64_t i = 0; i + 1 < len; i += 2) std::memcpy(p + i, &kMarker16, 2);
-    if (len & 1) p[len - 1] = static_cast<uint8_t>(kMarker16 & 0xFF);
-  };
-  if (!m.started) {
-    if (size) fill(0, size);
-    return;
-  }
-  for (uint32_t i = m.got.first_clear(0); i < m.npkts; i = m.got.first_clear(i + 1)) {
-    const uint64_t off = uint64_t{i} * params_.pkt_payload;
-    fill(off, std::min<uint64_t>(params_.pkt_payload, size - off));
-  }
-}
-
-void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
-  if (m.state != State::kPosted) return;
-  // The datapath starts taking back what it posted into the buffer; test() hands the buffer
-  // back once that is done (unaim_locked). Only exact receives are aimed, and they have no
-  // holes to fill below.
-  unaim_locked(m, false);
-  const uint64_t size = m.started ? m.size : m.capacity;
-  if (how != End::kAll) fill_holes_locked(m);
-  if (how == End::kDeadline && m.bounded && !m.started) sender_cut_ns_ = now;
-  last_complete_ns_ = now;
-  if (!m.started) m.size = size;
-  last_filled_ = m.started && m.size == m.capacity;
-  if (!set_msg_state_locked(m, State::kComplete, now)) return;
-  ++stats_.msgs;
-  stats_.bytes += m.bytes_got;
-  RecvOutcome& o = m.req.outcome;
-  o.bounded = m.bounded || how != End::kAll;
-  o.end = static_cast<uint8_t>(how);
-  o.expected = size;
-  o.lost = size - std::min(size, m.bytes_got);
-  if (o.bounded) {
-    stats_.bytes_expected += o.expected;
-    stats_.bytes_lost += o.lost;
-    if (how == End::kDeadline) ++stats_.deadline_hits;
-    if (how == End::kEarly) ++stats_.early_timeouts;
-  }
-  // FINAL releases the sender's buffer: a plain one when everything arrived, a bounded one when
-  // the deadline came first (nothing more is wanted; the sender stops repairing). A sender that
-  // expired the message already knows.
-  if (how == End::kAll)
-    send_ack_locked(m, true);
-  else if (m.bounded && how != End::kExpired)
-    send_final_for_locked(m.req.seq, true);
-  if (policy_ != nullptr) {
-    const uint64_t start = m.head_ns ? m.head_ns : m.posted_ns;
-    StepReport st;
-    st.bytes = size;
-    st.received = m.bytes_got;
-    st.elapsed_ns = now - start;
-    if (m.first_data_ns != 0) st.network_ns = now - std::max(start, m.first_data_ns);
-    st.how = static_cast<RecvEnd>(how);
-    st.bounded = m.bounded;
-    st.pipelined = m.pipelined;
-    st.burst_head = m.burst_head;
-    policy_->on_complete(st);
-    stats_.tb_us =
-        static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
-    stats_.tc_us =
-        static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
-  }
-  dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
-}
-
-void RecvConn::advance_floor_locked(uint64_t now) {
-  for (;;) {
-    while (floor_ != next_seq_ && slot(floor_).state != State::kPosted) ++floor_;
-    if (floor_ == next_seq_) return;
-    Msg& m = slot(floor_);
-    arm_deadline_locked(m, now);
-    if (m.deadline_ns == 0 || now < m.deadline_ns) return;
-    complete_locked(m, End::kDeadline, now);  // the rest of an absent sender's burst
-  }
-}
-
-void RecvConn::on_timers_locked(uint64_t now) {
-  bool completed = false;
-  for (uint32_t s = floor_; s != next_seq_; ++s) {
-    Msg& m = slot(s);
-    if (m.state != State::kPosted) continue;
-    if (m.deadline_ns != 0 && now >= m.deadline_ns) {
-      complete_locked(m, End::kDeadline, now);
-      completed = true;
-      continue;
-    }
-    if (m.bounded && m.early_ns != 0 && now >= m.early_ns) {
-      complete_locked(m, End::kEarly, now);
-      completed = true;
-      continue;
-    }
-    // No DATA since the CTS: the CTS may be lost; say it again (backing off).
-    if (!m.started && now - m.cts_ns >= m.cts_backoff_ns) {
-      ++stats_.cts_resent;
-      m.cts_backoff_ns =
-          std::min<uint64_t>(m.cts_backoff_ns * 2, static_cast<uint64_t>(cfg_.rto_max_us) * 1000);
-      send_cts_locked(m, now);
-    }
-  }
-  if (completed) advance_floor_locked(now);
-}
-
-Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t now) {
-  *done = false;
-  const uint32_t s = req->seq;
-  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
-  Msg& m = slot(s);
-  // A receive that completed before the connection failed is still reported as complete.
-  if (m.state != State::kComplete) return fatal_;
-  // Its buffer is the caller's again only once the datapath writes into it no more: asked
-  // again at the next test, also after a failure (a receive complete before it is reported
-  // complete).
-  if (!unaim_locked(m, false)) return Status::ok();
-  if (!set_msg_state_locked(m, State::kFree, now)) return fatal_;
-  *done = true;
-  if (size) *size = m.size;
-  while (oldest_ != next_seq_ && slot(oldest_).state == State::kFree) ++oldest_;
-  return Status::ok();
 }
 
 }  // namespace optireduce

@@ -137,7 +137,7 @@ class RecvConn final : public Conn, public RecvComm {
   // fallback bound once it is whole.
   uint64_t started_budget_locked(const Msg& m) const;
   // When a CTS is first repeated: from the RTT this receiver measured (rtt_), or a
-  // conservative figure before it measured any (recv.cc).
+  // conservative figure before it measured any (recv_deadline.cc).
   uint64_t cts_resend_ns_locked() const;
   uint64_t next_timer_locked() const override;
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
