@@ -81,13 +81,18 @@ void LaneWorker::run() {
 }
 
 void LaneWorker::shutdown() {
+  AimLane* left[kMaxFlushes];
+  int nleft = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    for (int i = 0; i < nflush_; i++) left[nleft++] = flushes_[i];
     nflush_ = 0;
   }
   cv_.notify_one();
   if (thread_.joinable()) thread_.join();
+  // Flushes still queued run here, so that whoever waits for one (AimLane::stop) is answered.
+  for (int i = 0; i < nleft; i++) left[i]->flush_now();
   opened_.reset();
   open_started_ = false;
 }

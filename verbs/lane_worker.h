@@ -50,8 +50,8 @@ class LaneWorker final : public LaneFlusher {
   // flushes itself on the caller's thread).
   bool submit(AimLane* lane) override;
 
-  // Finishes the job under way, drops the rest, and joins the thread: before the lanes and the
-  // send CQ go. A lane whose flush was dropped is destroyed with its QP, which ends every write.
+  // Finishes the job under way, drops a queued opening, and joins the thread; then runs the
+  // flushes still queued on the caller's thread. Before the lanes and the send CQ go.
   void shutdown();
 
  private:
