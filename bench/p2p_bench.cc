@@ -14,10 +14,14 @@
 // figures differ from the stream's. The TCP side is a plain blocking-socket plugin with no
 // thread driven the same way (its test of the oldest request moves the whole message). Each
 // process measures its own CPU time (user + sys, all its threads) over the transfer; the table
-// prints both processes' sum per GB moved.
+// prints both processes' sum per GB moved. A shared host's load drifts within seconds, so each
+// size runs `--proxy-rounds` rounds, the two sides in turns (plugin, TCP, then TCP, plugin, and
+// so on): the table prints the median of each figure, and of the per-round ratios with their
+// range.
 //
 //   p2p_bench [--plugin PATH] [--version 8..12] [--min BYTES] [--max BYTES] [--bytes BYTES]
 //             [--mode all|stream|proxy] [--proxy-min BYTES] [--proxy-max BYTES]
+//             [--proxy-rounds N]
 // OPTIREDUCE_* variables (faults, rates, datagram size) apply to the plugin as usual.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -52,6 +56,7 @@ struct Options {
   bool proxy = true;
   size_t proxy_min = size_t{1} << 20;
   size_t proxy_max = size_t{16} << 20;
+  int proxy_rounds = 3;
 };
 
 constexpr int kWindow = 8;
@@ -305,17 +310,34 @@ void rank_main(int rank, const Options& o, Channel& ch) {
           "proxy pattern: %d slots per side, one post and one test of the oldest per "
           "iteration, receiver checks and overwrites each completed slot\n",
           kWindow);
-      std::printf("%10s  %9s  %9s  %6s  %11s  %11s\n", "bytes", "plugin", "tcp", "ratio",
-                  "plugin cpu", "tcp cpu");
-      std::printf("%10s  %9s  %9s  %6s  %11s  %11s\n", "", "GB/s", "GB/s", "", "s/GB", "s/GB");
+      std::printf("median of %d rounds, plugin and TCP in turns\n", o.proxy_rounds);
+      std::printf("%10s  %9s  %9s  %6s  %11s  %11s  %11s\n", "bytes", "plugin", "tcp", "ratio",
+                  "range", "plugin cpu", "tcp cpu");
+      std::printf("%10s  %9s  %9s  %6s  %11s  %11s  %11s\n", "", "GB/s", "GB/s", "", "", "s/GB",
+                  "s/GB");
       std::fflush(stdout);
     }
     for (size_t size = o.proxy_min; size <= o.proxy_max; size *= 2) {
-      const proxy::Figure p = plugin_proxy(rank, o, l, ch, size);
-      const proxy::Figure t = tcp_proxy(rank, o, fd, ch, size);
+      std::vector<double> pg, tg, pc, tc, ratio;
+      for (int r = 0; r < o.proxy_rounds; ++r) {
+        proxy::Figure p, t;
+        if (r % 2 == 0) {
+          p = plugin_proxy(rank, o, l, ch, size);
+          t = tcp_proxy(rank, o, fd, ch, size);
+        } else {
+          t = tcp_proxy(rank, o, fd, ch, size);
+          p = plugin_proxy(rank, o, l, ch, size);
+        }
+        pg.push_back(p.gbps);
+        tg.push_back(t.gbps);
+        pc.push_back(p.cpu_s_per_gb);
+        tc.push_back(t.cpu_s_per_gb);
+        ratio.push_back(p.gbps / t.gbps);
+      }
       if (rank == 0) {
-        std::printf("%10zu  %9.2f  %9.2f  %6.2f  %11.3f  %11.3f\n", size, p.gbps, t.gbps,
-                    p.gbps / t.gbps, p.cpu_s_per_gb, t.cpu_s_per_gb);
+        const auto [lo, hi] = std::minmax_element(ratio.begin(), ratio.end());
+        std::printf("%10zu  %9.2f  %9.2f  %6.2f  %5.2f-%-5.2f  %11.3f  %11.3f\n", size, p50(pg),
+                    p50(tg), p50(ratio), *lo, *hi, p50(pc), p50(tc));
         std::fflush(stdout);
       }
     }
@@ -384,14 +406,18 @@ int run(int argc, char** argv) {
       o.proxy_min = std::strtoull(v, nullptr, 0);
     } else if (k == "--proxy-max") {
       o.proxy_max = std::strtoull(v, nullptr, 0);
+    } else if (k == "--proxy-rounds") {
+      o.proxy_rounds = std::atoi(v);
     } else {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
       return 2;
     }
   }
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.proxy_min == 0 ||
-      o.proxy_min > o.proxy_max) {
-    std::fprintf(stderr, "need 0 < --min <= --max and 0 < --proxy-min <= --proxy-max\n");
+      o.proxy_min > o.proxy_max || o.proxy_rounds < 1) {
+    std::fprintf(stderr,
+                 "need 0 < --min <= --max, 0 < --proxy-min <= --proxy-max and --proxy-rounds "
+                 ">= 1\n");
     return 2;
   }
   std::printf("p2p through %s (ABI v%d) vs TCP, loopback\n", o.plugin.c_str(), o.version);
