@@ -75,13 +75,20 @@ class SourceCheck {
   ~SourceCheck() = default;
 };
 
-class AimLane;
+// A lane's flush as a job for another thread (AimLane::flush_now).
+class Flushable {
+ public:
+  virtual void flush_now() = 0;
 
-// Runs a lane's flush (AimLane::flush_now) away from the caller's thread. submit() false: it
-// cannot, and the lane flushes on the caller's thread.
+ protected:
+  ~Flushable() = default;
+};
+
+// Runs a lane's flush away from the caller's thread. submit() false: it cannot, and the lane
+// flushes on the caller's thread.
 class LaneFlusher {
  public:
-  virtual bool submit(AimLane* lane) = 0;
+  virtual bool submit(Flushable* lane) = 0;
 
  protected:
   ~LaneFlusher() = default;
@@ -100,7 +107,7 @@ struct LaneCounters {
   uint64_t errors = 0;     // error completions
 };
 
-class AimLane {
+class AimLane final : public Flushable {
  public:
   // The device writes the GRH and our header into a small slot per request, the payload into
   // the place (a second gather entry).
@@ -160,7 +167,7 @@ class AimLane {
   // The flush stop() asked for: the QP to the error state, every posted request back, reset,
   // RTS (or, failing that or past kFlushWait, a new QP). Runs on the flusher's thread; the
   // lane is the flusher's alone until it is done.
-  void flush_now();
+  void flush_now() override;
   // Up to `max` datagrams: reposts what the last call handed out, then takes completions.
   int poll(RxPacket* out, int max, SourceCheck& src);
   // DATA of this lane's receive whose place a request owns, posted or still to be posted: it

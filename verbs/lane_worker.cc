@@ -42,7 +42,7 @@ bool LaneWorker::take_opened(std::unique_ptr<AimLane>* lane, Status* st) {
   return true;
 }
 
-bool LaneWorker::submit(AimLane* lane) {
+bool LaneWorker::submit(Flushable* lane) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_ || nflush_ == kMaxFlushes || !ensure_thread_locked()) return false;
@@ -59,7 +59,7 @@ void LaneWorker::run() {
     if (stopping_) return;
     // Flushes first: a receive waits on each, while an opening only lets a later one in place.
     if (nflush_ > 0) {
-      AimLane* lane = flushes_[0];
+      Flushable* lane = flushes_[0];
       for (int i = 1; i < nflush_; i++) flushes_[i - 1] = flushes_[i];
       nflush_--;
       lock.unlock();
@@ -81,7 +81,7 @@ void LaneWorker::run() {
 }
 
 void LaneWorker::shutdown() {
-  AimLane* left[kMaxFlushes];
+  Flushable* left[kMaxFlushes];
   int nleft = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

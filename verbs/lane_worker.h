@@ -48,7 +48,7 @@ class LaneWorker final : public LaneFlusher {
 
   // LaneFlusher: queues the lane's flush; false when no thread can take it (the lane then
   // flushes itself on the caller's thread).
-  bool submit(AimLane* lane) override;
+  bool submit(Flushable* lane) override;
 
   // Finishes the job under way, drops a queued opening, and joins the thread; then runs the
   // flushes still queued on the caller's thread. Before the lanes and the send CQ go.
@@ -76,7 +76,7 @@ class LaneWorker final : public LaneFlusher {
   bool open_ready_ = false;             // guarded by mu_
   std::unique_ptr<AimLane> opened_;     // guarded by mu_
   Status open_status_;                  // guarded by mu_
-  AimLane* flushes_[kMaxFlushes] = {};  // guarded by mu_
+  Flushable* flushes_[kMaxFlushes] = {};  // guarded by mu_
   int nflush_ = 0;                      // guarded by mu_
 };
 

@@ -1,17 +1,21 @@
 // Unit tests of the verbs datapath's pure logic, runnable on any host (no RDMA device): the
 // PeerAddress encoding, GID choice, GRH parsing, ring layout and index arithmetic, the
-// OPTIREDUCE_IB_HCA filter, port speed, the dlopen loader's failure paths, and the datapath
-// selector's fallback to UDP.
+// OPTIREDUCE_IB_HCA filter, port speed, the dlopen loader's failure paths, the datapath
+// selector's fallback to UDP, and the lanes' worker thread with stand-in flushes.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "verbs/address.h"
 #include "verbs/device.h"
 #include "verbs/ibv_symbols.h"
+#include "verbs/lane_worker.h"
 #include "verbs/ring.h"
 #include "verbs/select.h"
 
@@ -300,6 +304,63 @@ TEST(OpenDatapathDevices, FallsBackToUdpWithoutRdma) {
   devs.clear();
   EXPECT_EQ(open_datapath_devices(cfg, &devs).code(), Errc::kInvalidUsage);
   EXPECT_TRUE(devs.empty());
+}
+
+// A stand-in for a lane's flush: records the thread that ran it, and can be held until the
+// test lets it finish.
+class FakeFlush final : public Flushable {
+ public:
+  void flush_now() override {
+    ran_on = std::this_thread::get_id();
+    started.store(true);
+    while (hold.load()) std::this_thread::yield();
+    done.store(true);
+  }
+  std::atomic<bool> started{false};
+  std::atomic<bool> hold{false};
+  std::atomic<bool> done{false};
+  std::thread::id ran_on;
+};
+
+bool wait_done(const FakeFlush& f) {
+  for (const auto t0 = std::chrono::steady_clock::now();
+       std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10);)
+    if (f.done.load()) return true;
+  return f.done.load();
+}
+
+TEST(LaneWorker, FlushesRunOnItsThreadNotTheCallers) {
+  LaneWorker w;
+  FakeFlush a, b;
+  ASSERT_TRUE(w.submit(&a));
+  ASSERT_TRUE(w.submit(&b));
+  ASSERT_TRUE(wait_done(a));
+  ASSERT_TRUE(wait_done(b));
+  EXPECT_NE(a.ran_on, std::this_thread::get_id());
+  EXPECT_EQ(a.ran_on, b.ran_on);  // one thread per endpoint
+}
+
+TEST(LaneWorker, ItsQueueIsBoundedAndAShutdownRunsWhatIsQueued) {
+  LaneWorker w;
+  FakeFlush first;
+  first.hold.store(true);  // keeps the thread busy: what follows stays queued
+  ASSERT_TRUE(w.submit(&first));
+  for (int spins = 0; !first.started.load() && spins < 10'000'000; spins++)
+    std::this_thread::yield();
+  ASSERT_TRUE(first.started.load());
+  FakeFlush queued[LaneWorker::kMaxFlushes];
+  for (auto& q : queued) ASSERT_TRUE(w.submit(&q));
+  FakeFlush extra;
+  EXPECT_FALSE(w.submit(&extra)) << "one more than the queue holds";
+  std::thread release([&first] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    first.hold.store(false);
+  });
+  w.shutdown();
+  release.join();
+  EXPECT_TRUE(first.done.load());
+  for (auto& q : queued) EXPECT_TRUE(q.done.load()) << "a queued flush was dropped";
+  EXPECT_FALSE(w.submit(&extra)) << "nothing is taken after the shutdown";
 }
 
 }  // namespace
