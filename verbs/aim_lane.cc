@@ -146,6 +146,11 @@ bool AimLane::stop(bool wait) {
     ++counters_.dropped;
   }
   held_n_ = 0;
+  if (resetting_) {  // a recovery's reset is under way: it becomes this flush
+    resetting_ = false;
+    move_to(LaneState::kDraining);
+    return finish_drain(wait);
+  }
   if (state_ == LaneState::kLent && aimed_out_ == 0) {
     finish_stop();
     return true;
@@ -304,6 +309,10 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
   // Draining, the QP and the CQ are the flush's (flush_now), and what comes back belongs to
   // the receive that ended.
   if (state_ == LaneState::kDraining) return 0;
+  if (resetting_) {
+    if (!flush_done_.load(std::memory_order_acquire)) return 0;  // the QP is the flusher's
+    end_recovery();
+  }
   if (error_seen_) {
     error_seen_ = false;
     ibv_qp_attr a{};
@@ -335,7 +344,8 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
   if (state_ == LaneState::kRecovering) {
     recover_idle_ = done_ != done_before ? 0 : recover_idle_ + 1;
     if (done_ == posted_) {
-      end_recovery();
+      start_reset();
+      if (flush_done_.load(std::memory_order_acquire)) end_recovery();
     } else if (recover_idle_ >= kMaxEmptyPolls) {
       // A device that does not give the requests back: a new QP (and QPN) ends every write.
       recreate(counters_);
@@ -365,22 +375,31 @@ void AimLane::begin_recovery() {
   }
 }
 
-void AimLane::end_recovery() {
-  pdone_ = pposted_;
-  aimed_out_ = 0;
-  ibv_qp_attr a{};
-  a.qp_state = IBV_QPS_RESET;
-  if (ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0 || !bring_up().is_ok()) {
-    recreate(counters_);  // the receive's sender is stranded until its timeout: the fallback only
-  } else {
-    ++counters_.recovered;
+void AimLane::start_reset() {
+  // Every request is back: the flush has nothing to wait for, only the reset and the way back
+  // to RTS (firmware commands on a NIC), which run on the flusher's thread.
+  drain_left_ = 0;
+  flush_counts_ = LaneCounters{};
+  flush_done_.store(false, std::memory_order_relaxed);
+  resetting_ = true;
+  if (flusher_ == nullptr || !flusher_->submit(this)) {
+    ++counters_.flushed_inline;
+    flush_now();
   }
+}
+
+void AimLane::end_recovery() {
+  resetting_ = false;
+  counters_.stale += flush_counts_.stale;
+  counters_.recreated += flush_counts_.recreated;  // the receive's sender is stranded: fallback
+  counters_.recovered += flush_counts_.flushed;    // reset in place, under the same QPN
   move_to(LaneState::kLent);
   top_up();
 }
 
 bool AimLane::owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const {
-  if (!active() || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0) return false;
+  if (!active() || resetting_ || token != t_.token || msg_seq != t_.msg_seq || t_.pkt_payload == 0)
+    return false;
   if (offset % t_.pkt_payload != 0) return false;
   // Also a place whose request is yet to be posted: a copy there now would be overwritten.
   const uint64_t q = offset / t_.pkt_payload;

@@ -38,10 +38,11 @@
 // new one's.
 // Lent -> Recovering when an error completion (a datagram larger than its request, which no
 // peer of ours sends) has put the QP in the error state in mid-receive: the posted requests
-// come back flushed, then the QP is reset and brought back to RTS under the same QPN, and the
-// lane is Lent again with plain requests only, so the receive's sender, which keeps sending to
-// that QPN, still reaches it (a new QPN would strand it until its peer timeout). Recovering ->
-// Draining when the receive ends meanwhile.
+// come back flushed, then the flusher resets the QP and brings it back to RTS under the same
+// QPN (resetting_: the QP is the flusher's meanwhile), and the lane is Lent again with plain
+// requests only, so the receive's sender, which keeps sending to that QPN, still reaches it (a
+// new QPN would strand it until its peer timeout). Recovering -> Draining when the receive ends
+// meanwhile.
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss
 // the rest of the message lands one request off and is copied: misses cost copies, never
@@ -205,7 +206,9 @@ class AimLane final : public Flushable {
   void finish_stop();  // Drained or Lent -> Idle
   // An error completion in mid-receive: the QP is in the error state (Lent -> Recovering).
   void begin_recovery();
-  // Recovering and every request back: reset, RTS under the same QPN, Lent again.
+  // Recovering and every request back: the reset and RTS, under the same QPN, handed to the
+  // flusher (resetting_); end_recovery takes the result and lends the lane again.
+  void start_reset();
   void end_recovery();
   Status bring_up();
   void top_up();
@@ -279,7 +282,8 @@ class AimLane final : public Flushable {
   int handed_[kStageSlots];  // stage buffers handed out by the last poll, freed by the next
   int handed_n_ = 0;
   bool error_seen_ = false;
-  int recover_idle_ = 0;  // Recovering: polls in a row that brought back no request
+  int recover_idle_ = 0;    // Recovering: polls in a row that brought back no request
+  bool resetting_ = false;  // Recovering: the reset is the flusher's until flush_done_
   LaneCounters counters_;
 };
 

@@ -920,6 +920,7 @@ TEST_F(RxeTest, ALaneRecoversFromAnErrorCompletionUnderItsQpn) {
   EXPECT_GE(c.errors, 1u);
   EXPECT_EQ(c.recovered, 1u);
   EXPECT_EQ(c.recreated, 0u);
+  EXPECT_EQ(c.flushed_inline, 0u) << "the reset ran on the caller's thread";
 }
 
 }  // namespace
