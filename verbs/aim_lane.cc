@@ -190,7 +190,7 @@ void AimLane::flush_now() {
   // the buffer, at the cost of a new QPN.
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_ERR;
-  bool broken = ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0;
+  bool broken = qp_ == nullptr || ibv_->modify_qp(qp_, &a, IBV_QP_STATE) != 0;
   const auto give_up = std::chrono::steady_clock::now() + kFlushWait;
   ibv_wc wc[16];
   for (int empty = 0; !broken && drain_left_ > 0;) {
