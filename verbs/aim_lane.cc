@@ -313,7 +313,7 @@ int AimLane::poll(RxPacket* out, int max, SourceCheck& src) {
     if (!flush_done_.load(std::memory_order_acquire)) return 0;  // the QP is the flusher's
     end_recovery();
   }
-  if (error_seen_) {
+  if (error_seen_ && qp_ != nullptr) {
     error_seen_ = false;
     ibv_qp_attr a{};
     ibv_qp_init_attr ia{};
