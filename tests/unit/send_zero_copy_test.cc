@@ -103,6 +103,28 @@ struct Rig {
   bool run(Request* sr, Request* rr, int rounds = 20000) {
     return testing::drive_pair(*s, *r, clock, sr, rr, rounds);
   }
+
+  // A receive into `dst` and a send of `src` from `region`.
+  void post(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst, const MemoryRegion* region,
+            Request** sr, Request** rr) {
+    ASSERT_TRUE(r->irecv(dst.data(), dst.size(), rr).is_ok());
+    ASSERT_TRUE(s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, region, sr).is_ok());
+  }
+
+  // Both requests tested `steps` times, `step_us` apart, the send never done meanwhile (the
+  // device holds its buffer); *rd says whether the receive ended.
+  void step_with_send_held(Request* sr, Request* rr, int steps, uint64_t step_us, bool* rd) {
+    bool sd = false;
+    size_t sz = 0;
+    for (int i = 0; i < steps; ++i) {
+      ASSERT_TRUE(s->test(sr, &sd, &sz).is_ok());
+      if (!*rd) {
+        ASSERT_TRUE(r->test(rr, rd, &sz).is_ok());
+      }
+      ASSERT_FALSE(sd) << "reported done while the device held " << dev->held() << " posts";
+      clock.advance_us(step_us);
+    }
+  }
 };
 
 TEST(ZeroCopySend, EveryDataPacketNamesTheRegionAndItsFence) {
@@ -111,9 +133,7 @@ TEST(ZeroCopySend, EveryDataPacketNamesTheRegionAndItsFence) {
   FakeRegion region(src.data(), src.size());
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
-  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  ASSERT_TRUE(
-      rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &region, &sr).is_ok());
+  ASSERT_NO_FATAL_FAILURE(rig.post(src, dst, &region, &sr, &rr));
   ASSERT_TRUE(rig.run(sr, rr));
   EXPECT_EQ(dst, src);
   int data = 0;
@@ -163,24 +183,16 @@ TEST(ZeroCopySend, AnExactSendIsNotDoneWhileTheDeviceReadsItsBuffer) {
   FakeRegion region(src.data(), src.size());
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
-  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  ASSERT_TRUE(
-      rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &region, &sr).is_ok());
-  bool sd = false, rd = false;
-  size_t sz = 0;
-  for (int i = 0; i < 200; ++i) {
-    ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
-    if (!rd) {
-      ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
-    }
-    ASSERT_FALSE(sd) << "reported done while the device held " << rig.dev->held() << " posts";
-    rig.clock.advance_us(100);
-  }
+  ASSERT_NO_FATAL_FAILURE(rig.post(src, dst, &region, &sr, &rr));
+  bool rd = false;
+  ASSERT_NO_FATAL_FAILURE(rig.step_with_send_held(sr, rr, 200, 100, &rd));
   ASSERT_TRUE(rd);
   EXPECT_EQ(dst, src);
   EXPECT_EQ(rig.s->inflight_bytes(), 0u) << "every packet is acknowledged";
   EXPECT_EQ(rig.dev->held(), 5u);
   rig.dev->complete();
+  bool sd = false;
+  size_t sz = 0;
   ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
   EXPECT_TRUE(sd);
   EXPECT_EQ(sz, src.size());
@@ -199,22 +211,14 @@ TEST(ZeroCopySend, ABoundedSendCutAtItsDeadlineWaitsForItsPostedSends) {
   FakeRegion region(src.data(), src.size());
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
-  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  ASSERT_TRUE(
-      rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &region, &sr).is_ok());
-  bool sd = false, rd = false;
-  size_t sz = 0;
-  for (int ms = 0; ms < 60; ++ms) {
-    ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
-    if (!rd) {
-      ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
-    }
-    ASSERT_FALSE(sd);
-    rig.clock.advance_ms(1);
-  }
+  ASSERT_NO_FATAL_FAILURE(rig.post(src, dst, &region, &sr, &rr));
+  bool rd = false;
+  ASSERT_NO_FATAL_FAILURE(rig.step_with_send_held(sr, rr, 60, 1000, &rd));
   ASSERT_TRUE(rd) << "the receive ends at its 50 ms deadline";
   EXPECT_EQ(rig.s->stats().cut_sends, 1u) << "the protocol is done with the send";
   ASSERT_GT(rig.dev->held(), 0u);
+  bool sd = true;
+  size_t sz = 0;
   ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
   EXPECT_FALSE(sd);
   rig.dev->complete();
@@ -231,9 +235,7 @@ TEST(ZeroCopySend, ClosingWithPostsOutstandingLeavesTheFencesValid) {
   FakeRegion region(src.data(), src.size());
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
-  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  ASSERT_TRUE(
-      rig.s->isend(src.data(), src.size(), MsgDelivery::kAsConnection, &region, &sr).is_ok());
+  ASSERT_NO_FATAL_FAILURE(rig.post(src, dst, &region, &sr, &rr));
   ASSERT_GT(rig.dev->held(), 0u);
   // The endpoint, and with it the device, go with the connection: its destructor releases
   // every fence after the connection's own destructor ran (ASan: no use after free).
