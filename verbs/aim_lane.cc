@@ -101,7 +101,7 @@ bool AimLane::move_to(LaneState to) {
       (from == S::kIdle && to == S::kLent) ||
       (from == S::kLent && (to == S::kDraining || to == S::kIdle || to == S::kRecovering)) ||
       (from == S::kRecovering && (to == S::kLent || to == S::kDraining)) ||
-      (from == S::kDraining && to == S::kDrained) || (from == S::kDrained && to == S::kIdle);
+      (from == S::kDraining && to == S::kIdle);
   if (!ok) {
     OR_WARN("verbs: %s: receive lane qpn %u: no move from state %d to %d", port_->name.c_str(),
             qp_ ? qp_->qp_num : 0u, static_cast<int>(from), static_cast<int>(to));
@@ -133,9 +133,6 @@ bool AimLane::stop(bool wait) {
       return true;
     case LaneState::kDraining:
       return finish_drain(wait);
-    case LaneState::kDrained:
-      finish_stop();
-      return true;
     case LaneState::kLent:
     case LaneState::kRecovering:
       break;
@@ -158,15 +155,25 @@ bool AimLane::stop(bool wait) {
   // Requests are still posted into the buffer: the flush takes them back, on the worker's
   // thread (a Recovering lane's QP is in the error state already; the flush's move there is a
   // no-op). Until the lane says it is flushed, nothing here touches its QP or CQ.
-  drain_left_ = posted_ - done_;
+  move_to(LaneState::kDraining);
+  hand_to_flusher(posted_ - done_);
+  return finish_drain(wait);
+}
+
+void AimLane::hand_to_flusher(uint64_t left) {
+  drain_left_ = left;
   flush_counts_ = LaneCounters{};
   flush_done_.store(false, std::memory_order_relaxed);
-  move_to(LaneState::kDraining);
   if (flusher_ == nullptr || !flusher_->submit(this)) {
     ++counters_.flushed_inline;
     flush_now();
   }
-  return finish_drain(wait);
+}
+
+void AimLane::take_flush_counts(uint64_t LaneCounters::*in_place) {
+  counters_.stale += flush_counts_.stale;
+  counters_.recreated += flush_counts_.recreated;
+  counters_.*in_place += flush_counts_.flushed;
 }
 
 bool AimLane::finish_drain(bool wait) {
@@ -175,10 +182,7 @@ bool AimLane::finish_drain(bool wait) {
     // A connection that closes: the flush's own wait is bounded (kFlushWait).
     while (!flush_done_.load(std::memory_order_acquire)) std::this_thread::yield();
   }
-  counters_.stale += flush_counts_.stale;
-  counters_.flushed += flush_counts_.flushed;
-  counters_.recreated += flush_counts_.recreated;
-  move_to(LaneState::kDrained);
+  take_flush_counts(&LaneCounters::flushed);
   finish_stop();
   return true;
 }
@@ -231,7 +235,8 @@ void AimLane::finish_stop() {
 }
 
 void AimLane::top_up() {
-  // Draining, the QP is in the error state: what is posted now would only come back flushed.
+  // Draining or Recovering, the QP is in the error state (or the flusher's): what is posted now
+  // would only come back flushed.
   if (qp_ == nullptr || state_ == LaneState::kDraining || state_ == LaneState::kRecovering) return;
   const uint64_t room = depth_ - kHandout;
   ibv_recv_wr* first = nullptr;
@@ -378,21 +383,14 @@ void AimLane::begin_recovery() {
 void AimLane::start_reset() {
   // Every request is back: the flush has nothing to wait for, only the reset and the way back
   // to RTS (firmware commands on a NIC), which run on the flusher's thread.
-  drain_left_ = 0;
-  flush_counts_ = LaneCounters{};
-  flush_done_.store(false, std::memory_order_relaxed);
   resetting_ = true;
-  if (flusher_ == nullptr || !flusher_->submit(this)) {
-    ++counters_.flushed_inline;
-    flush_now();
-  }
+  hand_to_flusher(0);
 }
 
 void AimLane::end_recovery() {
   resetting_ = false;
-  counters_.stale += flush_counts_.stale;
-  counters_.recreated += flush_counts_.recreated;  // the receive's sender is stranded: fallback
-  counters_.recovered += flush_counts_.flushed;    // reset in place, under the same QPN
+  // A recreated QP (the fallback) strands the receive's sender; a reset keeps its QPN.
+  take_flush_counts(&LaneCounters::recovered);
   move_to(LaneState::kLent);
   top_up();
 }

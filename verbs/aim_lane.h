@@ -32,10 +32,9 @@
 //
 // States (LaneState, each move checked): Idle -> Lent (start) -> Idle when stop() finds no
 // aimed request posted, else Draining (the flush under way, the QP and CQ the flusher's) ->
-// Drained (all back, the QP in RTS again) -> Idle, both when its receive asks again after the
-// flush. A flushed lane waits for that question rather than going idle by itself: lent again
-// meanwhile under the same QPN, it would answer the old receive's question as if it were the
-// new one's.
+// Idle when its receive asks again after the flush. A flushed lane waits for that question
+// rather than going idle by itself: lent again meanwhile under the same QPN, it would answer
+// the old receive's question as if it were the new one's.
 // Lent -> Recovering when an error completion (a datagram larger than its request, which no
 // peer of ours sends) has put the QP in the error state in mid-receive: the posted requests
 // come back flushed, then the flusher resets the QP and brings it back to RTS under the same
@@ -141,7 +140,7 @@ class AimLane final : public Flushable {
   AimLane(const AimLane&) = delete;
   AimLane& operator=(const AimLane&) = delete;
 
-  enum class LaneState : uint8_t { kIdle, kLent, kRecovering, kDraining, kDrained };
+  enum class LaneState : uint8_t { kIdle, kLent, kRecovering, kDraining };
 
   // 0 for a lane whose QP could not be recreated: never lent again.
   uint32_t qpn() const { return qp_ != nullptr ? qp_->qp_num : 0; }
@@ -203,7 +202,12 @@ class AimLane final : public Flushable {
   // Draining: once the flush is done (or, with `wait`, after waiting for it), takes its
   // counts and goes idle; false while it is under way.
   bool finish_drain(bool wait);
-  void finish_stop();  // Drained or Lent -> Idle
+  void finish_stop();  // Draining or Lent -> Idle
+  // The flush, `left` requests still to come back, on the flusher's thread (or this one's, if
+  // it cannot take it); flush_done_ says when it is done.
+  void hand_to_flusher(uint64_t left);
+  // A finished flush's counts into counters_, its in-place resets as `in_place`.
+  void take_flush_counts(uint64_t LaneCounters::*in_place);
   // An error completion in mid-receive: the QP is in the error state (Lent -> Recovering).
   void begin_recovery();
   // Recovering and every request back: the reset and RTS, under the same QPN, handed to the

@@ -1,7 +1,6 @@
 // The lanes' worker thread (lane_worker.h).
 #include "verbs/lane_worker.h"
 
-#include <cerrno>
 #include <system_error>
 
 namespace optireduce::verbs {
