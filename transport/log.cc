@@ -5,7 +5,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
+#include "transport/params.h"
 #include "transport/status.h"
 
 namespace optireduce {
@@ -34,18 +36,10 @@ std::atomic<int> g_level{static_cast<int>(initial_level())};
 bool parse_log_level(const char* v, LogLevel* out) {
   constexpr LogLevel kLevels[] = {LogLevel::kNone, LogLevel::kWarn, LogLevel::kInfo,
                                   LogLevel::kTrace};
-  const char* name = kLogLevelNames;
-  for (LogLevel level : kLevels) {
-    const char* end = std::strchr(name, '|');
-    const size_t len = end ? static_cast<size_t>(end - name) : std::strlen(name);
-    if (std::strlen(v) == len && std::strncmp(v, name, len) == 0) {
-      *out = level;
-      return true;
-    }
-    if (end == nullptr) break;
-    name = end + 1;
-  }
-  return false;
+  const int i = choice_index(kLogLevelNames, v);
+  if (i < 0 || i >= static_cast<int>(std::size(kLevels))) return false;
+  *out = kLevels[i];
+  return true;
 }
 
 void log_set_sink(LogSink sink) { g_sink.store(sink ? sink : stderr_sink); }

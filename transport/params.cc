@@ -179,15 +179,6 @@ std::vector<std::string> choice_list(const char* choices) {
   }
 }
 
-// The position of `v` among the row's choices, or -1.
-int choice_index(const char* choices, const char* v) {
-  const std::vector<std::string> names = choice_list(choices);
-  for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == v) return static_cast<int>(i);
-  }
-  return -1;
-}
-
 std::string int_range_text(const ParamSpec& s) {
   return "an integer in [" + std::to_string(static_cast<long long>(s.min)) + ", " +
          std::to_string(static_cast<long long>(s.max)) + "]";
@@ -288,6 +279,14 @@ void load_locked() {
 }
 
 }  // namespace
+
+int choice_index(const char* choices, const char* v) {
+  const std::vector<std::string> names = choice_list(choices);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == v) return static_cast<int>(i);
+  }
+  return -1;
+}
 
 Status parse_config(Config* out, std::string* error, std::vector<std::string>* warnings,
                     EnvLookup lookup) {

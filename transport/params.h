@@ -109,4 +109,8 @@ void reload_global_config();
 // The README table (markdown), one row per variable, in table order.
 std::string params_markdown_table();
 
+// The position of `v` among `choices`, '|'-separated names (a table row's, or log.h's
+// kLogLevelNames), or -1.
+int choice_index(const char* choices, const char* v);
+
 }  // namespace optireduce
