@@ -458,9 +458,12 @@ Pair make_pair_on(const Config& cfg, const Clock& clock, EndpointMux& smux, Endp
 // Two hosts with a shared endpoint each, and one connection from the first to the second.
 struct TwoHosts {
   std::shared_ptr<Hub> hub = std::make_shared<Hub>();
-  std::shared_ptr<EndpointMux> a = make_mux(hub, 1);
-  std::shared_ptr<EndpointMux> b = make_mux(hub, 2);
+  // The endpoints' clock too: on the steady clock, how often an idle endpoint is read and how
+  // long datagrams are kept depended on how fast the host ran the test (EveryDatagram... saw
+  // a third retransmission in 17 runs of 20 on a loaded 2-core host, none alone).
   FakeClock clock;
+  std::shared_ptr<EndpointMux> a = make_mux(hub, 1, nullptr, clock);
+  std::shared_ptr<EndpointMux> b = make_mux(hub, 2, nullptr, clock);
   Config cfg;
   Pair p;
   explicit TwoHosts(uint64_t token) : p(make_pair_on(cfg, clock, *a, *b, token)) {}
@@ -540,7 +543,7 @@ TEST(MuxConns, BothEndsInOneProcessShareOneEndpoint) {
 // from another host gets nothing.
 TEST(MuxConns, AClosedConnectionsLastWordsAnswerAPeerThatMissedThem) {
   TwoHosts h(0x5150);
-  auto& [hub, a, b, clock, cfg, p] = h;
+  auto& [hub, clock, a, b, cfg, p] = h;
   const auto src = pattern(20'000, 7);
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
@@ -582,7 +585,7 @@ TEST(MuxConns, AClosedConnectionsLastWordsAnswerAPeerThatMissedThem) {
 // that began a message copied all of it.
 TEST(MuxConns, EveryDatagramButEachMessagesFirstLandsInPlace) {
   TwoHosts h(0x88);
-  auto& [hub, s_mux, r_mux, clock, cfg, p] = h;
+  auto& [hub, clock, s_mux, r_mux, cfg, p] = h;
   constexpr int kMsgs = 8;
   constexpr size_t kSize = 40'000;  // 40 datagrams each
   std::vector<std::vector<uint8_t>> src, dst;
@@ -615,9 +618,11 @@ TEST(MuxConns, EveryDatagramButEachMessagesFirstLandsInPlace) {
   const MuxCounters c = r_mux->counters();
   const uint64_t data = p.r->stats().data_pkts;
   // Every datagram in place but each message's first, and those of a burst that a
-  // retransmission (the sender's tail probe while the receiver was away) shifted by one.
+  // retransmission (the sender's tail probe while the receiver was away) shifted by one. On
+  // the endpoints' fake clock the receiver's absences are seen whole (3 probes, 279 of 320
+  // placed); a handful at most, or the placement bound below says little.
   const uint64_t retx = p.s->stats().retx_pkts;
-  EXPECT_LE(retx, 2u);
+  EXPECT_LE(retx, 4u);
   EXPECT_LE(c.rx_misplaced, 32 * retx);
   EXPECT_GE(c.rx_placed + kMsgs + 32 * retx, data) << "of " << data;
 }
