@@ -141,23 +141,57 @@ uint64_t BoundedGroup::start_allowance_ns(uint64_t bytes) {
   return budget_locked(bytes) + skew_ns_;
 }
 
+// A lateness beyond the cap is not skew that waiting could cover: counted, a rank that was 2 s
+// late for its own reasons (a straggler) raised its allowance to the cap, which its CTS then
+// announces, so that its peers' sends waited up to the cap for it at its next straggle.
 void BoundedGroup::on_send_lateness(uint64_t lateness_ns) {
   std::lock_guard<std::mutex> lock(mu_);
-  on_start_delay_locked(lateness_ns);
+  if (lateness_ns > kMaxSkewNs) return;
+  on_start_delay_locked(lateness_ns, false);
 }
 
-void BoundedGroup::on_start_delay_locked(uint64_t delay_ns) {
-  skew_[nskew_ % kSkewSamples] = delay_ns;
+void BoundedGroup::on_start_delay_locked(uint64_t delay_ns, bool lower_bound) {
+  const size_t i = nskew_ % kSkewSamples;
+  skew_[i] = delay_ns;
+  skew_bound_[i] = lower_bound;
   ++nskew_;
   // A P95 of up to 256 values: cheap, but not per step once the ring is full.
   if (nskew_ > kSkewSamples && nskew_ % 16 != 0) return;
-  const auto n = static_cast<size_t>(std::min<uint64_t>(nskew_, kSkewSamples));
+  refresh_skew_locked();
+}
+
+void BoundedGroup::refresh_skew_locked() {
+  const auto held = static_cast<size_t>(std::min<uint64_t>(nskew_, kSkewSamples));
   std::array<uint64_t, kSkewSamples> v;
-  std::copy(skew_.begin(), skew_.begin() + static_cast<std::ptrdiff_t>(n), v.begin());
+  size_t n = 0;
+  for (size_t i = 0; i < held; ++i)
+    if (skew_[i] != kNoSkew) v[n++] = skew_[i];
+  if (n == 0) {
+    skew_ns_ = 0;
+    return;
+  }
   const size_t idx = p95_index(n);
   std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(idx),
                    v.begin() + static_cast<std::ptrdiff_t>(n));
   skew_ns_ = std::min(kMaxSkewNs, static_cast<uint64_t>(kSkewHeadroom * static_cast<double>(v[idx])));
+}
+
+// The newest sample counted at `counted_ns` as a lower bound gets the sender's real lateness,
+// or leaves the ring where no allowance could have covered it. Matched by value: the bound is a
+// nanosecond count of one receive's wait, and two receives that waited exactly as long would
+// say the same.
+void BoundedGroup::on_late_sender(uint64_t counted_ns, uint64_t late_ns) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint64_t held = std::min<uint64_t>(nskew_, kSkewSamples);
+  for (uint64_t back = 1; back <= held; ++back) {
+    const size_t i = (nskew_ - back) % kSkewSamples;
+    if (!skew_bound_[i] || skew_[i] != counted_ns) continue;
+    skew_bound_[i] = false;
+    skew_[i] = late_ns > kMaxSkewNs ? kNoSkew : std::max(late_ns, counted_ns);
+    ++stats_.late_senders;
+    refresh_skew_locked();
+    return;
+  }
 }
 
 // Never below the budget's own floor: NCCL's chunks take ~20 us each on a fast host, and a
@@ -214,12 +248,14 @@ void BoundedGroup::on_complete(const StepReport& st) {
   // out, as it once was, the ring only ever saw the senders that came in time, so a skew that
   // outgrew the allowance could never raise it (GpuChunks.ComputeSkewIsWaitedFor cut 57% of
   // its sends so on a slow CI host). Counted at that bound, a skew beyond the allowance in
-  // more than 5% of the bursts raises it (kSkewHeadroom).
+  // more than 5% of the bursts raises it (kSkewHeadroom). The sender's first packet after the
+  // cut tells how late it really was (on_late_sender), and replaces the bound.
   if (st.received == 0 && st.bytes != 0 && st.network_ns == 0) {
-    if (st.burst_head && st.how == RecvEnd::kDeadline) on_start_delay_locked(st.elapsed_ns);
+    if (st.burst_head && st.how == RecvEnd::kDeadline) on_start_delay_locked(st.elapsed_ns, true);
     return;
   }
-  if (st.burst_head) on_start_delay_locked(st.elapsed_ns - std::min(st.elapsed_ns, st.network_ns));
+  if (st.burst_head)
+    on_start_delay_locked(st.elapsed_ns - std::min(st.elapsed_ns, st.network_ns), false);
   // The projected time to receive 100%, network time only: elapsed / fraction received.
   // Capped at the stretched bound: a step in a burst is cut there, and tC should learn how
   // slow the burst made it.

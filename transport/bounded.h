@@ -27,6 +27,7 @@ struct GroupStats {
   uint64_t deadline_hits = 0;
   uint64_t early_timeouts = 0;
   uint64_t expired = 0;          // receives completed because the sender gave up
+  uint64_t late_senders = 0;     // cut senders whose real lateness was learned (on_late_sender)
   bool calibrating = true;
   uint32_t tb_us = 0;            // hard bound of the most used size class
   uint32_t tc_us = 0;            // agreed estimate of that class
@@ -43,6 +44,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   uint64_t early_ns(uint64_t bytes) override;
   void on_complete(const StepReport& step) override;
   void on_send_lateness(uint64_t lateness_ns) override;
+  void on_late_sender(uint64_t counted_ns, uint64_t late_ns) override;
   void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
   uint32_t estimate_us(uint64_t bytes) override;
 
@@ -95,11 +97,18 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   static constexpr int kSkewSamples = 256;
   // The allowance waits this many times the P95 of those delays: routine skew is waited for.
   // A sender later than the allowance is cut and counts as exactly that late (all that is
-  // known), so one straggler in a full ring cannot raise it, while a skew beyond it in more
-  // than 5% of the bursts raises it by at least this factor per refresh (every 16 samples).
+  // known then), so one straggler in a full ring cannot raise it, while a skew beyond it in
+  // more than 5% of the bursts raises it by at least this factor per refresh (every 16
+  // samples). When the cut sender shows up, its real lateness replaces that lower bound.
   static constexpr double kSkewHeadroom = 2.0;
-  // ... and never more than this for the skew: what a straggler costs the others at most.
+  // ... and never more than this for the skew: what a straggler costs the others at most. A
+  // lateness beyond it is not counted at all: no allowance would have covered it, and counted
+  // as a bound, a 2 s straggler in one step of ten (6% of the samples) raised the allowance,
+  // doubling per refresh, towards this cap: each of its later straggles cost the others up to
+  // a second where its first ones had cost them one allowance (about 90 ms in the tail lab).
   static constexpr uint64_t kMaxSkewNs = 1'000'000'000;
+  // A sample left out of the ring's P95: a cut sender that turned out to be beyond the cap.
+  static constexpr uint64_t kNoSkew = UINT64_MAX;
 
   // Sizes with an estimate of their own: one per message size in recent use (LRU).
   static constexpr int kSizes = 64;
@@ -148,7 +157,9 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   Sized& sized_locked(uint64_t bytes);
   void finish_calibration_locked();
   uint64_t calibrated_tb_locked(const Class& k) const;
-  void on_start_delay_locked(uint64_t delay_ns);
+  // `lower_bound`: a cut sender counted at the allowance, until on_late_sender corrects it.
+  void on_start_delay_locked(uint64_t delay_ns, bool lower_bound);
+  void refresh_skew_locked();  // skew_ns_ from the ring
   void log_every_locked();
 
   mutable std::mutex mu_;
@@ -162,7 +173,8 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   std::array<Class, kClasses> classes_{};
   std::array<Sized, kSizes> sized_{};
   uint64_t sized_clock_ = 0;
-  std::array<uint64_t, kSkewSamples> skew_{};  // start delays, a ring
+  std::array<uint64_t, kSkewSamples> skew_{};    // start delays, a ring (kNoSkew: left out)
+  std::array<bool, kSkewSamples> skew_bound_{};  // ... that one is a cut sender's lower bound
   uint64_t nskew_ = 0;
   uint64_t skew_ns_ = 0;  // kSkewHeadroom x P95 of skew_, refreshed as samples come
   LossGovernor governor_;  // never stretches a bound the user fixed (OPTIREDUCE_TIMEOUT_MS)

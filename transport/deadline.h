@@ -63,6 +63,13 @@ class DeadlinePolicy {
   // after its receiver's CTS for it had arrived (0: the CTS came later): the skew as the later
   // rank sees it.
   virtual void on_send_lateness(uint64_t lateness_ns) { (void)lateness_ns; }
+  // A sender this side cut before it started (a StepReport with nothing received, that waited
+  // `counted_ns`) showed up `late_ns` after the receive began: its first packet of the message
+  // after the cut, late DATA or its notice that it expired the message on finding it ended.
+  virtual void on_late_sender(uint64_t counted_ns, uint64_t late_ns) {
+    (void)counted_ns;
+    (void)late_ns;
+  }
   // A peer's piggybacked estimate tC (microseconds; 0 = none) for messages of `bytes`.
   virtual void on_peer_estimate(uint32_t tc_us, uint64_t bytes) = 0;
   // Our current estimate tC for messages of `bytes`, to piggyback (microseconds).

@@ -286,6 +286,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     // was lost. Answer it (for bounded ones, the first and then only retransmissions: a sender
     // cut off by the deadline may have a window of new packets in flight) so that the sender
     // can finish.
+    on_late_sign_locked(s);
     if (h.flags & kFlagExpired) {
       ++stats_.drop_stale;
     } else if (h.flags & kFlagBounded) {

@@ -154,6 +154,22 @@ class RecvConn final : public Conn, public RecvComm {
   bool sender_absent_locked() const {
     return sender_cut_ns_ != 0 && last_data_arrival_ns_ <= sender_cut_ns_;
   }
+  // Receives cut at their deadline before their sender started: the policy counted each as a
+  // skew of exactly its wait (a lower bound), and the sender's first packet of it after the
+  // cut tells how late it really was (DeadlinePolicy::on_late_sender). A few suffice: a step
+  // cuts one per connection, and a sender shows up before this side is many steps further.
+  struct CutUnstarted {
+    uint32_t seq = 0;
+    uint64_t start_ns = 0;    // the receive became the oldest
+    uint64_t counted_ns = 0;  // the wait reported (StepReport::elapsed_ns)
+    bool valid = false;
+  };
+  static constexpr int kCutRecords = 4;
+  CutUnstarted cut_[kCutRecords];
+  uint32_t ncut_ = 0;
+  // A packet of message `seq` arrived after this side ended it: tells the policy how late its
+  // sender was if the receive was cut before it started.
+  void on_late_sign_locked(uint32_t seq);
   Msg msgs_[kMaxRequests];
   uint32_t next_seq_ = 0;   // sequence of the next irecv
   uint32_t floor_ = 0;      // every message below it is complete

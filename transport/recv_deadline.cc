@@ -4,6 +4,7 @@
 // second). An exact receive on a bounded connection (calibration) gets a generous fallback bound
 // so that a dead sender never hangs it; one pinned exact (NCCL's LL/LL128) waits for its data,
 // and a dead sender is found by the keepalive instead. A CTS that no DATA followed is repeated.
+// A sender cut before it started is timed when it shows up, for the policy's skew.
 #include <algorithm>
 
 #include "transport/deadline.h"
@@ -141,6 +142,16 @@ void RecvConn::on_timers_locked(uint64_t now) {
     }
   }
   if (completed) advance_floor_locked(now);
+}
+
+void RecvConn::on_late_sign_locked(uint32_t seq) {
+  for (CutUnstarted& c : cut_) {
+    if (!c.valid || c.seq != seq) continue;
+    c.valid = false;
+    if (policy_ != nullptr)
+      policy_->on_late_sender(c.counted_ns, rx_arrival_ns_ - std::min(rx_arrival_ns_, c.start_ns));
+    return;
+  }
 }
 
 }  // namespace optireduce

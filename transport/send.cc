@@ -160,8 +160,12 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
   if (params_.delivery == Delivery::kBounded &&
       static_cast<int32_t>(m.req.seq - receiver_floor_) < 0) {
     // The receiver's deadline ended this message before we posted it (see
-    // on_receiver_floor_locked): nothing of it is wanted any more.
+    // on_receiver_floor_locked): nothing of it is wanted any more. Where it had asked for it,
+    // it is told that we came, and when (DeadlinePolicy::on_late_sender): it counted us as
+    // exactly as late as it waited, and a straggler beyond any allowance must not teach it to
+    // wait longer.
     expire_unstarted_locked(m);
+    if (c.valid && c.seq == m.req.seq) send_expired_notice_locked(m.req.seq);
   } else if (c.valid && c.seq == m.req.seq) {
     start_locked(m, c, now);
   }

@@ -155,6 +155,10 @@ uint64_t SendConn::network_rtt(uint64_t rtt, uint64_t now, uint32_t hold_ns) con
 
 void SendConn::on_receiver_done_locked(Msg& m) {
   if (m.bounded && !m.acked.full()) ++stats_.cut_sends;  // not whole: a later ACK was lost
+  // Ended before our first packet left: we came after the receiver's deadline (its FINAL or
+  // floor waited for us with the CTS), and it counted us as exactly as late as it waited. It
+  // is told that we came, and so when (DeadlinePolicy::on_late_sender).
+  if (m.bounded && m.next_new == 0) send_expired_notice_locked(m.req.seq);
   forget_outstanding_locked(m);
   finish_locked(m);
 }

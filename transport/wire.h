@@ -45,7 +45,9 @@ inline constexpr uint64_t reply_token(uint64_t token) {
 enum : uint16_t {
   kFlagTail = 1u << 0,     // DATA: part of the last ~1% of the message (early-timeout hint)
   kFlagBounded = 1u << 1,  // CTS/DATA: the message is delivered under a deadline
-  kFlagExpired = 1u << 2,  // DATA (0 bytes): the sender gave up on this message (bounded)
+  kFlagExpired = 1u << 2,  // DATA (0 bytes): the sender gave up on this message (bounded),
+                           // or found that the receiver's deadline had ended it (the
+                           // receiver learns when the sender came: on_late_sender)
   kFlagRetx = 1u << 3,     // DATA: a retransmission (for RTT sampling: Karn's rule)
   kFlagFinal = 1u << 4,    // ACK: the message is complete at the receiver
   kFlagExact = 1u << 5,    // CTS on a bounded connection: this message is pinned exact (NCCL's

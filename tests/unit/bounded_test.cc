@@ -271,6 +271,54 @@ TEST(BoundedGroup, SendersCutAtTheAllowanceRaiseItOnlyWhenRoutine) {
   EXPECT_GE(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 60 * kMs);
 }
 
+// A cut sender counted at the allowance is a lower bound; when it shows up, its real lateness
+// replaces it. A straggler 2 s late in one step of ten is beyond any allowance (the 1 s cap):
+// left as a bound it is 10% of the samples and raised the allowance, doubling per refresh,
+// to the cap, so each of its later straggles cost a second; corrected it leaves the ring.
+// A sender 100 ms late as often is within the cap, and the allowance learns to wait for it.
+TEST(BoundedGroup, ACutSendersRealLatenessReplacesItsBound) {
+  struct Run {
+    uint64_t skew_ns;  // the allowance beyond the budget at the end
+    uint64_t learned;  // GroupStats::late_senders
+  };
+  auto run = [](uint64_t straggle, bool learn) {
+    BoundedGroup g(calib(20));
+    for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+    for (int i = 0; i < 320; ++i) {
+      const uint64_t late = i % 10 == 9 ? straggle : 5 * kMs;
+      const uint64_t allowance = g.start_allowance_ns(kMiB);
+      if (late >= allowance) {
+        g.on_complete(step(kMiB, 0, allowance, RecvEnd::kDeadline, true));
+        if (learn) g.on_late_sender(allowance, late);
+      } else {
+        StepReport s = step(kMiB, kMiB, late + 10 * kMs, RecvEnd::kAll, true);
+        s.network_ns = 10 * kMs;
+        g.on_complete(s);
+      }
+    }
+    return Run{g.start_allowance_ns(kMiB) - g.budget_ns(kMiB), g.stats().late_senders};
+  };
+  const Run corrected = run(2000 * kMs, true);
+  EXPECT_EQ(corrected.skew_ns, 10 * kMs) << "twice the routine 5 ms";
+  EXPECT_EQ(corrected.learned, 32u);
+  const Run bounds = run(2000 * kMs, false);
+  EXPECT_GE(bounds.skew_ns, 200 * kMs) << "the bounds alone climb towards the cap";
+  EXPECT_EQ(bounds.learned, 0u);
+  const Run within = run(100 * kMs, true);
+  EXPECT_EQ(within.skew_ns, 200 * kMs) << "a lateness within the cap is waited for";
+  EXPECT_LE(within.learned, 4u) << "steps cut before the allowance covered it";
+  // A report that matches no bound (a sender that came in time, or one already corrected)
+  // changes nothing.
+  BoundedGroup g(calib(20));
+  for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
+  g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, true));
+  const uint64_t before = g.start_allowance_ns(kMiB);
+  g.on_late_sender(0, 900 * kMs);
+  g.on_late_sender(10 * kMs, 900 * kMs);
+  EXPECT_EQ(g.start_allowance_ns(kMiB), before);
+  EXPECT_EQ(g.stats().late_senders, 0u);
+}
+
 // The later of two ranks never waits for the other's data: its sends find their CTS waiting
 // instead. That lateness is the same skew seen from its side, and counts: a rank that was
 // always the later one learned no skew at all and cut its peer's data the first time the
@@ -283,6 +331,10 @@ TEST(BoundedGroup, TheLaterRankLearnsTheSkewFromItsSends) {
     g.on_send_lateness(26 * kMs);
   }
   // 80 samples, 30 of them 26 ms.
+  EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
+  // Its own lateness beyond the cap (it straggled) is no skew to wait for: counted, its
+  // allowance, which its CTS announces to its peers' sends, rose to the cap.
+  for (int i = 0; i < 30; ++i) g.on_send_lateness(2000 * kMs);
   EXPECT_EQ(g.start_allowance_ns(kMiB), g.budget_ns(kMiB) + 52 * kMs);
 }
 
@@ -571,6 +623,63 @@ TEST(BoundedConn, ASenderLearnsItsLatenessFromTheCtsThatWaited) {
     EXPECT_EQ(src, dst);
   }
   EXPECT_EQ(sender_group.start_allowance_ns(src.size()), before + 60 * kMs);
+}
+
+// The receiver's side of a straggler on real connections: it cuts a step whose sender has not
+// started, counts it as exactly as late as it waited, and learns the real lateness from the
+// sender's first packet after the cut: its notice that it found the step ended (whether it
+// heard so before posting the send or only after, from the CTS, FINAL and floor that waited
+// for it together).
+TEST(BoundedConn, AReceiverLearnsHowLateTheSenderItCutWas) {
+  for (const bool floor_first : {true, false}) {
+    SCOPED_TRACE(floor_first ? "the sender knew the step ended" : "it heard so after posting");
+    Rig rig(0);
+    std::vector<uint8_t> src(20'000, 0x3C);
+    std::vector<uint8_t> dst(src.size());
+    Request *sr, *rr;
+    // Steps on time: the allowance is the budget. Between steps the ranks compute (10 ms), so
+    // each step's receive starts a burst and its start delay is a skew sample.
+    for (int warm = 0; warm < 3; ++warm) {
+      rig.clock.advance_ms(10);
+      ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+      ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+      ASSERT_TRUE(run_both(rig, sr, rr, 1000, 10));
+    }
+    const uint64_t allowance = rig.group->start_allowance_ns(src.size());
+    ASSERT_LT(allowance, 100 * kMs);
+    // The sender straggles: the receive is cut at its allowance, the next one is posted.
+    rig.clock.advance_ms(10);
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    bool done = false;
+    size_t sz;
+    for (int i = 0; i < 100000 && !done; ++i) {
+      ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+      rig.clock.advance_us(100);
+    }
+    ASSERT_TRUE(done);
+    EXPECT_EQ(rr->outcome.end, static_cast<uint8_t>(RecvEnd::kDeadline));
+    Request* next;
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &next).is_ok());
+    // Counted as a bound, one cut in four samples is their P95: the allowance doubles.
+    EXPECT_GT(rig.group->start_allowance_ns(src.size()), allowance);
+    // 2 s after the cut step began, the sender comes.
+    rig.clock.advance_ms(2000 - allowance / kMs);
+    if (floor_first) rig.s->poll();
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    done = false;
+    for (int i = 0; i < 100 && rig.group->stats().late_senders == 0; ++i) {
+      if (!done) {
+        Status st = rig.r->test(next, &done, &sz);
+        ASSERT_TRUE(st.is_ok()) << errc_name(st.code()) << " i=" << i;
+      }
+      rig.s->poll();
+      rig.clock.advance_us(10);
+    }
+    EXPECT_EQ(rig.group->stats().late_senders, 1u);
+    // 2 s is beyond the cap: the sample leaves the ring, and the allowance is what it was.
+    EXPECT_EQ(rig.group->start_allowance_ns(src.size()), allowance);
+    EXPECT_EQ(rig.r->stats().late_pkts, 0u) << "the sender sent none of the ended step";
+  }
 }
 
 TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
