@@ -282,12 +282,14 @@ void BoundedGroup::log_every_locked() {
                           : 0.0;
   OR_INFO(
       "bounded group %016llx: steps %llu (bounded %llu) lost %.4f%% deadline %llu early %llu "
-      "expired %llu tB %u us tC %u us skew allowance %llu us stretch %.2f%s",
+      "expired %llu tB %u us tC %u us skew allowance %llu us (late senders timed %llu) "
+      "stretch %.2f%s",
       static_cast<unsigned long long>(label_), static_cast<unsigned long long>(s.steps),
       static_cast<unsigned long long>(s.bounded_steps), lost,
       static_cast<unsigned long long>(s.deadline_hits),
       static_cast<unsigned long long>(s.early_timeouts), static_cast<unsigned long long>(s.expired),
-      s.tb_us, s.tc_us, static_cast<unsigned long long>(skew_ns_ / 1000), governor_.stretch(),
+      s.tb_us, s.tc_us, static_cast<unsigned long long>(skew_ns_ / 1000),
+      static_cast<unsigned long long>(s.late_senders), governor_.stretch(),
       s.calibrating ? " (calibrating)" : "");
 }
 

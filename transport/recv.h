@@ -154,10 +154,12 @@ class RecvConn final : public Conn, public RecvComm {
   bool sender_absent_locked() const {
     return sender_cut_ns_ != 0 && last_data_arrival_ns_ <= sender_cut_ns_;
   }
-  // Receives cut at their deadline before their sender started: the policy counted each as a
-  // skew of exactly its wait (a lower bound), and the sender's first packet of it after the
-  // cut tells how late it really was (DeadlinePolicy::on_late_sender). A few suffice: a step
-  // cuts one per connection, and a sender shows up before this side is many steps further.
+  // Receives that began a burst and were cut at their deadline before their sender started:
+  // the policy counted each as a skew of exactly its wait (a lower bound), and the sender's
+  // first packet of it after the cut tells how late it really was
+  // (DeadlinePolicy::on_late_sender). A few suffice: a step has one burst per connection (a
+  // phase of TAR, or NCCL's dozens of chunks), and a sender shows up before this side is
+  // many steps further.
   struct CutUnstarted {
     uint32_t seq = 0;
     uint64_t start_ns = 0;    // the receive became the oldest

@@ -137,7 +137,9 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     st.pipelined = m.pipelined;
     st.burst_head = m.burst_head;
     policy_->on_complete(st);
-    if (how == End::kDeadline && !m.started)
+    // The skew samples a cut sender left (BoundedGroup::on_complete): a burst's first receive
+    // alone, so that NCCL's chunks cut after it do not push it out of the records.
+    if (how == End::kDeadline && !m.started && m.burst_head && !m.pipelined)
       cut_[ncut_++ % kCutRecords] = CutUnstarted{m.req.seq, start, st.elapsed_ns, true};
     stats_.tb_us =
         static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
