@@ -869,6 +869,60 @@ TEST(CcSim, SkewBetweenRanksCostsNoDataAndAStragglerOneAllowance) {
   EXPECT_EQ(ss.expired_sends, 0u);
 }
 
+// A straggler 2 s late in every fifth step, with the real policy on both ranks (each its own
+// BoundedGroup, the sender's announcing its allowance in its CTS), the ranks in step between
+// steps as a job's barrier keeps them. Every straggled step costs the receiver one start
+// allowance, the tenth as the first. When a cut sender counted as exactly the allowance late
+// (all the receiver knew), its 20% of the skew samples doubled the allowance per refresh up to
+// its 1 s cap; now the sender's late packet or notice says it was 2 s late, beyond any
+// allowance, and the sample leaves the ring.
+TEST(CcSim, ARecurringStragglerCostsOneAllowanceEachTime) {
+  Rig rig;
+  rig.cfg.calibration_steps = 5;
+  const int tx = rig.net.add_host(host_at(kGbps, kGbps));
+  const int rx = rig.net.add_host(host_at(kGbps, kGbps));
+  BoundedGroup rx_group(rig.cfg), tx_group(rig.cfg);
+  Flow& f = rig.add_flow(tx, rx, nullptr, Delivery::kBounded, &rx_group);
+  f.s->set_group(&tx_group);
+  constexpr int kSteps = 50;
+  std::vector<double> straggled_ms;
+  uint64_t most_allowance = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    rig.round(5 * kMs);  // compute between steps
+    const bool straggle = step >= 10 && step % 5 == 0;
+    f.src = pattern(kMiB, 50 + step);
+    f.dst.assign(kMiB, 0);
+    f.rd = f.sd = false;
+    f.posted_ns = rig.clock.now_ns();
+    ASSERT_TRUE(f.r->irecv(f.dst.data(), f.dst.size(), &f.rr).is_ok());
+    if (straggle) {
+      f.sd = true;  // not posted yet
+      while (rig.clock.now_ns() - f.posted_ns < 2000 * kMs) rig.round(f.rd ? kMs : kStep);
+      ASSERT_TRUE(f.rd) << step;
+      straggled_ms.push_back(ms(f.recv_done_ns));
+      f.sd = false;
+    }
+    ASSERT_TRUE(f.s->isend(f.src.data(), f.src.size(), &f.sr).is_ok());
+    ASSERT_TRUE(rig.run(3000 * kMs)) << step;
+    if (!straggle) {
+      EXPECT_EQ(f.src, f.dst) << step;
+    }
+    most_allowance = std::max(most_allowance, rx_group.start_allowance_ns(kMiB));
+  }
+  std::string costs;
+  for (double c : straggled_ms) costs += " " + std::to_string(static_cast<int>(c));
+  std::printf(
+      "straggled steps cost the receiver (ms):%s; largest allowance %.1f ms; %llu late "
+      "senders timed\n",
+      costs.c_str(), ms(most_allowance),
+      static_cast<unsigned long long>(rx_group.stats().late_senders));
+  ASSERT_EQ(straggled_ms.size(), 8u);
+  // Without the correction: 13, 38, 38, 89, 89, 192, 192, 192 ms, the allowance at 397 ms.
+  for (double c : straggled_ms) EXPECT_LT(c, 1.5 * straggled_ms[0]) << "the allowance grew";
+  EXPECT_LT(most_allowance, 50 * kMs);
+  EXPECT_EQ(rx_group.stats().late_senders, 8u);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 7. A lossless fabric (RoCE with PFC): the switch never drops, it pauses the upstream port, so
 // a loss-based window would grow until the flow window (4 MiB) and park a full queue (8 ms at
