@@ -30,6 +30,23 @@ StepReport step(uint64_t bytes, uint64_t received, uint64_t elapsed_ns, RecvEnd 
   return s;
 }
 
+// A bounded step of 1 MiB on `g` whose sender came `late` ns after the receive became the
+// oldest and took 10 ms on the network; or, where `late` reaches the start allowance, was cut
+// there (counted as exactly that late), and with `report_late` showed up afterwards to say how
+// late it was (on_late_sender). True: it was received.
+bool skew_step(BoundedGroup& g, uint64_t late, bool report_late) {
+  const uint64_t allowance = g.start_allowance_ns(kMiB);
+  if (late >= allowance) {
+    g.on_complete(step(kMiB, 0, allowance, RecvEnd::kDeadline, true));
+    if (report_late) g.on_late_sender(allowance, late);
+    return false;
+  }
+  StepReport s = step(kMiB, kMiB, late + 10 * kMs, RecvEnd::kAll, true);
+  s.network_ns = 10 * kMs;
+  g.on_complete(s);
+  return true;
+}
+
 // Without headroom, so that tB is the calibration's P95 itself, and without the loss governor,
 // so that the budget is tB's and tC's alone (the governor's tests turn it on).
 Config calib(int steps) {
@@ -247,18 +264,7 @@ TEST(BoundedGroup, SkewIsNotChargedToTheNetworkEstimate) {
 TEST(BoundedGroup, SendersCutAtTheAllowanceRaiseItOnlyWhenRoutine) {
   BoundedGroup g(calib(20));
   for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
-  // A step whose sender came `late` ns after the receive became the oldest, or was cut.
-  auto late_step = [&g](uint64_t late) {
-    const uint64_t allowance = g.start_allowance_ns(kMiB);
-    if (late >= allowance) {
-      g.on_complete(step(kMiB, 0, allowance, RecvEnd::kDeadline, true));
-      return false;
-    }
-    StepReport s = step(kMiB, kMiB, late + 10 * kMs, RecvEnd::kAll, true);
-    s.network_ns = 10 * kMs;
-    g.on_complete(s);
-    return true;
-  };
+  auto late_step = [&g](uint64_t late) { return skew_step(g, late, false); };
   for (int i = 0; i < 256; ++i) ASSERT_TRUE(late_step(5 * kMs));
   const uint64_t routine = g.start_allowance_ns(kMiB);
   EXPECT_EQ(routine, g.budget_ns(kMiB) + 10 * kMs);
@@ -285,16 +291,7 @@ TEST(BoundedGroup, ACutSendersRealLatenessReplacesItsBound) {
     BoundedGroup g(calib(20));
     for (int i = 0; i < 20; ++i) g.on_complete(step(kMiB, kMiB, 10 * kMs, RecvEnd::kAll, false));
     for (int i = 0; i < 320; ++i) {
-      const uint64_t late = i % 10 == 9 ? straggle : 5 * kMs;
-      const uint64_t allowance = g.start_allowance_ns(kMiB);
-      if (late >= allowance) {
-        g.on_complete(step(kMiB, 0, allowance, RecvEnd::kDeadline, true));
-        if (learn) g.on_late_sender(allowance, late);
-      } else {
-        StepReport s = step(kMiB, kMiB, late + 10 * kMs, RecvEnd::kAll, true);
-        s.network_ns = 10 * kMs;
-        g.on_complete(s);
-      }
+      skew_step(g, i % 10 == 9 ? straggle : 5 * kMs, learn);
     }
     return Run{g.start_allowance_ns(kMiB) - g.budget_ns(kMiB), g.stats().late_senders};
   };
