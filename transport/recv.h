@@ -115,6 +115,9 @@ class RecvConn final : public Conn, public RecvComm {
   // An ACK's hold_ns (wire.h): from the newest DATA's arrival at this host to now.
   uint32_t hold_ns_locked() const;
   void send_final_for_locked(uint32_t seq, bool bounded);
+  // The floor as it stands once the messages completed so far are counted: what a FINAL
+  // carries, sent between a completion and the floor's advance (advance_floor_locked).
+  uint32_t settled_floor_locked() const;
   void complete_locked(Msg& m, End how, uint64_t now);
   // Receiving into place: opened for a receive large enough to pay (the datapath decides the
   // rest), closed when the receive ends and for every receive still open when the connection
@@ -142,6 +145,7 @@ class RecvConn final : public Conn, public RecvComm {
   uint64_t next_timer_locked() const override;
   bool set_msg_state_locked(Msg& m, State to, uint64_t now);
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
+  const Msg& slot(uint32_t seq) const { return msgs_[seq % kMaxRequests]; }
 
   uint64_t last_data_arrival_ns_ = 0;  // the newest DATA's rx_arrival_ns_
   uint64_t last_complete_ns_ = 0;      // when a receive last completed (0: never)

@@ -38,6 +38,12 @@ uint32_t RecvConn::hold_ns_locked() const {
   return static_cast<uint32_t>(std::min<uint64_t>(hold, UINT32_MAX));
 }
 
+uint32_t RecvConn::settled_floor_locked() const {
+  uint32_t f = floor_;
+  while (f != next_seq_ && slot(f).state != State::kPosted) ++f;
+  return f;
+}
+
 void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   PacketHeader h;
   h.type = PacketType::kAck;
@@ -45,6 +51,7 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   h.msg_seq = m.req.seq;
   h.msg_floor = floor_;
   if (final_ack) {
+    h.msg_floor = settled_floor_locked();
     h.flags = kFlagFinal;
     h.msg_size = m.npkts;
     h.offset = m.npkts;
@@ -65,7 +72,9 @@ void RecvConn::send_final_for_locked(uint32_t seq, bool bounded) {
   h.type = PacketType::kAck;
   h.flags = kFlagFinal | (bounded ? kFlagBounded : 0);
   h.msg_seq = seq;
-  h.msg_floor = floor_;
+  // Past this message where it was the oldest: a sender still to post it (a straggler that
+  // reads only this FINAL) then knows it ended and sends none of it (SendConn::isend).
+  h.msg_floor = settled_floor_locked();
   h.hold_ns = hold_ns_locked();
   send_ctrl_locked(h);
 }

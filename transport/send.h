@@ -157,6 +157,7 @@ class SendConn final : public Conn, public SendComm {
 
   // send_recovery.cc: acknowledgements and loss recovery.
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
+  void on_ack_msg_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
   // An RTT sample less the host delays at both ends (rx_arrival_ns_, the ACK's hold_ns); 0: none.
   uint64_t network_rtt(uint64_t rtt, uint64_t now, uint32_t hold_ns) const;
   void on_receiver_done_locked(Msg& m);

@@ -43,7 +43,13 @@ void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
 }
 
 void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
+  // The message first: a FINAL's floor may cover its own message, which the FINAL ends with
+  // more to tell than the floor does (what arrived, a round-trip sample).
+  on_ack_msg_locked(h, sack, now);
   on_receiver_floor_locked(h.msg_floor);
+}
+
+void SendConn::on_ack_msg_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
   const uint32_t s = h.msg_seq;
   if (static_cast<int32_t>(s - oldest_) < 0) {
     ++stats_.drop_stale;

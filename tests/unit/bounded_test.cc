@@ -695,6 +695,53 @@ TEST(BoundedConn, AReceiverLearnsHowLateTheSenderItCutWas) {
   }
 }
 
+// A straggler that hears of its cut step only through the FINAL (the receiver posted nothing
+// after it, as after a collective's last step) sends none of it: the FINAL's floor is past the
+// step, so the send that comes 2 s late expires at once and tells the receiver how late it was.
+TEST(BoundedConn, AStragglerThatReadsOnlyTheFinalSendsNoneOfItsCutStep) {
+  Rig rig(0);
+  std::vector<uint8_t> src(20'000, 0x3C);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  size_t sz;
+  for (int warm = 0; warm < 3; ++warm) {
+    rig.clock.advance_ms(10);
+    ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+    ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+    ASSERT_TRUE(run_both(rig, sr, rr, 1000, 10));
+  }
+  rig.clock.advance_ms(10);
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  bool done = false;
+  for (int i = 0; i < 100000 && !done; ++i) {
+    ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+    rig.clock.advance_us(100);
+  }
+  ASSERT_TRUE(done);
+  ASSERT_EQ(rr->outcome.end, static_cast<uint8_t>(RecvEnd::kDeadline));
+  int data_sent = 0;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    decode(d.data(), d.size(), &h);
+    if (h.type == PacketType::kData && !(h.flags & kFlagExpired)) ++data_sent;
+    return 1;
+  };
+  rig.clock.advance_ms(2000);
+  rig.s->poll();  // the CTS and the FINAL, and nothing after them
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  bool sent = false;
+  for (int i = 0; i < 100 && !sent; ++i) {
+    ASSERT_TRUE(rig.s->test(sr, &sent, &sz).is_ok());
+    rig.r->poll();
+    rig.clock.advance_us(10);
+  }
+  EXPECT_TRUE(sent);
+  EXPECT_EQ(data_sent, 0);
+  EXPECT_EQ(rig.s->stats().expired_sends, 1u);
+  rig.r->poll();
+  EXPECT_EQ(rig.group->stats().late_senders, 1u);
+}
+
 TEST(BoundedConn, EarlyTimeoutAfterTailPackets) {
   Rig rig(1);
   std::vector<uint8_t> src(100'000, 0x11);
