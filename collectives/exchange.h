@@ -60,6 +60,12 @@ struct RecvOp {
 //    independently; exchanges that are not (grouped NCCL calls) need the same incast on every
 //    rank. The spans must stay valid until end_phase returns.
 //  - `sends` start at once, in the given order (the order of the receivers' rounds).
+//    post_sends may be called several times in one phase: each call's sends follow the
+//    earlier calls' (the schedule posts a shard as soon as it is encoded). The sends' buffers,
+//    not the span, must stay valid until end_phase returns.
+//  - wait_recvs(n), where the exchange can (can_wait_recvs), returns once receives [0, n) are
+//    done, their lost_bytes and deadline_hit set, so that the schedule works on what arrived
+//    while the rest is in flight; end_phase still follows.
 //  - end_phase returns when every send and receive is done. In bounded mode a receive that
 //    ended with holes is not an error: lost_bytes/deadline_hit say so. A non-ok Status is a
 //    hard failure (peer gone, OS error); error() then holds a message, and nothing the phase
@@ -73,6 +79,12 @@ class Exchange {
                              std::span<const uint32_t> round_end) = 0;
   virtual Status post_sends(std::span<const SendOp> sends) = 0;
   virtual Status end_phase() = 0;
+  // Whether wait_recvs works here: grouped NCCL calls complete together, in end_phase.
+  virtual bool can_wait_recvs() const { return false; }
+  virtual Status wait_recvs(size_t) {
+    error_ = "this exchange completes its receives only in end_phase";
+    return Status(Errc::kInternal);
+  }
   virtual bool receiver_paced() const { return true; }
   // The transport's current hard bound tB and estimate tC (0 when it has none).
   virtual void timing(uint32_t* tb_us, uint32_t* tc_us) const {

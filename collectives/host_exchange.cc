@@ -4,6 +4,7 @@
 // few cores leave them to the progress threads.
 #include "collectives/host_exchange.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <thread>
@@ -196,7 +197,10 @@ Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
   recv_how_ = mode == Mode::kUntilStarted ? MsgDelivery::kUntilStarted : MsgDelivery::kAsConnection;
   recvs_ = recvs;
   round_end_ = round_end;
-  sends_ = {};
+  recvs_done_ = 0;
+  round_ = 0;
+  sends_.clear();
+  send_reqs_.clear();
   recv_reqs_.assign(recvs.size(), nullptr);
   recv_before_.resize(recvs.size());
   return round_end.empty() ? Status::ok() : abandon_unless_ok(post_round(0));
@@ -255,10 +259,10 @@ Status HostExchange::post_sends(std::span<const SendOp> sends) {
 }
 
 Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
-  sends_ = sends;
-  send_reqs_.assign(sends.size(), nullptr);
-  for (size_t i = 0; i < sends.size(); ++i) {
-    const SendOp& op = sends[i];
+  for (const SendOp& op : sends) {
+    const size_t i = sends_.size();
+    sends_.push_back(op);
+    send_reqs_.push_back(nullptr);
     SendComm* c = send_[mode_][size_t(op.peer)].get();
     int spins = 0;
     const auto end = std::chrono::steady_clock::now() + kHangLimit;
@@ -284,27 +288,38 @@ Status HostExchange::end_phase() {
   return abandon_unless_ok(wait_phase());
 }
 
-Status HostExchange::wait_phase() {
-  uint32_t begin = 0;
-  for (size_t q = 0; q < round_end_.size(); ++q) {
-    if (q > 0) {
-      if (Status s = post_round(q); !s) return s;
+Status HostExchange::wait_recvs(size_t n) {
+  if (abandoned_) return failed_earlier();
+  return abandon_unless_ok(wait_recvs_now(n));
+}
+
+Status HostExchange::wait_recvs_now(size_t n) {
+  n = std::min(n, recvs_.size());
+  while (recvs_done_ < n) {
+    // Round q + 1 is posted once round q completed: this is how a receiver bounds its incast.
+    // Rounds may be empty (no shard from those peers).
+    while (recvs_done_ == round_end_[round_]) {
+      if (Status s = post_round(++round_); !s) return s;
     }
-    for (uint32_t i = begin; i < round_end_[q]; ++i) {
-      RecvOp& op = recvs_[i];
-      size_t got = 0;
-      if (Status s = wait(recv_reqs_[i], &got, false, op.peer); !s) return s;
-      if (got != op.bytes) {
-        error_ = "receive from rank " + std::to_string(op.peer) + ": " + std::to_string(got) +
-                 " bytes, expected " + std::to_string(op.bytes) + " (ranks called differently)";
-        return Status(Errc::kInternal);
-      }
-      const ConnStats after = recv_[mode_][size_t(op.peer)]->stats();
-      op.lost_bytes = after.bytes_lost - recv_before_[i].bytes_lost;
-      op.deadline_hit = after.deadline_hits > recv_before_[i].deadline_hits;
+    const size_t i = recvs_done_;
+    RecvOp& op = recvs_[i];
+    size_t got = 0;
+    if (Status s = wait(recv_reqs_[i], &got, false, op.peer); !s) return s;
+    if (got != op.bytes) {
+      error_ = "receive from rank " + std::to_string(op.peer) + ": " + std::to_string(got) +
+               " bytes, expected " + std::to_string(op.bytes) + " (ranks called differently)";
+      return Status(Errc::kInternal);
     }
-    begin = round_end_[q];
+    const ConnStats after = recv_[mode_][size_t(op.peer)]->stats();
+    op.lost_bytes = after.bytes_lost - recv_before_[i].bytes_lost;
+    op.deadline_hit = after.deadline_hits > recv_before_[i].deadline_hits;
+    ++recvs_done_;
   }
+  return Status::ok();
+}
+
+Status HostExchange::wait_phase() {
+  if (Status s = wait_recvs_now(recvs_.size()); !s) return s;
   for (size_t i = 0; i < sends_.size(); ++i) {
     size_t ignored = 0;
     if (Status s = wait(send_reqs_[i], &ignored, true, sends_[i].peer); !s) return s;

@@ -30,6 +30,8 @@ class HostExchange final : public Exchange {
                      std::span<const uint32_t> round_end) override;
   Status post_sends(std::span<const SendOp> sends) override;
   Status end_phase() override;
+  bool can_wait_recvs() const override { return true; }
+  Status wait_recvs(size_t n) override;
   void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
 
  private:
@@ -38,6 +40,7 @@ class HostExchange final : public Exchange {
   Status wait(Request* req, size_t* size, bool is_send, int peer);
   Status post_round(size_t q);
   Status post_sends_now(std::span<const SendOp> sends);
+  Status wait_recvs_now(size_t n);
   Status wait_phase();
   // A failed phase closes every connection (no request outlives the call that failed) and
   // later phases fail at once.
@@ -59,7 +62,9 @@ class HostExchange final : public Exchange {
   MsgDelivery recv_how_ = MsgDelivery::kAsConnection;
   std::span<RecvOp> recvs_;
   std::span<const uint32_t> round_end_;
-  std::span<const SendOp> sends_;
+  size_t recvs_done_ = 0;      // receives [0, recvs_done_) complete
+  size_t round_ = 0;           // the latest round posted
+  std::vector<SendOp> sends_;  // every post_sends of the phase, in order
   std::vector<Request*> send_reqs_;
   std::vector<Request*> recv_reqs_;
   std::vector<ConnStats> recv_before_;  // each receive's connection counters when posted

@@ -43,6 +43,7 @@ struct Tar::Pass {
   // Derived by run_pass:
   const uint8_t* work_in = nullptr;
   uint8_t* work_out = nullptr;
+  uint8_t* encoded = nullptr;  // E, where Hadamard passes encode into (work_in and work_out)
   ShardPlan plan;
   uint8_t* slots = nullptr;   // N-1 receive slots of slot_bytes() each (phase 1)
   uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
@@ -68,9 +69,10 @@ Tar::Tar(Exchange* ex, Kernels* k, uint64_t comm_seed)
 Status Tar::run_pass(Pass& p, std::string* error) {
   const int n = ex_->size();
   if (p.hadamard) {
+    // Encoded shard by shard as phase 1 sends them (BlockProgress).
     const uint64_t len = p.g.encoded();
     auto* e = static_cast<uint8_t*>(k_->scratch(kSlotEncoded, len * p.es));
-    k_->encode(p.t, p.input, e, p.g, p.seed);
+    p.encoded = e;
     p.work_in = e;
     p.work_out = e;
     p.plan = ShardPlan{len, n};
@@ -113,8 +115,22 @@ Status Tar::phase1(Pass& p, std::string* error) {
     }
     round_end1_.push_back(uint32_t(recvs1_.size()));
   }
-  if (Status s = ex_->run_phase(p.mode, 1, sends_, recvs1_, round_end1_); !s)
-    return fail("phase 1", s, error);
+  if (!p.hadamard) {
+    if (Status s = ex_->run_phase(p.mode, 1, sends_, recvs1_, round_end1_); !s)
+      return fail("phase 1", s, error);
+  } else {
+    // Each shard leaves as soon as its blocks are encoded; this rank's own shard, which only
+    // the reduction reads, is encoded while the others are on the wire.
+    if (Status s = ex_->begin_phase(p.mode, 1, recvs1_, round_end1_); !s)
+      return fail("phase 1", s, error);
+    blocks_.reset(p.plan, p.g);
+    for (const SendOp& op : sends_) {
+      blocks_.take_shard(op.peer, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
+      if (Status s = ex_->post_sends({&op, 1}); !s) return fail("phase 1", s, error);
+    }
+    blocks_.take_shard(r, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
+    if (Status s = ex_->end_phase(); !s) return fail("phase 1", s, error);
+  }
   p.expected[0] = uint64_t(n - 1) * mine;
   for (const RecvOp& rv : recvs1_) {
     p.deadline_hits += rv.deadline_hit ? 1 : 0;
@@ -164,9 +180,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
       if (mine > 0)
         sends_.push_back({rp.send_peer(r, d), p.work_out + p.plan.offset(r) * p.es, mine * p.es});
   if (Status s = ex_->post_sends(sends_); !s) return fail("phase 2", s, error);
-  if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
 
-  p.expected[1] = p.plan.count - mine;
   // The stand-in for what this rank lost here: its own contribution as the average (x N for
   // a sum), or nothing (0: it skips those elements this step). In the Hadamard domain the same
   // choice: `own` rescales a block that kept k of its d coordinates by d/k (unbiased; an error
@@ -175,6 +189,26 @@ Status Tar::phase2(Pass& p, std::string* error) {
   // lost ones 0: an error of sqrt(1 - k/d) of the block's norm, never more than the block).
   const double own_scale = !p.gather_fill_own ? 0.0 : p.op == RedOp::kSum ? double(n) : 1.0;
   const Erasure fill_policy = p.gather_fill_own ? p.erasure : Erasure::kZero;
+  const auto decode = [&](uint64_t b0, uint64_t b1) {
+    const size_t at = size_t(b0 * p.g.block) * p.es;
+    k_->decode(p.t, p.work_out + at, p.output + at, sub_geometry(p, b0, b1), p.seed, 1.0,
+               p.input + at, own_scale, fill_policy);
+  };
+  if (p.hadamard) {
+    blocks_.reset(p.plan, p.g);
+    // What is here decodes while the rest arrives: this rank's shard at once, each peer's as
+    // its receive completes (where the exchange can tell; else all after end_phase).
+    blocks_.shard_arrived(r, decode);
+    if (ex_->can_wait_recvs()) {
+      for (size_t i = 0; i < recvs2_.size(); ++i) {
+        if (Status s = ex_->wait_recvs(i + 1); !s) return fail("phase 2", s, error);
+        blocks_.shard_arrived(recvs2_[i].peer, decode);
+      }
+    }
+  }
+  if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
+
+  p.expected[1] = p.plan.count - mine;
   for (const RecvOp& rv : recvs2_) {
     p.deadline_hits += rv.deadline_hit ? 1 : 0;
     p.whole_sender_missing |= rv.lost_bytes == rv.bytes;
@@ -187,9 +221,20 @@ Status Tar::phase2(Pass& p, std::string* error) {
       k_->copy(p.output + off, rv.data, rv.bytes);
     }
   }
-  if (p.hadamard)
-    k_->decode(p.t, p.work_out, p.output, p.g, p.seed, 1.0, p.input, own_scale, fill_policy);
+  if (p.hadamard) blocks_.take_rest(decode);
   return Status::ok();
+}
+
+HadamardGeometry Tar::sub_geometry(const Pass& p, uint64_t b0, uint64_t b1) {
+  // Every block uses the same signs (D repeats per block), so a run of blocks transforms alone
+  // exactly as inside the whole bucket; the run that ends the bucket keeps its short tail.
+  const uint64_t begin = b0 * p.g.block, end = b1 * p.g.block;
+  return HadamardGeometry{(end < p.count ? end : p.count) - begin, p.g.block};
+}
+
+void Tar::encode_blocks(Pass& p, uint64_t b0, uint64_t b1) {
+  const size_t at = size_t(b0 * p.g.block) * p.es;
+  k_->encode(p.t, p.input + at, p.encoded + at, sub_geometry(p, b0, b1), p.seed);
 }
 
 // `flags` holds N bytes in the path's memory, this rank's flag byte (elem.h's Flag) at [rank],

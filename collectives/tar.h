@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/block_progress.h"
 #include "collectives/exchange.h"
 #include "collectives/incast.h"
 #include "collectives/optireduce.h"
@@ -58,6 +59,9 @@ class Tar {
   Status phase1(Pass& p, std::string* error);
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
+  // Blocks [b0, b1) of the pass's Hadamard geometry, as a geometry of their own.
+  static HadamardGeometry sub_geometry(const Pass& p, uint64_t b0, uint64_t b1);
+  void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
   Status fail(const char* what, Status s, std::string* error);
 
   Exchange* ex_;
@@ -74,6 +78,7 @@ class Tar {
   std::vector<const void*> srcs_;
   std::vector<uint8_t> lossy_;
   std::vector<uint8_t> flags_host_;
+  BlockProgress blocks_;  // the pass's encode (phase 1) or decode (phase 2)
 };
 
 }  // namespace optireduce::coll

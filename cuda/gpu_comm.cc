@@ -269,10 +269,12 @@ class NcclExchange final : public Exchange {
     mode_ = mode;
     recvs_ = recvs;
     round_end_ = round_end;
+    sends_.clear();
     return Status::ok();
   }
+  // Queued for end_phase's groups, where NCCL runs them; several calls add up.
   Status post_sends(std::span<const SendOp> sends) override {
-    sends_ = sends;
+    sends_.insert(sends_.end(), sends.begin(), sends.end());
     return Status::ok();
   }
   Status end_phase() override {
@@ -336,7 +338,7 @@ class NcclExchange final : public Exchange {
   cudaStream_t stream_ = nullptr;
   std::span<RecvOp> recvs_;
   std::span<const uint32_t> round_end_;
-  std::span<const SendOp> sends_;
+  std::vector<SendOp> sends_;
 };
 
 }  // namespace

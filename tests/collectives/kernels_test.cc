@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <random>
@@ -205,6 +206,51 @@ TEST(Hadamard, AveragedOverBurstPositionsTheMseIsComparable) {
   EXPECT_LT(had, 2 * plain);
   EXPECT_GT(had, plain / 2);
   std::printf("burst at uniform positions: MSE plain %.5f, Hadamard %.5f\n", plain / 16, had / 16);
+}
+
+// What TAR's pipelining relies on (tar.cc, BlockProgress): runs of blocks, each transformed as a
+// bucket of its own (the run that ends the bucket keeps its short tail), give the bytes of one
+// whole-bucket encode and decode, erasures, empty blocks and their fallback included.
+TEST(Hadamard, RunsOfBlocksTransformAsInsideTheWholeBucket) {
+  std::mt19937 rng(12);
+  std::normal_distribution<double> g;
+  for (uint64_t count : {4096u * 5 + 1000u, 4096u * 3, 700u}) {
+    const uint64_t block = 4096;
+    HadamardGeometry geo{count, block};
+    std::vector<double> x(count);
+    for (auto& v : x) v = g(rng);
+    const auto in = make<DType::kF32>(x);
+    std::vector<uint32_t> masks(block);
+    fill_sign_masks(masks.data(), block, 77);
+    std::vector<uint32_t> whole(geo.encoded()), runs(geo.encoded(), 0);
+    hadamard_encode(DType::kF32, in.data(), whole.data(), geo, masks.data());
+    // Runs of 1, 2, 1, ... blocks.
+    auto each_run = [&](auto&& f) {
+      for (uint64_t b0 = 0, len = 1; b0 < geo.blocks(); b0 += len, len = 3 - len) {
+        const uint64_t b1 = std::min(geo.blocks(), b0 + len);
+        f(b0 * block, HadamardGeometry{std::min(count, b1 * block) - b0 * block, block});
+      }
+    };
+    each_run([&](uint64_t at, const HadamardGeometry& sub) {
+      hadamard_encode(DType::kF32, in.data() + at, runs.data() + at, sub, masks.data());
+    });
+    ASSERT_EQ(runs, whole) << count;
+    erase(whole, 100, 300);                             // part of block 0
+    if (count > 2 * block) erase(whole, block, block);  // all of block 1: the fallback
+    std::vector<uint32_t> out_whole(count), out_runs(count);
+    const DecodeResult rw = hadamard_decode(DType::kF32, whole.data(), out_whole.data(), geo,
+                                            masks.data(), 0.5, in.data(), 2.0);
+    DecodeResult rr;
+    each_run([&](uint64_t at, const HadamardGeometry& sub) {
+      const DecodeResult r = hadamard_decode(DType::kF32, whole.data() + at, out_runs.data() + at,
+                                             sub, masks.data(), 0.5, in.data() + at, 2.0);
+      rr.lost += r.lost;
+      rr.blocks_empty += r.blocks_empty;
+    });
+    EXPECT_EQ(out_runs, out_whole) << count;
+    EXPECT_EQ(rr.lost, rw.lost);
+    EXPECT_EQ(rr.blocks_empty, rw.blocks_empty);
+  }
 }
 
 TEST(Hadamard, EmptyBlockFallsBackToOwnTimesScale) {

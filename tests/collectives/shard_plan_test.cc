@@ -1,7 +1,10 @@
 // Tests of collectives/shard_plan.h: shards tile the bucket for every count and N (counts below
 // a unit per rank included), start on whole units, differ by at most a unit, and every ordered
-// pair meets once per phase.
+// pair meets once per phase. And of block_progress.h: the pipelined encode and decode hand out
+// every Hadamard block once, and a block only when the shards it needs are there.
 #include "collectives/shard_plan.h"
+
+#include "collectives/block_progress.h"
 
 #include <gtest/gtest.h>
 
@@ -117,6 +120,85 @@ TEST(RoundPlan, ClampIncast) {
   EXPECT_EQ(clamp_incast(99, 8), 7);
   EXPECT_EQ(clamp_incast(5, 2), 1);
   EXPECT_EQ(clamp_incast(0, 1), 1);
+}
+
+// The blocks that encoded elements [lo, hi) touch.
+std::vector<uint64_t> blocks_touching(const HadamardGeometry& g, uint64_t lo, uint64_t hi) {
+  std::vector<uint64_t> out;
+  for (uint64_t b = 0, at = 0; b < g.blocks(); at += g.dim(b), ++b)
+    if (at < hi && at + g.dim(b) > lo) out.push_back(b);
+  return out;
+}
+
+TEST(BlockProgress, EncodingHandsOutEachBlockOnceAndAShardsBlocksBeforeItIsSent) {
+  for (int n : {2, 3, 4, 7, 8}) {
+    for (uint64_t count : {1ull, 100ull, 4096ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
+      for (uint64_t block : {16ull, 1024ull, 4096ull}) {
+        const HadamardGeometry g{count, block};
+        const ShardPlan plan{g.encoded(), n};
+        BlockProgress bp;
+        bp.reset(plan, g);
+        std::vector<int> handed(g.blocks(), 0);
+        const int r = n / 2;  // the send order of rank r, then its own shard
+        for (int d = 1; d <= n; ++d) {
+          const int k = (r + d) % n;
+          bp.take_shard(k, [&](uint64_t b0, uint64_t b1) {
+            ASSERT_LT(b0, b1);
+            for (uint64_t b = b0; b < b1; ++b) ++handed[b];
+          });
+          for (uint64_t b : blocks_touching(g, plan.offset(k), plan.offset(k) + plan.length(k)))
+            ASSERT_EQ(handed[b], 1) << "n " << n << " count " << count << " shard " << k;
+        }
+        for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
+        bp.take_rest([&](uint64_t, uint64_t) { FAIL() << "nothing is left"; });
+      }
+    }
+  }
+}
+
+TEST(BlockProgress, DecodingWaitsForEveryShardABlockOverlaps) {
+  for (int n : {2, 3, 4, 8}) {
+    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
+      for (uint64_t block : {16ull, 4096ull}) {
+        const HadamardGeometry g{count, block};
+        const ShardPlan plan{g.encoded(), n};
+        for (int skip : {-1, 0, n - 1}) {  // one shard never arrives (or none)
+          BlockProgress bp;
+          bp.reset(plan, g);
+          std::vector<int> handed(g.blocks(), 0);
+          std::vector<bool> here(size_t(n), false);
+          auto check_run = [&](uint64_t b0, uint64_t b1) {
+            for (uint64_t b = b0; b < b1; ++b) {
+              ++handed[b];
+              const uint64_t at = b * block;
+              for (int k = 0; k < n; ++k) {
+                if (plan.offset(k) < at + g.dim(b) && plan.offset(k) + plan.length(k) > at) {
+                  ASSERT_TRUE(here[size_t(k)]) << "block " << b << " before shard " << k;
+                }
+              }
+            }
+          };
+          for (int i = 0; i < n; ++i) {
+            const int k = (i * 5 + 1) % n;  // every shard once, out of order (5 is prime to n)
+            if (k == skip) continue;
+            here[size_t(k)] = true;
+            bp.shard_arrived(k, check_run);
+          }
+          std::set<uint64_t> waiting;  // the blocks of the shard that never came
+          if (skip >= 0)
+            for (uint64_t b :
+                 blocks_touching(g, plan.offset(skip), plan.offset(skip) + plan.length(skip)))
+              waiting.insert(b);
+          for (uint64_t b = 0; b < g.blocks(); ++b)
+            ASSERT_EQ(handed[b], waiting.count(b) ? 0 : 1) << "n " << n << " block " << b;
+          bp.take_rest([&](uint64_t b0, uint64_t b1) {
+            for (uint64_t b = b0; b < b1; ++b) ++handed[b];
+          });
+          for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

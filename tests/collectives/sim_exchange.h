@@ -47,6 +47,9 @@ class SimNetwork {
 
   std::unique_ptr<Exchange> endpoint(int rank);
   int size() const { return n_; }
+  // Whether the endpoints let the schedule wait for single receives (Exchange::wait_recvs), as
+  // the host path's does, or complete them all in end_phase, as grouped NCCL calls do.
+  void set_wait_recvs(bool on) { wait_recvs_ = on; }
   // Runs fn(rank) on N threads and joins them.
   void run(const std::function<void(int)>& fn) {
     std::vector<std::thread> ts;
@@ -74,6 +77,7 @@ class SimNetwork {
   LossModel loss_;
   std::chrono::microseconds deadline_;
   std::vector<Pair> pairs_;
+  bool wait_recvs_ = true;
 };
 
 class SimExchange final : public Exchange {
@@ -92,7 +96,9 @@ class SimExchange final : public Exchange {
     phase_ = phase;
     recvs_ = recvs;
     round_end_ = round_end;
-    posted_ = std::chrono::steady_clock::now();
+    done_ = 0;
+    round_ = 0;
+    round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
     return Status::ok();
   }
 
@@ -110,26 +116,35 @@ class SimExchange final : public Exchange {
     return Status::ok();
   }
 
-  Status end_phase() override {
-    uint32_t begin = 0;
-    for (size_t q = 0; q < round_end_.size(); ++q) {
-      const auto round = recvs_.subspan(begin, round_end_[q] - begin);
-      // Round 0 was posted by begin_phase, later rounds when the previous one completed.
-      const auto start = q == 0 ? posted_ : std::chrono::steady_clock::now();
-      const auto deadline = start + net_->deadline_;
-      for (RecvOp& r : round) {
-        Status s = recv_one(mode_, phase_, r, deadline, int(round.size()));
-        if (!s) return s;
-      }
-      begin = round_end_[q];
-    }
-    return Status::ok();
+  bool can_wait_recvs() const override { return net_->wait_recvs_; }
+  Status wait_recvs(size_t n) override {
+    if (!net_->wait_recvs_) return Exchange::wait_recvs(n);
+    return wait_until(n);
   }
+  Status end_phase() override { return wait_until(recvs_.size()); }
 
  private:
   Status fail(const char* msg) {
     error_ = msg;
     return Status(Errc::kInternal);
+  }
+
+  // Receives [done_, n), round by round: round 0 was posted by begin_phase, a later round
+  // when the previous one completed (its deadline counts from then).
+  Status wait_until(size_t n) {
+    n = n < recvs_.size() ? n : recvs_.size();
+    while (done_ < n) {
+      while (done_ == round_end_[round_]) {
+        ++round_;
+        round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
+      }
+      const size_t lo = round_ == 0 ? 0 : round_end_[round_ - 1];
+      Status s =
+          recv_one(mode_, phase_, recvs_[done_], round_deadline_, int(round_end_[round_] - lo));
+      if (!s) return s;
+      ++done_;
+    }
+    return Status::ok();
   }
 
   Status recv_one(Mode mode, int phase, RecvOp& r, std::chrono::steady_clock::time_point deadline,
@@ -194,7 +209,9 @@ class SimExchange final : public Exchange {
   int phase_ = 0;
   std::span<RecvOp> recvs_;
   std::span<const uint32_t> round_end_;
-  std::chrono::steady_clock::time_point posted_;
+  size_t done_ = 0;   // receives [0, done_) complete
+  size_t round_ = 0;  // the latest round posted
+  std::chrono::steady_clock::time_point round_deadline_;
 };
 
 inline std::unique_ptr<Exchange> SimNetwork::endpoint(int rank) {
