@@ -20,6 +20,7 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/bounded_workload.h"
 #include "tests/collectives/forked_ranks.h"
 #include "tests/collectives/loss_audit.h"
 #include "tests/collectives/nonfinite_case.h"
@@ -31,6 +32,7 @@ using optireduce::coll::DType;
 using optireduce::coll::Elem;
 using optireduce::testing::audit_call;
 using optireduce::testing::audit_input;
+using optireduce::testing::BoundedWorkload;
 using optireduce::testing::esize;
 using optireduce::testing::get;
 using optireduce::testing::kAuditCount;
@@ -272,38 +274,17 @@ int bounded_rank(int rank, int n, const std::string& dir, bool hadamard) {
   const size_t count = 1 << 18;
   const double eps = 0.05;
   const int calls = 6;
-  // Inputs and references first, so that ranks do little between calls: a rank that posts its
-  // receives late loses whole messages (the peers' bounded sends expire), which is correct
-  // bounded behaviour but not what this test measures.
-  std::vector<std::vector<uint8_t>> bufs(calls, std::vector<uint8_t>(count * 4));
-  std::vector<std::vector<double>> refs(calls, std::vector<double>(count, 0.0));
+  BoundedWorkload w(rank, n, count, calls, eps);
   for (int call = 0; call < calls; ++call) {
-    for (size_t i = 0; i < count; ++i) {
-      const double base = std::sin(double(i) * 0.01 + call);
-      for (int s = 0; s < n; ++s)
-        refs[size_t(call)][i] += float(base + eps * std::cos(double(i) + s));
-      set(optiFloat32, bufs[size_t(call)], i, base + eps * std::cos(double(i) + rank));
-    }
-  }
-  for (int call = 0; call < calls; ++call) {
-    CHILD_CHECK(optiAllReduce(bufs[size_t(call)].data(), bufs[size_t(call)].data(), count,
+    CHILD_CHECK(optiAllReduce(w.bufs[size_t(call)].data(), w.bufs[size_t(call)].data(), count,
                               optiFloat32, optiSum, comm, nullptr) == optiSuccess,
                 "allreduce call %d", call);
   }
-  double err2 = 0, ref2 = 0, max_abs = 0;
-  for (int call = 1; call < calls; ++call) {  // call 0 is exact
-    for (size_t i = 0; i < count; ++i) {
-      const double v = get(optiFloat32, bufs[size_t(call)], i);
-      CHILD_CHECK(std::isfinite(v), "non-finite result at %zu", i);
-      const double e = v - refs[size_t(call)][i];
-      err2 += e * e;
-      ref2 += refs[size_t(call)][i] * refs[size_t(call)][i];
-      max_abs = std::fmax(max_abs, std::fabs(e));
-    }
-  }
+  const BoundedWorkload::Error err = w.error(1);  // call 0 is exact
+  CHILD_CHECK(err.finite, "non-finite result at %zu", err.first_nonfinite);
+  const double rel = err.rel_l2, max_abs = err.max_abs;
   optiStats_t total;
   CHILD_CHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, "stats");
-  const double rel = std::sqrt(err2 / ref2);
   std::printf(
       "rank %d hadamard %d: lost %.4f%% (p1 %llu, p2 %llu), deadline hits %llu, "
       "rel L2 error %.5f, max abs %.4f, tB %u us tC %u us\n",

@@ -13,6 +13,7 @@
 
 #include "collectives/elem.h"
 #include "collectives/optireduce.h"
+#include "tests/collectives/bounded_workload.h"
 #include "tests/collectives/typed_buffer.h"
 #include "tests/plugin/procs.h"
 #include "tests/verbs/rxe_env.h"
@@ -135,37 +136,17 @@ void bounded_rank(Mesh& m, const std::string& dir, bool hadamard) {
   const size_t count = 1 << 16;
   const double eps = 0.05;
   const int calls = 6;
-  // Inputs and references first, so that ranks do little between calls (a rank that posts
-  // its receives late loses whole messages: correct, but not what this measures).
-  std::vector<std::vector<uint8_t>> bufs(calls, std::vector<uint8_t>(count * 4));
-  std::vector<std::vector<double>> refs(calls, std::vector<double>(count, 0.0));
+  BoundedWorkload w(m.rank, n, count, calls, eps);
   for (int call = 0; call < calls; ++call) {
-    for (size_t i = 0; i < count; ++i) {
-      const double base = std::sin(double(i) * 0.01 + call);
-      for (int s = 0; s < n; ++s)
-        refs[size_t(call)][i] += float(base + eps * std::cos(double(i) + s));
-      set(optiFloat32, bufs[size_t(call)], i, base + eps * std::cos(double(i) + m.rank));
-    }
-  }
-  for (int call = 0; call < calls; ++call) {
-    HCHECK(optiAllReduce(bufs[size_t(call)].data(), bufs[size_t(call)].data(), count, optiFloat32,
-                         optiSum, comm, nullptr) == optiSuccess,
+    HCHECK(optiAllReduce(w.bufs[size_t(call)].data(), w.bufs[size_t(call)].data(), count,
+                         optiFloat32, optiSum, comm, nullptr) == optiSuccess,
            "rank %d: allreduce call %d: %s", m.rank, call, optiGetLastError());
   }
-  double err2 = 0, ref2 = 0, max_abs = 0;
-  for (int call = 1; call < calls; ++call) {  // call 0 runs exact
-    for (size_t i = 0; i < count; ++i) {
-      const double v = get(optiFloat32, bufs[size_t(call)], i);
-      HCHECK(std::isfinite(v), "rank %d: non-finite result at %zu", m.rank, i);
-      const double e = v - refs[size_t(call)][i];
-      err2 += e * e;
-      ref2 += refs[size_t(call)][i] * refs[size_t(call)][i];
-      max_abs = std::fmax(max_abs, std::fabs(e));
-    }
-  }
+  const BoundedWorkload::Error err = w.error(1);  // call 0 runs exact
+  HCHECK(err.finite, "rank %d: non-finite result at %zu", m.rank, err.first_nonfinite);
+  const double rel = err.rel_l2, max_abs = err.max_abs;
   optiStats_t total;
   HCHECK(optiGetStats(comm, nullptr, &total) == optiSuccess, "stats");
-  const double rel = std::sqrt(err2 / ref2);
   std::fprintf(stderr,
                "rank %d (%s) hadamard %d: lost %.4f%%, deadline hits %" PRIu64
                ", rel L2 error %.5f, max abs %.4f, tB %u us tC %u us\n",
