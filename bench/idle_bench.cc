@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proxy_pattern.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
@@ -165,24 +166,13 @@ void rank_main(int rank, const Options& o, Channel& ch) {
 
 int run(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--plugin") {
-      o.plugin = v;
-    } else if (k == "--idle") {
-      o.idle = std::atoi(v);
-    } else if (k == "--size") {
-      o.size = std::strtoull(v, nullptr, 0);
-    } else if (k == "--bytes") {
-      o.bytes = std::strtoull(v, nullptr, 0);
-    } else if (k == "--repeat") {
-      o.repeat = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  if (int rc = bench::parse_flags(
+          argc, argv,
+          {bench::text_flag("--plugin", &o.plugin), bench::number_flag("--idle", &o.idle),
+           bench::number_flag("--size", &o.size), bench::number_flag("--bytes", &o.bytes),
+           bench::number_flag("--repeat", &o.repeat)});
+      rc != 0)
+    return rc;
   if (o.idle < 2 || o.size == 0 || o.repeat < 1) {
     std::fprintf(stderr, "need --idle >= 2, --size > 0, --repeat >= 1\n");
     return 2;

@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proxy_pattern.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
@@ -381,38 +382,25 @@ void rank_main(int rank, const Options& o, Channel& ch) {
 
 int run(int argc, char** argv) {
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--plugin") {
-      o.plugin = v;
-    } else if (k == "--version") {
-      o.version = std::atoi(v);
-    } else if (k == "--min") {
-      o.min_bytes = std::strtoull(v, nullptr, 0);
-    } else if (k == "--max") {
-      o.max_bytes = std::strtoull(v, nullptr, 0);
-    } else if (k == "--bytes") {
-      o.bytes_per_size = std::strtoull(v, nullptr, 0);
-    } else if (k == "--mode") {
-      const std::string m = v;
-      if (m != "all" && m != "stream" && m != "proxy") {
-        std::fprintf(stderr, "--mode takes all, stream or proxy\n");
-        return 2;
-      }
-      o.stream = m != "proxy";
-      o.proxy = m != "stream";
-    } else if (k == "--proxy-min") {
-      o.proxy_min = std::strtoull(v, nullptr, 0);
-    } else if (k == "--proxy-max") {
-      o.proxy_max = std::strtoull(v, nullptr, 0);
-    } else if (k == "--proxy-rounds") {
-      o.proxy_rounds = std::atoi(v);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
+  const auto mode = [&o](const char* v) {
+    const std::string m = v;
+    if (m != "all" && m != "stream" && m != "proxy") return false;  // all, stream or proxy
+    o.stream = m != "proxy";
+    o.proxy = m != "stream";
+    return true;
+  };
+  if (int rc = bench::parse_flags(argc, argv,
+                                  {bench::text_flag("--plugin", &o.plugin),
+                                   bench::number_flag("--version", &o.version),
+                                   bench::number_flag("--min", &o.min_bytes),
+                                   bench::number_flag("--max", &o.max_bytes),
+                                   bench::number_flag("--bytes", &o.bytes_per_size),
+                                   {"--mode", mode},
+                                   bench::number_flag("--proxy-min", &o.proxy_min),
+                                   bench::number_flag("--proxy-max", &o.proxy_max),
+                                   bench::number_flag("--proxy-rounds", &o.proxy_rounds)});
+      rc != 0)
+    return rc;
   if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.proxy_min == 0 ||
       o.proxy_min > o.proxy_max || o.proxy_rounds < 1) {
     std::fprintf(stderr,

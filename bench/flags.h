@@ -1,0 +1,77 @@
+// Command-line flags of the benches: "--name value" pairs, each parsed and checked by its own
+// setter, so that a typo, a missing value or a value that is not a number stops the bench with
+// the flag's name instead of running with a default.
+#pragma once
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <initializer_list>
+#include <limits>
+#include <string>
+#include <type_traits>
+
+namespace optireduce::bench {
+
+struct Flag {
+  const char* name;                      // with its dashes: "--size"
+  std::function<bool(const char*)> set;  // false: the value is not valid for this flag
+};
+
+// A whole decimal (or 0x hex) number, nothing after it, within T's range.
+template <class T>
+Flag number_flag(const char* name, T* out) {
+  static_assert(std::is_integral_v<T>);
+  return {name, [out](const char* v) {
+            char* end = nullptr;
+            errno = 0;
+            if constexpr (std::is_signed_v<T>) {
+              const long long x = std::strtoll(v, &end, 0);
+              if (errno != 0 || end == v || *end != '\0' ||
+                  x < static_cast<long long>(std::numeric_limits<T>::min()) ||
+                  x > static_cast<long long>(std::numeric_limits<T>::max()))
+                return false;
+              *out = static_cast<T>(x);
+            } else {
+              if (*v == '-') return false;
+              const unsigned long long x = std::strtoull(v, &end, 0);
+              if (errno != 0 || end == v || *end != '\0' || x > std::numeric_limits<T>::max())
+                return false;
+              *out = static_cast<T>(x);
+            }
+            return true;
+          }};
+}
+
+inline Flag text_flag(const char* name, std::string* out) {
+  return {name, [out](const char* v) {
+            *out = v;
+            return true;
+          }};
+}
+
+// 0 when every argument was a known flag with a valid value; else 2, after saying why.
+inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags) {
+  for (int i = 1; i < argc; i += 2) {
+    const std::string k = argv[i];
+    const Flag* f = nullptr;
+    for (const Flag& c : flags)
+      if (k == c.name) f = &c;
+    if (f == nullptr) {
+      std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s needs a value\n", k.c_str());
+      return 2;
+    }
+    if (!f->set(argv[i + 1])) {
+      std::fprintf(stderr, "invalid value for %s: %s\n", k.c_str(), argv[i + 1]);
+      return 2;
+    }
+  }
+  return 0;
+}
+
+}  // namespace optireduce::bench
