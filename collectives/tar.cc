@@ -44,6 +44,7 @@ struct Tar::Pass {
   const uint8_t* work_in = nullptr;
   uint8_t* work_out = nullptr;
   uint8_t* encoded = nullptr;  // E, where Hadamard passes encode into (work_in and work_out)
+  bool pipelined = false;      // Hadamard transforms shard by shard with the phases
   ShardPlan plan;
   uint8_t* slots = nullptr;   // N-1 receive slots of slot_bytes() each (phase 1)
   uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
@@ -69,9 +70,13 @@ Tar::Tar(Exchange* ex, Kernels* k, uint64_t comm_seed)
 Status Tar::run_pass(Pass& p, std::string* error) {
   const int n = ex_->size();
   if (p.hadamard) {
-    // Encoded shard by shard as phase 1 sends them (BlockProgress).
+    // Pipelined (BlockProgress) where the exchange moves each send as it is posted and tells
+    // each receive's end: the host path. The GPU's grouped calls move everything in end_phase,
+    // so there the transforms run whole, before and after the phases, as one kernel each.
+    p.pipelined = ex_->can_wait_recvs();
     const uint64_t len = p.g.encoded();
     auto* e = static_cast<uint8_t*>(k_->scratch(kSlotEncoded, len * p.es));
+    if (!p.pipelined) k_->encode(p.t, p.input, e, p.g, p.seed);
     p.encoded = e;
     p.work_in = e;
     p.work_out = e;
@@ -115,7 +120,7 @@ Status Tar::phase1(Pass& p, std::string* error) {
     }
     round_end1_.push_back(uint32_t(recvs1_.size()));
   }
-  if (!p.hadamard) {
+  if (!p.pipelined) {
     if (Status s = ex_->run_phase(p.mode, 1, sends_, recvs1_, round_end1_); !s)
       return fail("phase 1", s, error);
   } else {
@@ -194,16 +199,14 @@ Status Tar::phase2(Pass& p, std::string* error) {
     k_->decode(p.t, p.work_out + at, p.output + at, sub_geometry(p, b0, b1), p.seed, 1.0,
                p.input + at, own_scale, fill_policy);
   };
-  if (p.hadamard) {
+  if (p.pipelined) {
     blocks_.reset(p.plan, p.g);
     // What is here decodes while the rest arrives: this rank's shard at once, each peer's as
-    // its receive completes (where the exchange can tell; else all after end_phase).
+    // its receive completes.
     blocks_.shard_arrived(r, decode);
-    if (ex_->can_wait_recvs()) {
-      for (size_t i = 0; i < recvs2_.size(); ++i) {
-        if (Status s = ex_->wait_recvs(i + 1); !s) return fail("phase 2", s, error);
-        blocks_.shard_arrived(recvs2_[i].peer, decode);
-      }
+    for (size_t i = 0; i < recvs2_.size(); ++i) {
+      if (Status s = ex_->wait_recvs(i + 1); !s) return fail("phase 2", s, error);
+      blocks_.shard_arrived(recvs2_[i].peer, decode);
     }
   }
   if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
@@ -221,7 +224,11 @@ Status Tar::phase2(Pass& p, std::string* error) {
       k_->copy(p.output + off, rv.data, rv.bytes);
     }
   }
-  if (p.hadamard) blocks_.take_rest(decode);
+  if (p.pipelined) {
+    blocks_.take_rest(decode);
+  } else if (p.hadamard) {
+    decode(0, p.g.blocks());
+  }
   return Status::ok();
 }
 

@@ -336,10 +336,11 @@ TEST(TarBounded, HadamardKeepsTheErrorSmallForEveryType) {
   }
 }
 
-// The pipelined Hadamard path (BlockProgress): decoding each shard as its receive completes
-// gives the bits of decoding after the whole phase (an exchange that cannot wait for single
-// receives, as the GPU's grouped NCCL calls), under loss in both phases, in and out of place,
-// with blocks straddling the shards (30000 elements, blocks of 1024, 3 ranks).
+// The pipelined Hadamard path (BlockProgress: encoding shard by shard, decoding each shard as
+// its receive completes) gives the bits of whole-bucket transforms before and after the phases
+// (what an exchange that cannot wait for single receives gets, as the GPU's grouped NCCL
+// calls), under loss in both phases, in and out of place, with blocks straddling the shards
+// (30000 elements, blocks of 1024, 3 ranks).
 TEST(TarBounded, HadamardShardsDecodedAsTheyArriveGiveTheSameBits) {
   const Grad g = make_grad(30000, 0.2, 9);
   LossModel loss;
