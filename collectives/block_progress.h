@@ -36,8 +36,7 @@ class BlockProgress {
   template <class F>
   void take_shard(int k, F&& run) {
     const auto [b0, b1] = blocks_of(k);
-    take(
-        b0, b1, [](uint64_t) { return true; }, run);
+    take(b0, b1, any_block, run);
   }
 
   // Shard k is here: run(b0, b1) for each maximal run of blocks not handed out yet that lie
@@ -46,18 +45,18 @@ class BlockProgress {
   void shard_arrived(int k, F&& run) {
     here_[size_t(k)] = 1;
     const auto [b0, b1] = blocks_of(k);
-    take(
-        b0, b1, [this](uint64_t b) { return covered(b); }, run);
+    const auto ready = [this](uint64_t b) { return covered(b); };
+    take(b0, b1, ready, run);
   }
 
   // run(b0, b1) for every block not handed out yet.
   template <class F>
   void take_rest(F&& run) {
-    take(
-        0, g_.blocks(), [](uint64_t) { return true; }, run);
+    take(0, g_.blocks(), any_block, run);
   }
 
  private:
+  static bool any_block(uint64_t) { return true; }
   struct Range {
     uint64_t first, last;  // blocks [first, last)
   };

@@ -32,6 +32,13 @@ struct HadamardGeometry {
     const uint64_t n = data_len(b);
     return n == block ? block : next_pow2(n);
   }
+  // Blocks [b0, b1) as a bucket of their own, starting at element b0 * block of this one (in
+  // the data and in the encoded vector alike). Every block uses the same signs, so the run
+  // transforms alone exactly as inside this bucket; the run that ends it keeps its short tail.
+  HadamardGeometry blocks_from(uint64_t b0, uint64_t b1) const {
+    const uint64_t end = b1 * block < count ? b1 * block : count;
+    return HadamardGeometry{end - b0 * block, block};
+  }
 };
 
 // out[0, encoded) = H*D*in / sqrt(d) per block (the tail zero-padded). `in` and `out` must not

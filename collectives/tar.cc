@@ -196,7 +196,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
   const Erasure fill_policy = p.gather_fill_own ? p.erasure : Erasure::kZero;
   const auto decode = [&](uint64_t b0, uint64_t b1) {
     const size_t at = size_t(b0 * p.g.block) * p.es;
-    k_->decode(p.t, p.work_out + at, p.output + at, sub_geometry(p, b0, b1), p.seed, 1.0,
+    k_->decode(p.t, p.work_out + at, p.output + at, p.g.blocks_from(b0, b1), p.seed, 1.0,
                p.input + at, own_scale, fill_policy);
   };
   if (p.pipelined) {
@@ -232,16 +232,9 @@ Status Tar::phase2(Pass& p, std::string* error) {
   return Status::ok();
 }
 
-HadamardGeometry Tar::sub_geometry(const Pass& p, uint64_t b0, uint64_t b1) {
-  // Every block uses the same signs (D repeats per block), so a run of blocks transforms alone
-  // exactly as inside the whole bucket; the run that ends the bucket keeps its short tail.
-  const uint64_t begin = b0 * p.g.block, end = b1 * p.g.block;
-  return HadamardGeometry{(end < p.count ? end : p.count) - begin, p.g.block};
-}
-
 void Tar::encode_blocks(Pass& p, uint64_t b0, uint64_t b1) {
   const size_t at = size_t(b0 * p.g.block) * p.es;
-  k_->encode(p.t, p.input + at, p.encoded + at, sub_geometry(p, b0, b1), p.seed);
+  k_->encode(p.t, p.input + at, p.encoded + at, p.g.blocks_from(b0, b1), p.seed);
 }
 
 // `flags` holds N bytes in the path's memory, this rank's flag byte (elem.h's Flag) at [rank],

@@ -59,8 +59,6 @@ class Tar {
   Status phase1(Pass& p, std::string* error);
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
-  // Blocks [b0, b1) of the pass's Hadamard geometry, as a geometry of their own.
-  static HadamardGeometry sub_geometry(const Pass& p, uint64_t b0, uint64_t b1);
   void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
   Status fail(const char* what, Status s, std::string* error);
 

@@ -49,9 +49,8 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   h.type = PacketType::kAck;
   h.hold_ns = hold_ns_locked();
   h.msg_seq = m.req.seq;
-  h.msg_floor = floor_;
+  h.msg_floor = final_ack ? settled_floor_locked() : floor_;
   if (final_ack) {
-    h.msg_floor = settled_floor_locked();
     h.flags = kFlagFinal;
     h.msg_size = m.npkts;
     h.offset = m.npkts;

@@ -109,7 +109,7 @@ uint64_t RecvConn::next_timer_locked() const {
 
 void RecvConn::advance_floor_locked(uint64_t now) {
   for (;;) {
-    while (floor_ != next_seq_ && slot(floor_).state != State::kPosted) ++floor_;
+    floor_ = settled_floor_locked();
     if (floor_ == next_seq_) return;
     Msg& m = slot(floor_);
     arm_deadline_locked(m, now);

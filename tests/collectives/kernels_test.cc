@@ -228,7 +228,7 @@ TEST(Hadamard, RunsOfBlocksTransformAsInsideTheWholeBucket) {
     auto each_run = [&](auto&& f) {
       for (uint64_t b0 = 0, len = 1; b0 < geo.blocks(); b0 += len, len = 3 - len) {
         const uint64_t b1 = std::min(geo.blocks(), b0 + len);
-        f(b0 * block, HadamardGeometry{std::min(count, b1 * block) - b0 * block, block});
+        f(b0 * block, geo.blocks_from(b0, b1));
       }
     };
     each_run([&](uint64_t at, const HadamardGeometry& sub) {
