@@ -13,6 +13,7 @@
 // of one whole-vector encode and decode.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -23,7 +24,8 @@ namespace optireduce::coll {
 
 class BlockProgress {
  public:
-  // Starts a pass: no block handed out, no shard here. Allocates only when the bucket grew.
+  // Starts a pass: no block handed out, nothing of any shard here. Allocates only when the
+  // bucket grew.
   void reset(const ShardPlan& plan, const HadamardGeometry& g) {
     plan_ = plan;
     g_ = g;
@@ -39,14 +41,24 @@ class BlockProgress {
     take(b0, b1, any_block, run);
   }
 
-  // Shard k is here: run(b0, b1) for each maximal run of blocks not handed out yet that lie
-  // wholly in shards that are here (decoding).
+  // The first `elems` elements of shard k are here (a receive's arrived prefix; it only ever
+  // grows): run(b0, b1) for each maximal run of blocks not handed out yet whose every element
+  // is here, in each shard the block overlaps (decoding while the rest is on the wire).
+  template <class F>
+  void shard_progress(int k, uint64_t elems, F&& run) {
+    uint64_t& h = here_[size_t(k)];
+    h = std::max(h, std::min(elems, plan_.length(k)));
+    const auto [b0, b1] = blocks_of(k);
+    // Past the block that holds the prefix's end nothing of shard k is here.
+    const uint64_t upto = std::min(b1, (plan_.offset(k) + h) / g_.block + 1);
+    const auto ready = [this](uint64_t b) { return covered(b); };
+    take(b0, upto, ready, run);
+  }
+
+  // Shard k is here, all of it.
   template <class F>
   void shard_arrived(int k, F&& run) {
-    here_[size_t(k)] = 1;
-    const auto [b0, b1] = blocks_of(k);
-    const auto ready = [this](uint64_t b) { return covered(b); };
-    take(b0, b1, ready, run);
+    shard_progress(k, plan_.length(k), run);
   }
 
   // run(b0, b1) for every block not handed out yet.
@@ -78,10 +90,12 @@ class BlockProgress {
     return lo;
   }
   bool covered(uint64_t b) const {
-    const uint64_t first = b * g_.block;
-    const int lo = shard_of(first), hi = shard_of(first + g_.dim(b) - 1);
-    for (int k = lo; k <= hi; ++k)
-      if (!here_[size_t(k)]) return false;
+    const uint64_t first = b * g_.block, end = first + g_.dim(b);
+    const int lo = shard_of(first), hi = shard_of(end - 1);
+    for (int k = lo; k <= hi; ++k) {
+      const uint64_t off = plan_.offset(k);
+      if (off + here_[size_t(k)] < std::min(end, off + plan_.length(k))) return false;
+    }
     return true;
   }
   template <class Ready, class F>
@@ -101,7 +115,7 @@ class BlockProgress {
   ShardPlan plan_;
   HadamardGeometry g_;
   std::vector<uint8_t> done_;  // per block: handed out this pass
-  std::vector<uint8_t> here_;  // per shard: arrived (shard_arrived)
+  std::vector<uint64_t> here_;  // per shard: elements here, from its start (shard_progress)
 };
 
 }  // namespace optireduce::coll

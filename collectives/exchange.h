@@ -45,6 +45,8 @@ struct RecvOp {
   // Filled by the exchange:
   uint64_t lost_bytes = 0;    // bytes of this receive that hold the marker (bounded only)
   bool deadline_hit = false;  // the receive was closed by its deadline, not by completion
+  bool done = false;          // ended (wait_recvs, wait_arrivals, end_phase)
+  uint64_t arrived = 0;  // bytes at its start in place and final (wait_arrivals); all once done
 };
 
 // Moves the shards of one phase. A phase is begin_phase (post the receives), post_sends,
@@ -66,6 +68,11 @@ struct RecvOp {
 //  - wait_recvs(n), where the exchange can (can_wait_recvs), returns once receives [0, n) are
 //    done, their lost_bytes and deadline_hit set, so that the schedule works on what arrived
 //    while the rest is in flight; end_phase still follows.
+//  - wait_arrivals(n, step), where the exchange can (can_wait_recvs), returns once one of
+//    receives [0, n) that was not done ended (done, lost_bytes, deadline_hit set, arrived =
+//    bytes) or grew its `arrived` by at least `step` bytes, or at once when all n are done: the
+//    schedule starts on the head of a shard while its tail is on the wire. Bytes below
+//    `arrived` are final (no hole below them, nothing writes there again).
 //  - end_phase returns when every send and receive is done. In bounded mode a receive that
 //    ended with holes is not an error: lost_bytes/deadline_hit say so. A non-ok Status is a
 //    hard failure (peer gone, OS error); error() then holds a message, and nothing the phase
@@ -82,6 +89,10 @@ class Exchange {
   // Whether wait_recvs works here: grouped NCCL calls complete together, in end_phase.
   virtual bool can_wait_recvs() const { return false; }
   virtual Status wait_recvs(size_t) {
+    error_ = "this exchange completes its receives only in end_phase";
+    return Status(Errc::kInternal);
+  }
+  virtual Status wait_arrivals(size_t, uint64_t) {
     error_ = "this exchange completes its receives only in end_phase";
     return Status(Errc::kInternal);
   }

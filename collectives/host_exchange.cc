@@ -199,6 +199,7 @@ Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
   round_end_ = round_end;
   recvs_done_ = 0;
   round_ = 0;
+  arrival_spins_ = 0;
   sends_.clear();
   send_reqs_.clear();
   recv_reqs_.assign(recvs.size(), nullptr);
@@ -293,27 +294,94 @@ Status HostExchange::wait_recvs(size_t n) {
   return abandon_unless_ok(wait_recvs_now(n));
 }
 
+Status HostExchange::wait_arrivals(size_t n, uint64_t step) {
+  if (abandoned_) return failed_earlier();
+  return abandon_unless_ok(wait_arrivals_now(n, step));
+}
+
+Status HostExchange::post_ready_rounds() {
+  // Round q + 1 is posted once round q completed: this is how a receiver bounds its incast.
+  // Rounds may be empty (no shard from those peers).
+  while (round_ + 1 < round_end_.size() && recvs_done_ >= round_end_[round_]) {
+    if (Status s = post_round(++round_); !s) return s;
+  }
+  return Status::ok();
+}
+
+Status HostExchange::finish_recv(size_t i, size_t got) {
+  RecvOp& op = recvs_[i];
+  if (got != op.bytes) {
+    error_ = "receive from rank " + std::to_string(op.peer) + ": " + std::to_string(got) +
+             " bytes, expected " + std::to_string(op.bytes) + " (ranks called differently)";
+    return Status(Errc::kInternal);
+  }
+  const ConnStats after = recv_[mode_][size_t(op.peer)]->stats();
+  op.lost_bytes = after.bytes_lost - recv_before_[i].bytes_lost;
+  op.deadline_hit = after.deadline_hits > recv_before_[i].deadline_hits;
+  op.arrived = op.bytes;
+  op.done = true;
+  recv_reqs_[i] = nullptr;
+  while (recvs_done_ < recvs_.size() && recvs_[recvs_done_].done) ++recvs_done_;
+  return Status::ok();
+}
+
 Status HostExchange::wait_recvs_now(size_t n) {
   n = std::min(n, recvs_.size());
   while (recvs_done_ < n) {
-    // Round q + 1 is posted once round q completed: this is how a receiver bounds its incast.
-    // Rounds may be empty (no shard from those peers).
-    while (recvs_done_ == round_end_[round_]) {
-      if (Status s = post_round(++round_); !s) return s;
-    }
+    if (Status s = post_ready_rounds(); !s) return s;
+    // The first receive not done; every earlier one is, so its round is posted.
     const size_t i = recvs_done_;
-    RecvOp& op = recvs_[i];
     size_t got = 0;
-    if (Status s = wait(recv_reqs_[i], &got, false, op.peer); !s) return s;
-    if (got != op.bytes) {
-      error_ = "receive from rank " + std::to_string(op.peer) + ": " + std::to_string(got) +
-               " bytes, expected " + std::to_string(op.bytes) + " (ranks called differently)";
-      return Status(Errc::kInternal);
+    if (Status s = wait(recv_reqs_[i], &got, false, recvs_[i].peer); !s) return s;
+    if (Status s = finish_recv(i, got); !s) return s;
+  }
+  return Status::ok();
+}
+
+Status HostExchange::wait_arrivals_now(size_t n, uint64_t step) {
+  n = std::min(n, recvs_.size());
+  const auto end = std::chrono::steady_clock::now() + kHangLimit;
+  while (recvs_done_ < n) {
+    if (Status s = post_ready_rounds(); !s) return s;
+    const size_t posted = std::min<size_t>(n, round_end_[round_]);
+    // One test per pass drives the transport (a drain of the shared endpoint serves every
+    // connection), taking the posted receives in turn; the others' prefixes are only read.
+    size_t probe = posted;
+    for (size_t k = 0; k < posted - recvs_done_ && probe == posted; ++k) {
+      const size_t i = recvs_done_ + (arrival_turn_ + k) % (posted - recvs_done_);
+      if (!recvs_[i].done) probe = i;
     }
-    const ConnStats after = recv_[mode_][size_t(op.peer)]->stats();
-    op.lost_bytes = after.bytes_lost - recv_before_[i].bytes_lost;
-    op.deadline_hit = after.deadline_hits > recv_before_[i].deadline_hits;
-    ++recvs_done_;
+    ++arrival_turn_;
+    bool moved = false;
+    if (probe < posted) {
+      RecvOp& op = recvs_[probe];
+      bool done = false;
+      size_t got = 0;
+      if (Status s = test_request(recv_reqs_[probe], &done, &got); !s) {
+        error_ = "receive from rank " + std::to_string(op.peer) + " failed: " + errc_name(s.code());
+        return s;
+      }
+      if (done) {
+        if (Status s = finish_recv(probe, got); !s) return s;
+        moved = true;
+      }
+    }
+    for (size_t i = recvs_done_; i < posted; ++i) {
+      RecvOp& op = recvs_[i];
+      if (op.done) continue;
+      const uint64_t a = recv_[mode_][size_t(op.peer)]->arrived_prefix(recv_reqs_[i]);
+      if (a >= op.arrived + step) {
+        op.arrived = a;
+        moved = true;
+      }
+    }
+    if (moved) return Status::ok();
+    if (std::chrono::steady_clock::now() > end) {
+      error_ = "receives did not complete (peer gone?)";
+      return Status(Errc::kRemote);
+    }
+    // The phase's spin budget, not the call's: these waits return every few packets.
+    backoff(&arrival_spins_);
   }
   return Status::ok();
 }

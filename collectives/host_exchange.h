@@ -32,6 +32,7 @@ class HostExchange final : public Exchange {
   Status end_phase() override;
   bool can_wait_recvs() const override { return true; }
   Status wait_recvs(size_t n) override;
+  Status wait_arrivals(size_t n, uint64_t step) override;
   void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
 
  private:
@@ -41,6 +42,10 @@ class HostExchange final : public Exchange {
   Status post_round(size_t q);
   Status post_sends_now(std::span<const SendOp> sends);
   Status wait_recvs_now(size_t n);
+  Status wait_arrivals_now(size_t n, uint64_t step);
+  Status post_ready_rounds();
+  // Receive i ended with `got` bytes: its outcome into recvs_[i], and the done prefix moved on.
+  Status finish_recv(size_t i, size_t got);
   Status wait_phase();
   // A failed phase closes every connection (no request outlives the call that failed) and
   // later phases fail at once.
@@ -62,8 +67,10 @@ class HostExchange final : public Exchange {
   MsgDelivery recv_how_ = MsgDelivery::kAsConnection;
   std::span<RecvOp> recvs_;
   std::span<const uint32_t> round_end_;
-  size_t recvs_done_ = 0;      // receives [0, recvs_done_) complete
+  size_t recvs_done_ = 0;      // receives [0, recvs_done_) complete (later ones may be too)
   size_t round_ = 0;           // the latest round posted
+  size_t arrival_turn_ = 0;    // wait_arrivals: which receive the next pass tests
+  int arrival_spins_ = 0;      // wait_arrivals: polls so far this phase (backoff)
   std::vector<SendOp> sends_;  // every post_sends of the phase, in order
   std::vector<Request*> send_reqs_;
   std::vector<Request*> recv_reqs_;

@@ -13,6 +13,7 @@
 // reduced shards live (the output, or E).
 #include "collectives/tar.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 
@@ -24,6 +25,9 @@ namespace optireduce::coll {
 // kSlotFlags: the N flag bytes of the agreement (own at index rank; elem.h's Flag), in the
 // path's memory because the exchange moves them (device memory on the GPU).
 enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSlotFlags = 4 };
+
+// Pieces of a progressive reduction start on multiples of this many elements.
+constexpr uint64_t kReduceGrain = 64;
 
 struct Tar::Pass {
   Mode mode = Mode::kExact;   // phase 1's (and the call's)
@@ -44,7 +48,11 @@ struct Tar::Pass {
   const uint8_t* work_in = nullptr;
   uint8_t* work_out = nullptr;
   uint8_t* encoded = nullptr;  // E, where Hadamard passes encode into (work_in and work_out)
-  bool pipelined = false;      // Hadamard transforms shard by shard with the phases
+  // The exchange tells each receive's arrivals (the host path): the reduction starts on what
+  // arrived while the rest is on the wire, and Hadamard transforms run shard by shard.
+  bool pipelined = false;
+  uint64_t reduced = 0;  // elements of this rank's shard reduced so far (phase 1)
+  uint64_t step = 0;     // TarOptions::arrival_step_bytes
   ShardPlan plan;
   uint8_t* slots = nullptr;   // N-1 receive slots of slot_bytes() each (phase 1)
   uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
@@ -69,11 +77,13 @@ Tar::Tar(Exchange* ex, Kernels* k, uint64_t comm_seed)
 
 Status Tar::run_pass(Pass& p, std::string* error) {
   const int n = ex_->size();
+  // Pipelined where the exchange moves each send as it is posted and tells each receive's
+  // arrivals: the host path. The GPU's grouped calls move everything in end_phase, so there
+  // the reduction and the transforms run whole, between and around the phases, as one kernel
+  // each.
+  p.pipelined = ex_->can_wait_recvs();
+  p.reduced = 0;
   if (p.hadamard) {
-    // Pipelined (BlockProgress) where the exchange moves each send as it is posted and tells
-    // each receive's end: the host path. The GPU's grouped calls move everything in end_phase,
-    // so there the transforms run whole, before and after the phases, as one kernel each.
-    p.pipelined = ex_->can_wait_recvs();
     const uint64_t len = p.g.encoded();
     auto* e = static_cast<uint8_t*>(k_->scratch(kSlotEncoded, len * p.es));
     if (!p.pipelined) k_->encode(p.t, p.input, e, p.g, p.seed);
@@ -124,16 +134,21 @@ Status Tar::phase1(Pass& p, std::string* error) {
     if (Status s = ex_->run_phase(p.mode, 1, sends_, recvs1_, round_end1_); !s)
       return fail("phase 1", s, error);
   } else {
-    // Each shard leaves as soon as its blocks are encoded; this rank's own shard, which only
-    // the reduction reads, is encoded while the others are on the wire.
     if (Status s = ex_->begin_phase(p.mode, 1, recvs1_, round_end1_); !s)
       return fail("phase 1", s, error);
-    blocks_.reset(p.plan, p.g);
-    for (const SendOp& op : sends_) {
-      blocks_.take_shard(op.peer, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
-      if (Status s = ex_->post_sends({&op, 1}); !s) return fail("phase 1", s, error);
+    if (p.hadamard) {
+      // Each shard leaves as soon as its blocks are encoded; this rank's own shard, which only
+      // the reduction reads, is encoded while the others are on the wire.
+      blocks_.reset(p.plan, p.g);
+      for (const SendOp& op : sends_) {
+        blocks_.take_shard(op.peer, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
+        if (Status s = ex_->post_sends({&op, 1}); !s) return fail("phase 1", s, error);
+      }
+      blocks_.take_shard(r, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
+    } else if (Status s = ex_->post_sends(sends_); !s) {
+      return fail("phase 1", s, error);
     }
-    blocks_.take_shard(r, [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); });
+    if (Status s = reduce_as_arrived(p); !s) return fail("phase 1", s, error);
     if (Status s = ex_->end_phase(); !s) return fail("phase 1", s, error);
   }
   p.expected[0] = uint64_t(n - 1) * mine;
@@ -168,16 +183,8 @@ Status Tar::phase2(Pass& p, std::string* error) {
   if (Status s = ex_->begin_phase(p.mode2, 2, recvs2_, round_end2_); !s)
     return fail("phase 2", s, error);
 
-  if (mine > 0) {
-    srcs_[size_t(r)] = p.work_in + p.plan.offset(r) * p.es;
-    lossy_[size_t(r)] = 0;
-    for (const RecvOp& rv : recvs1_) {
-      srcs_[size_t(rv.peer)] = rv.data;
-      lossy_[size_t(rv.peer)] = rv.lost_bytes > 0 ? 1 : 0;
-    }
-    k_->reduce(p.t, srcs_.data(), lossy_.data(), n, p.work_out + p.plan.offset(r) * p.es, mine,
-               p.op, p.erasure);
-  }
+  // What phase 1 left: all of the shard where the reduction waited for the phase's end.
+  if (mine > p.reduced) reduce_range(p, p.reduced, mine, true);
 
   sends_.clear();
   for (int q = 0; q < rp.rounds(); ++q)
@@ -199,14 +206,20 @@ Status Tar::phase2(Pass& p, std::string* error) {
     k_->decode(p.t, p.work_out + at, p.output + at, p.g.blocks_from(b0, b1), p.seed, 1.0,
                p.input + at, own_scale, fill_policy);
   };
-  if (p.pipelined) {
+  if (p.pipelined && p.hadamard) {
     blocks_.reset(p.plan, p.g);
-    // What is here decodes while the rest arrives: this rank's shard at once, each peer's as
-    // its receive completes.
+    // What is here decodes while the rest arrives: this rank's shard at once, each peer's
+    // blocks as their bytes arrive (a received prefix holds no hole), the rest as each
+    // receive ends.
     blocks_.shard_arrived(r, decode);
-    for (size_t i = 0; i < recvs2_.size(); ++i) {
-      if (Status s = ex_->wait_recvs(i + 1); !s) return fail("phase 2", s, error);
-      blocks_.shard_arrived(recvs2_[i].peer, decode);
+    for (bool all = recvs2_.empty(); !all;) {
+      if (Status s = ex_->wait_arrivals(recvs2_.size(), p.step); !s)
+        return fail("phase 2", s, error);
+      all = true;
+      for (const RecvOp& rv : recvs2_) {
+        all = all && rv.done;
+        blocks_.shard_progress(rv.peer, rv.arrived / p.es, decode);
+      }
     }
   }
   if (Status s = ex_->end_phase(); !s) return fail("phase 2", s, error);
@@ -224,10 +237,53 @@ Status Tar::phase2(Pass& p, std::string* error) {
       k_->copy(p.output + off, rv.data, rv.bytes);
     }
   }
-  if (p.pipelined) {
-    blocks_.take_rest(decode);
-  } else if (p.hadamard) {
-    decode(0, p.g.blocks());
+  if (p.hadamard) {
+    if (p.pipelined)
+      blocks_.take_rest(decode);
+    else
+      decode(0, p.g.blocks());
+  }
+  return Status::ok();
+}
+
+// Elements [from, to) of this rank's shard, from what phase 1 received. Before the phase ended
+// (`ended` false) a receive not done yet contributes only below its arrived prefix, which
+// holds no hole (lossy 0); an ended one is checked for the marker where it lost bytes. Each
+// element's result depends on its own column alone, so pieces give the bits of one whole
+// reduction.
+void Tar::reduce_range(Pass& p, uint64_t from, uint64_t to, bool ended) {
+  const int n = ex_->size(), r = ex_->rank();
+  const size_t at = size_t(from) * p.es;
+  srcs_[size_t(r)] = p.work_in + p.plan.offset(r) * p.es + at;
+  lossy_[size_t(r)] = 0;
+  for (const RecvOp& rv : recvs1_) {
+    srcs_[size_t(rv.peer)] = static_cast<const uint8_t*>(rv.data) + at;
+    lossy_[size_t(rv.peer)] = (ended || rv.done) && rv.lost_bytes > 0 ? 1 : 0;
+  }
+  k_->reduce(p.t, srcs_.data(), lossy_.data(), n, p.work_out + p.plan.offset(r) * p.es + at,
+             to - from, p.op, p.erasure);
+}
+
+// Phase 1 on the host path: reduces this rank's shard as far as every peer's contribution has
+// arrived, while the rest is on the wire; returns once every receive ended, leaving the rest
+// (with the losses the receives reported) to phase 2, after it posted its receives.
+Status Tar::reduce_as_arrived(Pass& p) {
+  const uint64_t mine = p.plan.length(ex_->rank());
+  while (mine > 0) {
+    if (Status s = ex_->wait_arrivals(recvs1_.size(), p.step); !s) return s;
+    uint64_t ready = mine;
+    bool all = true;
+    for (const RecvOp& rv : recvs1_) {
+      all = all && rv.done;
+      ready = std::min<uint64_t>(ready, rv.arrived / p.es);
+    }
+    if (all) break;
+    // Whole vector widths, so that every piece keeps the kernels' alignment.
+    ready -= ready % kReduceGrain;
+    if (ready > p.reduced) {
+      reduce_range(p, p.reduced, ready, false);
+      p.reduced = ready;
+    }
   }
   return Status::ok();
 }
@@ -292,6 +348,7 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
   p.count = count;
   p.seed = call_seed(comm_seed_, call);
   p.g = HadamardGeometry{count, o.hadamard_block};
+  p.step = o.arrival_step_bytes;
 
   // An exact redo needs the input, which an in-place pass overwrites: keep a copy.
   const uint8_t* redo_input = p.input;
@@ -363,6 +420,7 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
       q.count = count;
       q.seed = p.seed;
       q.g = p.g;
+      q.step = p.step;
       s = run_pass(q, error);
       if (!s) return s;
       k_->take_counters(c);  // an exact pass loses nothing; drop whatever it counted

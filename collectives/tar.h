@@ -40,6 +40,9 @@ struct TarOptions {
   // scaled by N. Off (the default): 0, this rank skips that element's update, and a partly
   // kept block is decoded unscaled (OPTIREDUCE_GATHER_FILL; tar.cc, phase2).
   bool gather_fill_own = false;
+  // Where the exchange tells arrivals (the host path): how much more of a receive must have
+  // arrived before the schedule reduces or decodes it (tar.cc; tests make it small).
+  uint64_t arrival_step_bytes = 64 << 10;
 };
 
 class Tar {
@@ -60,6 +63,8 @@ class Tar {
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
   void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
+  void reduce_range(Pass& p, uint64_t from, uint64_t to, bool ended);
+  Status reduce_as_arrived(Pass& p);
   Status fail(const char* what, Status s, std::string* error);
 
   Exchange* ex_;

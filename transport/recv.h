@@ -43,6 +43,7 @@ class RecvConn final : public Conn, public RecvComm {
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
+  uint64_t arrived_prefix(Request* req) override;
   ConnStats stats() const override { return stats_snapshot(); }
   Delivery delivery() const override;
 

@@ -157,6 +157,15 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
   dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
 }
 
+uint64_t RecvConn::arrived_prefix(Request* req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const uint32_t s = req->seq;
+  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return 0;
+  const Msg& m = slot(s);
+  if (m.state == State::kFree || !m.started || m.steer != 0) return 0;
+  return std::min<uint64_t>(uint64_t{m.cum} * params_.pkt_payload, m.size);
+}
+
 Status RecvConn::test_locked(Request* req, bool* done, size_t* size, uint64_t now) {
   *done = false;
   const uint32_t s = req->seq;

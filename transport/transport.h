@@ -157,6 +157,13 @@ class RecvComm {
   }
   // *size gets the message's real size (<= capacity).
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
+  // Bytes [0, n) of a receive that test() has not reported done yet that are in its buffer and
+  // final: every packet below n arrived, and nothing writes there again (a later duplicate is
+  // dropped, a deadline fills only holes above it). 0 before the first packet, and for a
+  // receive the datapath writes into in place (`mr` given, Endpoint::aim_open), whose work
+  // requests may land anywhere in it until it ends. Lets a caller start on the head of a long
+  // message while its tail is on the wire (TAR reduces and decodes so).
+  virtual uint64_t arrived_prefix(Request* req) = 0;
   virtual ConnStats stats() const = 0;
   virtual Delivery delivery() const = 0;
 };

@@ -201,5 +201,53 @@ TEST(BlockProgress, DecodingWaitsForEveryShardABlockOverlaps) {
   }
 }
 
+// Shards arriving a prefix at a time, interleaved (phase 2's receives as the exchange reports
+// them): a block is handed out only once every element of it is here, in each shard it
+// overlaps, and as soon as that is so; each exactly once.
+TEST(BlockProgress, ABlockDecodesOnceAllOfItHasArrivedAndNoSooner) {
+  for (int n : {2, 3, 4, 8}) {
+    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
+      for (uint64_t block : {16ull, 1024ull}) {
+        const HadamardGeometry g{count, block};
+        const ShardPlan plan{g.encoded(), n};
+        BlockProgress bp;
+        bp.reset(plan, g);
+        std::vector<int> handed(g.blocks(), 0);
+        std::vector<uint64_t> here(size_t(n), 0);
+        // Whether all of block b is here, by the elements themselves.
+        auto all_here = [&](uint64_t b) {
+          for (uint64_t e = b * block; e < b * block + g.dim(b); ++e) {
+            int k = n - 1;
+            while (plan.offset(k) > e || plan.length(k) == 0) --k;
+            if (e - plan.offset(k) >= here[size_t(k)]) return false;
+          }
+          return true;
+        };
+        auto check_run = [&](uint64_t b0, uint64_t b1) {
+          ASSERT_LT(b0, b1);
+          for (uint64_t b = b0; b < b1; ++b) {
+            ++handed[b];
+            ASSERT_TRUE(all_here(b)) << "n " << n << " count " << count << " block " << b;
+          }
+        };
+        // Uneven pieces, the shards in turn, until every shard is whole.
+        for (uint64_t round = 1; round < 64; ++round) {
+          for (int k = 0; k < n; ++k) {
+            here[size_t(k)] = std::min(plan.length(k), here[size_t(k)] + 37 * round + 11 * k);
+            bp.shard_progress(k, here[size_t(k)], check_run);
+          }
+          for (uint64_t b = 0; b < g.blocks(); ++b)
+            ASSERT_EQ(handed[b], all_here(b) ? 1 : 0) << "n " << n << " block " << b;
+        }
+        for (int k = 0; k < n; ++k) {
+          here[size_t(k)] = plan.length(k);
+          bp.shard_arrived(k, check_run);
+        }
+        for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace optireduce::coll

@@ -99,6 +99,10 @@ class SimExchange final : public Exchange {
     done_ = 0;
     round_ = 0;
     round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
+    stage_.resize(recvs.size());
+    staged_.assign(recvs.size(), 0);
+    outcome_.assign(recvs.size(), RecvOp{});
+    clean_.assign(recvs.size(), 0);
     return Status::ok();
   }
 
@@ -121,6 +125,29 @@ class SimExchange final : public Exchange {
     if (!net_->wait_recvs_) return Exchange::wait_recvs(n);
     return wait_until(n);
   }
+  // Receives end in order here; the one in progress shows its head a few `step`s at a time
+  // (a pseudo-random number of them, in whole packets), never past its first lost packet.
+  Status wait_arrivals(size_t n, uint64_t step) override {
+    if (!net_->wait_recvs_) return Exchange::wait_arrivals(n, step);
+    n = n < recvs_.size() ? n : recvs_.size();
+    if (done_ >= n) return Status::ok();
+    advance_round();
+    const size_t i = done_;
+    if (Status s = stage(i); !s) return s;
+    RecvOp& r = recvs_[i];
+    const uint64_t pkt = net_->loss_.packet_bytes;
+    const uint64_t k = 1 + mix64((uint64_t(rank_) << 40) ^ (uint64_t(i) << 32) ^ r.arrived) % 3;
+    uint64_t next = r.arrived + (step * k + pkt - 1) / pkt * pkt;
+    next = next < clean_[i] ? next : clean_[i];
+    if (step > 0 && next >= r.arrived + step) {
+      std::memcpy(static_cast<uint8_t*>(r.data) + r.arrived, stage_[i].data() + r.arrived,
+                  next - r.arrived);
+      r.arrived = next;
+      return Status::ok();
+    }
+    finish(i);
+    return Status::ok();
+  }
   Status end_phase() override { return wait_until(recvs_.size()); }
 
  private:
@@ -134,21 +161,51 @@ class SimExchange final : public Exchange {
   Status wait_until(size_t n) {
     n = n < recvs_.size() ? n : recvs_.size();
     while (done_ < n) {
-      while (done_ == round_end_[round_]) {
-        ++round_;
-        round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
-      }
-      const size_t lo = round_ == 0 ? 0 : round_end_[round_ - 1];
-      Status s =
-          recv_one(mode_, phase_, recvs_[done_], round_deadline_, int(round_end_[round_] - lo));
-      if (!s) return s;
-      ++done_;
+      advance_round();
+      if (Status s = stage(done_); !s) return s;
+      finish(done_);
     }
     return Status::ok();
   }
 
+  void advance_round() {
+    while (done_ == round_end_[round_]) {
+      ++round_;
+      round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
+    }
+  }
+
+  // Receives message i (its loss applied) into a buffer of the exchange's own, once, so that
+  // wait_arrivals can show its head before it ends.
+  Status stage(size_t i) {
+    if (staged_[i]) return Status::ok();
+    const size_t lo = round_ == 0 ? 0 : round_end_[round_ - 1];
+    RecvOp t = recvs_[i];
+    stage_[i].assign(t.bytes, 0);
+    t.data = stage_[i].data();
+    size_t first_lost = t.bytes;
+    Status s =
+        recv_one(mode_, phase_, t, round_deadline_, int(round_end_[round_] - lo), &first_lost);
+    if (!s) return s;
+    outcome_[i] = t;
+    clean_[i] = first_lost;
+    staged_[i] = 1;
+    return Status::ok();
+  }
+
+  void finish(size_t i) {
+    RecvOp& r = recvs_[i];
+    std::memcpy(static_cast<uint8_t*>(r.data) + r.arrived, stage_[i].data() + r.arrived,
+                r.bytes - r.arrived);
+    r.lost_bytes = outcome_[i].lost_bytes;
+    r.deadline_hit = outcome_[i].deadline_hit;
+    r.arrived = r.bytes;
+    r.done = true;
+    ++done_;
+  }
+
   Status recv_one(Mode mode, int phase, RecvOp& r, std::chrono::steady_clock::time_point deadline,
-                  int round_size) {
+                  int round_size, size_t* first_lost) {
     auto& pr = net_->pair(r.peer, rank_);
     std::unique_lock<std::mutex> lk(pr.mu);
     const uint64_t seq = pr.recv_seq++;
@@ -164,6 +221,7 @@ class SimExchange final : public Exchange {
       fill_marker(dst, r.bytes);
       r.lost_bytes = r.bytes;
       r.deadline_hit = true;
+      *first_lost = 0;
       return Status::ok();
     }
     SimNetwork::Msg m = std::move(pr.q.front());
@@ -173,11 +231,11 @@ class SimExchange final : public Exchange {
     if (m.data.size() != r.bytes) return fail("message size differs from the receive");
     std::memcpy(dst, m.data.data(), r.bytes);
     // kUntilStarted: a message that arrived is whole (the deadline cut only absent ones).
-    if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size);
+    if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size, first_lost);
     return Status::ok();
   }
 
-  void apply_loss(int phase, RecvOp& r, uint64_t seq, int round_size) {
+  void apply_loss(int phase, RecvOp& r, uint64_t seq, int round_size, size_t* first_lost) {
     const LossModel& L = net_->loss_;
     if (L.only_phase != 0 && L.only_phase != phase) return;
     double drop = L.drop;
@@ -198,6 +256,7 @@ class SimExchange final : public Exchange {
       if (bad) {
         fill_marker(b + off, len);
         r.lost_bytes += len;
+        if (off < *first_lost) *first_lost = off;
       }
       bad = bad ? u(rng) < stay_bad : u(rng) < go_bad;
     }
@@ -212,6 +271,12 @@ class SimExchange final : public Exchange {
   size_t done_ = 0;   // receives [0, done_) complete
   size_t round_ = 0;  // the latest round posted
   std::chrono::steady_clock::time_point round_deadline_;
+  // Per receive of the phase: its message as received (loss applied), whether it is, its
+  // outcome, and the bytes before its first lost packet.
+  std::vector<std::vector<uint8_t>> stage_;
+  std::vector<uint8_t> staged_;
+  std::vector<RecvOp> outcome_;
+  std::vector<uint64_t> clean_;
 };
 
 inline std::unique_ptr<Exchange> SimNetwork::endpoint(int rank) {

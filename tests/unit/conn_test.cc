@@ -415,6 +415,50 @@ TEST(Bounded, ALossEarlyInAStepIsRepairedBeforeTheDeadline) {
   EXPECT_EQ(rig.s->stats().cut_sends, 0u);
 }
 
+// arrived_prefix: what a caller may start on before the receive ends (TAR reduces and decodes
+// the head of a shard while its tail is on the wire). A lost packet holds the prefix at its
+// start until the repair arrives; what lies below the prefix is the message's bytes whenever
+// it is read, and the prefix never goes back.
+TEST(ExactTransfer, TheArrivedPrefixStopsAtAHoleAndHoldsOnlyFinalBytes) {
+  Rig rig;
+  int dropped = 0;  // the first copy of packet 3 only
+  rig.tx_ep->policy = testing::drop_first(
+      [](const PacketHeader& h) { return h.type == PacketType::kData && h.offset == 3000; }, 1,
+      &dropped);
+  auto src = pattern(20'000, 5);
+  std::vector<uint8_t> dst(src.size(), 0);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  EXPECT_EQ(rig.r->arrived_prefix(rr), 0u) << "nothing arrived yet";
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  uint64_t last = 0;
+  bool held_at_hole = false, rd = false, sd = false;
+  for (int i = 0; i < 2000 && !(rd && sd); ++i) {
+    size_t sz = 0;
+    if (!sd) {
+      ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+    }
+    if (!rd) {  // once reported done the request is the connection's again
+      const uint64_t a = rig.r->arrived_prefix(rr);
+      ASSERT_GE(a, last) << "the prefix went back";
+      ASSERT_LE(a, src.size());
+      ASSERT_TRUE(a % 1000 == 0 || a == src.size()) << a;
+      ASSERT_TRUE(std::equal(src.begin(), src.begin() + long(a), dst.begin())) << a;
+      if (dropped == 1 && a == 3000) held_at_hole = true;
+      ASSERT_TRUE(a <= 3000 || held_at_hole) << "past the hole before its repair";
+      last = a;
+      ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+    }
+    rig.s->poll();
+    rig.r->poll();
+    rig.clock.advance_us(100);
+  }
+  EXPECT_TRUE(rd && sd);
+  EXPECT_EQ(dropped, 1);
+  EXPECT_TRUE(held_at_hole) << "the hole never held the prefix";
+  EXPECT_EQ(src, dst);
+}
+
 TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {
   Rig rig(Delivery::kBounded, Fill::kZero);
   std::vector<std::vector<uint8_t>> held;
