@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <thread>
 
 #include "transport/bounded.h"
 #include "transport/log.h"
@@ -19,21 +18,9 @@ namespace {
 // died. Long enough for any real exchange on the slowest link we support.
 constexpr auto kHangLimit = std::chrono::seconds(300);
 
-// Polling: spin with yields this many times, then sleep this long between tests.
-constexpr int kSpins = 64;
-constexpr auto kNap = std::chrono::microseconds(20);
-
 std::string key(const std::string& prefix, int mode, int from, int to) {
   return prefix + "/conn/" + std::to_string(mode) + "/" + std::to_string(from) + "/" +
          std::to_string(to);
-}
-
-void backoff(int* spins) {
-  if (++*spins < kSpins) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(kNap);
-  }
 }
 
 // One line per connection at close (OPTIREDUCE_LOG=info), as the plugin logs its own: where a
@@ -130,7 +117,7 @@ Status HostExchange::connect_all(Store* store, const std::string& prefix, int ti
   }
   std::vector<void*> states(size_t(2 * nranks_), nullptr);
   const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  int spins = 0;
+  PollBackoff backoff;
   for (;;) {
     bool all = true;
     for (int m = 0; m < 2; ++m) {
@@ -163,7 +150,7 @@ Status HostExchange::connect_all(Store* store, const std::string& prefix, int ti
       error_ = "connecting the ranks timed out";
       return Status(Errc::kRemote);
     }
-    backoff(&spins);
+    backoff.pause();
   }
   for (int m = 0; m < 2; ++m) listen_[m].clear();
   return Status::ok();
@@ -171,7 +158,7 @@ Status HostExchange::connect_all(Store* store, const std::string& prefix, int ti
 
 Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
   const auto end = std::chrono::steady_clock::now() + kHangLimit;
-  int spins = 0;
+  PollBackoff backoff;
   for (;;) {
     bool done = false;
     Status s = test_request(req, &done, size);
@@ -186,7 +173,7 @@ Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
                " did not complete (peer gone?)";
       return Status(Errc::kRemote);
     }
-    backoff(&spins);
+    backoff.pause();
   }
 }
 
@@ -199,7 +186,7 @@ Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
   round_end_ = round_end;
   recvs_done_ = 0;
   round_ = 0;
-  arrival_spins_ = 0;
+  arrival_backoff_.restart();
   sends_.clear();
   send_reqs_.clear();
   recv_reqs_.assign(recvs.size(), nullptr);
@@ -235,7 +222,7 @@ Status HostExchange::post_round(size_t q) {
     RecvOp& op = recvs_[i];
     RecvComm* c = recv_[mode_][size_t(op.peer)].get();
     recv_before_[i] = c->stats();
-    int spins = 0;
+    PollBackoff backoff;
     const auto end = std::chrono::steady_clock::now() + kHangLimit;
     while (recv_reqs_[i] == nullptr) {
       if (Status s = c->irecv(op.data, op.bytes, recv_how_, &recv_reqs_[i]); !s) {
@@ -247,7 +234,7 @@ Status HostExchange::post_round(size_t q) {
           error_ = "irecv from rank " + std::to_string(op.peer) + " stayed back-pressured";
           return Status(Errc::kRemote);
         }
-        backoff(&spins);
+        backoff.pause();
       }
     }
   }
@@ -265,7 +252,7 @@ Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
     sends_.push_back(op);
     send_reqs_.push_back(nullptr);
     SendComm* c = send_[mode_][size_t(op.peer)].get();
-    int spins = 0;
+    PollBackoff backoff;
     const auto end = std::chrono::steady_clock::now() + kHangLimit;
     while (send_reqs_[i] == nullptr) {
       if (Status s = c->isend(op.data, op.bytes, &send_reqs_[i]); !s) {
@@ -277,7 +264,7 @@ Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
           error_ = "isend to rank " + std::to_string(op.peer) + " stayed back-pressured";
           return Status(Errc::kRemote);
         }
-        backoff(&spins);
+        backoff.pause();
       }
     }
   }
@@ -381,7 +368,7 @@ Status HostExchange::wait_arrivals_now(size_t n, uint64_t step) {
       return Status(Errc::kRemote);
     }
     // The phase's spin budget, not the call's: these waits return every few packets.
-    backoff(&arrival_spins_);
+    arrival_backoff_.pause();
   }
   return Status::ok();
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "collectives/exchange.h"
+#include "collectives/poll_backoff.h"
 #include "collectives/store.h"
 #include "transport/transport.h"
 
@@ -70,7 +71,7 @@ class HostExchange final : public Exchange {
   size_t recvs_done_ = 0;      // receives [0, recvs_done_) complete (later ones may be too)
   size_t round_ = 0;           // the latest round posted
   size_t arrival_turn_ = 0;    // wait_arrivals: which receive the next pass tests
-  int arrival_spins_ = 0;      // wait_arrivals: polls so far this phase (backoff)
+  PollBackoff arrival_backoff_;  // wait_arrivals: one wait per phase, not per call
   std::vector<SendOp> sends_;  // every post_sends of the phase, in order
   std::vector<Request*> send_reqs_;
   std::vector<Request*> recv_reqs_;

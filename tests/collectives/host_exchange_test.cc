@@ -2,12 +2,15 @@
 // fails leaves behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "collectives/host_exchange.h"
+#include "collectives/poll_backoff.h"
 #include "collectives/store.h"
 #include "tests/collectives/forked_ranks.h"
 
@@ -29,6 +32,27 @@ constexpr uint8_t kCanary = 0xC3;
 // training loop drops), so rank 1's message, sent only after the failure, must not land in
 // them. Before the fix the receive from rank 1 stayed posted and the progress thread wrote
 // rank 1's bytes into the buffer after end_phase had returned its error.
+// The waiting caller's pauses: yields first, then naps that grow with the wait, so that a short
+// wait ends within a few percent of its length and a long one wakes a third as often.
+TEST(PollBackoff, NapsGrowWithTheWaitWithinTheirBounds) {
+  using std::chrono::microseconds;
+  using std::chrono::milliseconds;
+  using std::chrono::nanoseconds;
+  for (int p = 0; p < PollBackoff::kYields; ++p)
+    EXPECT_EQ(PollBackoff::pause_after(p, milliseconds(5)), nanoseconds(0)) << p;
+  const int k = PollBackoff::kYields;
+  EXPECT_EQ(PollBackoff::pause_after(k, microseconds(50)), PollBackoff::kMinNap);
+  EXPECT_EQ(PollBackoff::pause_after(k, microseconds(1600)), microseconds(50));
+  EXPECT_EQ(PollBackoff::pause_after(k, milliseconds(25)), PollBackoff::kMaxNap);
+  EXPECT_EQ(PollBackoff::kMaxNap, microseconds(60));
+  // Never more than about 3% of what was waited, or the shortest nap.
+  for (int us = 0; us < 10'000; us += 37) {
+    const nanoseconds d = PollBackoff::pause_after(k + us, microseconds(us));
+    EXPECT_LE(d, std::max(PollBackoff::kMinNap, nanoseconds(microseconds(us)) / 32)) << us;
+    EXPECT_GE(d, PollBackoff::kMinNap);
+  }
+}
+
 TEST(HostExchange, AFailedPhaseLeavesNoBufferInUse) {
   const std::string dir = temp_dir();
   const std::string failed = run_ranks(3, {}, [&](int rank) {

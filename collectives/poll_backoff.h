@@ -1,0 +1,53 @@
+// How the host path's caller waits between two polls of the transport (host_exchange.cc).
+//
+// Why not a fixed short nap: a poll is a system call and a few locks, and 4 ranks on 2 cores
+// each waking every 20 us for a whole 25 ms phase left little CPU to anything else on the host.
+// In the tail lab the background's TCP bursts (niced, as another tenant's would be) got 0.62-0.75
+// of the rate they get beside Gloo ring, whose threads sleep in epoll; naps of 60 us gave them
+// 0.91-1.02 at the same P50, and an even load of the same CPU cost them only 8% (docs/lab.md,
+// run 27): it is the number of wake-ups that hurts. Why not a long nap from the start: a short
+// wait (a small message's phase, a millisecond) would overshoot its end by a larger share.
+// So the caller yields a few times, then naps 1/32 of what it has waited so far, between 20 and
+// 60 us: a wait overshoots its end by at most about 3% (or 20 us), and a long one wakes up to a
+// third as often as before.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace optireduce::coll {
+
+class PollBackoff {
+ public:
+  static constexpr int kYields = 64;
+  static constexpr std::chrono::nanoseconds kMinNap = std::chrono::microseconds(20);
+  static constexpr std::chrono::nanoseconds kMaxNap = std::chrono::microseconds(60);
+  static constexpr int kNapShare = 32;  // nap = waited / kNapShare, within the bounds above
+
+  // After `polls` fruitless polls over `waited`: 0 to yield, else how long to nap.
+  static constexpr std::chrono::nanoseconds pause_after(int polls, std::chrono::nanoseconds waited) {
+    if (polls < kYields) return std::chrono::nanoseconds(0);
+    return std::clamp(waited / kNapShare, kMinNap, kMaxNap);
+  }
+
+  // Starts a wait now.
+  void restart() {
+    polls_ = 0;
+    since_ = std::chrono::steady_clock::now();
+  }
+  // One fruitless poll: yield or nap.
+  void pause() {
+    const auto d = pause_after(polls_++, std::chrono::steady_clock::now() - since_);
+    if (d.count() == 0)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(d);
+  }
+
+ private:
+  int polls_ = 0;
+  std::chrono::steady_clock::time_point since_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace optireduce::coll
