@@ -45,7 +45,7 @@ struct RecvOp {
   // Filled by the exchange:
   uint64_t lost_bytes = 0;    // bytes of this receive that hold the marker (bounded only)
   bool deadline_hit = false;  // the receive was closed by its deadline, not by completion
-  bool done = false;          // ended (wait_recvs, wait_arrivals, end_phase)
+  bool done = false;          // ended (wait_arrivals, or end_phase at the latest)
   uint64_t arrived = 0;  // bytes at its start in place and final (wait_arrivals); all once done
 };
 
@@ -65,16 +65,14 @@ struct RecvOp {
 //    post_sends may be called several times in one phase: each call's sends follow the
 //    earlier calls' (the schedule posts a shard as soon as it is encoded). The sends' buffers,
 //    not the span, must stay valid until end_phase returns.
-//  - wait_recvs(n), where the exchange can (can_wait_recvs), returns once receives [0, n) are
-//    done, their lost_bytes and deadline_hit set, so that the schedule works on what arrived
-//    while the rest is in flight; end_phase still follows.
-//  - wait_arrivals(n, step), where the exchange can (can_wait_recvs), returns once one of
+//  - wait_arrivals(n, step), where the exchange can (can_wait_arrivals), returns once one of
 //    receives [0, n) that was not done ended (done, lost_bytes, deadline_hit set, arrived =
 //    bytes) or grew its `arrived` by at least `step` bytes, or at once when all n are done: the
 //    schedule starts on the head of a shard while its tail is on the wire. Bytes below
 //    `arrived` are final (no hole below them, nothing writes there again).
-//  - end_phase returns when every send and receive is done. In bounded mode a receive that
-//    ended with holes is not an error: lost_bytes/deadline_hit say so. A non-ok Status is a
+//  - end_phase returns when every send and receive is done, each receive's done set (in
+//    stream order on the GPU). In bounded mode a receive that ended with holes is not an
+//    error: lost_bytes/deadline_hit say so. A non-ok Status is a
 //    hard failure (peer gone, OS error); error() then holds a message, and nothing the phase
 //    was given is read or written any more (the caller may free it at once).
 class Exchange {
@@ -86,12 +84,8 @@ class Exchange {
                              std::span<const uint32_t> round_end) = 0;
   virtual Status post_sends(std::span<const SendOp> sends) = 0;
   virtual Status end_phase() = 0;
-  // Whether wait_recvs works here: grouped NCCL calls complete together, in end_phase.
-  virtual bool can_wait_recvs() const { return false; }
-  virtual Status wait_recvs(size_t) {
-    error_ = "this exchange completes its receives only in end_phase";
-    return Status(Errc::kInternal);
-  }
+  // Whether wait_arrivals works here: grouped NCCL calls complete together, in end_phase.
+  virtual bool can_wait_arrivals() const { return false; }
   virtual Status wait_arrivals(size_t, uint64_t) {
     error_ = "this exchange completes its receives only in end_phase";
     return Status(Errc::kInternal);

@@ -276,11 +276,6 @@ Status HostExchange::end_phase() {
   return abandon_unless_ok(wait_phase());
 }
 
-Status HostExchange::wait_recvs(size_t n) {
-  if (abandoned_) return failed_earlier();
-  return abandon_unless_ok(wait_recvs_now(n));
-}
-
 Status HostExchange::wait_arrivals(size_t n, uint64_t step) {
   if (abandoned_) return failed_earlier();
   return abandon_unless_ok(wait_arrivals_now(n, step));

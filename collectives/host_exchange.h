@@ -31,8 +31,7 @@ class HostExchange final : public Exchange {
                      std::span<const uint32_t> round_end) override;
   Status post_sends(std::span<const SendOp> sends) override;
   Status end_phase() override;
-  bool can_wait_recvs() const override { return true; }
-  Status wait_recvs(size_t n) override;
+  bool can_wait_arrivals() const override { return true; }
   Status wait_arrivals(size_t n, uint64_t step) override;
   void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
 

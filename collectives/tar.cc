@@ -81,7 +81,7 @@ Status Tar::run_pass(Pass& p, std::string* error) {
   // arrivals: the host path. The GPU's grouped calls move everything in end_phase, so there
   // the reduction and the transforms run whole, between and around the phases, as one kernel
   // each.
-  p.pipelined = ex_->can_wait_recvs();
+  p.pipelined = ex_->can_wait_arrivals();
   p.reduced = 0;
   if (p.hadamard) {
     const uint64_t len = p.g.encoded();
@@ -184,7 +184,7 @@ Status Tar::phase2(Pass& p, std::string* error) {
     return fail("phase 2", s, error);
 
   // What phase 1 left: all of the shard where the reduction waited for the phase's end.
-  if (mine > p.reduced) reduce_range(p, p.reduced, mine, true);
+  if (mine > p.reduced) reduce_range(p, p.reduced, mine);
 
   sends_.clear();
   for (int q = 0; q < rp.rounds(); ++q)
@@ -246,19 +246,18 @@ Status Tar::phase2(Pass& p, std::string* error) {
   return Status::ok();
 }
 
-// Elements [from, to) of this rank's shard, from what phase 1 received. Before the phase ended
-// (`ended` false) a receive not done yet contributes only below its arrived prefix, which
-// holds no hole (lossy 0); an ended one is checked for the marker where it lost bytes. Each
-// element's result depends on its own column alone, so pieces give the bits of one whole
-// reduction.
-void Tar::reduce_range(Pass& p, uint64_t from, uint64_t to, bool ended) {
+// Elements [from, to) of this rank's shard, from what phase 1 received. A receive not done yet
+// contributes only below its arrived prefix, which holds no hole (lossy 0); a done one is
+// checked for the marker where it lost bytes. Each element's result depends on its own column
+// alone, so pieces give the bits of one whole reduction.
+void Tar::reduce_range(Pass& p, uint64_t from, uint64_t to) {
   const int n = ex_->size(), r = ex_->rank();
   const size_t at = size_t(from) * p.es;
   srcs_[size_t(r)] = p.work_in + p.plan.offset(r) * p.es + at;
   lossy_[size_t(r)] = 0;
   for (const RecvOp& rv : recvs1_) {
     srcs_[size_t(rv.peer)] = static_cast<const uint8_t*>(rv.data) + at;
-    lossy_[size_t(rv.peer)] = (ended || rv.done) && rv.lost_bytes > 0 ? 1 : 0;
+    lossy_[size_t(rv.peer)] = rv.done && rv.lost_bytes > 0 ? 1 : 0;
   }
   k_->reduce(p.t, srcs_.data(), lossy_.data(), n, p.work_out + p.plan.offset(r) * p.es + at,
              to - from, p.op, p.erasure);
@@ -281,7 +280,7 @@ Status Tar::reduce_as_arrived(Pass& p) {
     // Whole vector widths, so that every piece keeps the kernels' alignment.
     ready -= ready % kReduceGrain;
     if (ready > p.reduced) {
-      reduce_range(p, p.reduced, ready, false);
+      reduce_range(p, p.reduced, ready);
       p.reduced = ready;
     }
   }

@@ -63,7 +63,7 @@ class Tar {
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
   void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
-  void reduce_range(Pass& p, uint64_t from, uint64_t to, bool ended);
+  void reduce_range(Pass& p, uint64_t from, uint64_t to);
   Status reduce_as_arrived(Pass& p);
   Status fail(const char* what, Status s, std::string* error);
 

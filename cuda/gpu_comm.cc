@@ -310,6 +310,8 @@ class NcclExchange final : public Exchange {
       // there, so report them as possibly lossy.
       op.lost_bytes = lossy(mode_) ? op.bytes : 0;
       op.deadline_hit = false;
+      op.done = true;  // in stream order, as everything the schedule does with it
+      op.arrived = op.bytes;
     }
     for (const SendOp& op : sends_) {
       const int d = (op.peer - rank_ + n_) % n_;

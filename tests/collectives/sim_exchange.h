@@ -47,9 +47,9 @@ class SimNetwork {
 
   std::unique_ptr<Exchange> endpoint(int rank);
   int size() const { return n_; }
-  // Whether the endpoints let the schedule wait for single receives (Exchange::wait_recvs), as
-  // the host path's does, or complete them all in end_phase, as grouped NCCL calls do.
-  void set_wait_recvs(bool on) { wait_recvs_ = on; }
+  // Whether the endpoints tell each receive's arrivals (Exchange::wait_arrivals), as the host
+  // path's does, or complete them all in end_phase, as grouped NCCL calls do.
+  void set_wait_arrivals(bool on) { wait_arrivals_ = on; }
   // Runs fn(rank) on N threads and joins them.
   void run(const std::function<void(int)>& fn) {
     std::vector<std::thread> ts;
@@ -77,7 +77,7 @@ class SimNetwork {
   LossModel loss_;
   std::chrono::microseconds deadline_;
   std::vector<Pair> pairs_;
-  bool wait_recvs_ = true;
+  bool wait_arrivals_ = true;
 };
 
 class SimExchange final : public Exchange {
@@ -120,15 +120,11 @@ class SimExchange final : public Exchange {
     return Status::ok();
   }
 
-  bool can_wait_recvs() const override { return net_->wait_recvs_; }
-  Status wait_recvs(size_t n) override {
-    if (!net_->wait_recvs_) return Exchange::wait_recvs(n);
-    return wait_until(n);
-  }
+  bool can_wait_arrivals() const override { return net_->wait_arrivals_; }
   // Receives end in order here; the one in progress shows its head a few `step`s at a time
   // (a pseudo-random number of them, in whole packets), never past its first lost packet.
   Status wait_arrivals(size_t n, uint64_t step) override {
-    if (!net_->wait_recvs_) return Exchange::wait_arrivals(n, step);
+    if (!net_->wait_arrivals_) return Exchange::wait_arrivals(n, step);
     n = n < recvs_.size() ? n : recvs_.size();
     if (done_ >= n) return Status::ok();
     advance_round();
