@@ -41,6 +41,22 @@ class BlockProgress {
     take(b0, b1, any_block, run);
   }
 
+  // run(b0, b1) for each maximal run of blocks not handed out yet that hold any of the first
+  // `elems` elements of shard k; returns how many elements of shard k, from its start, lie in
+  // blocks handed out by now, at least `elems` (encoding this rank's own shard as far as the
+  // reduction has got).
+  template <class F>
+  uint64_t take_shard_prefix(int k, uint64_t elems, F&& run) {
+    const uint64_t off = plan_.offset(k), len = plan_.length(k);
+    elems = std::min(elems, len);
+    if (elems == 0) return 0;
+    const uint64_t b0 = off / g_.block, b1 = (off + elems - 1) / g_.block + 1;
+    take(b0, b1, any_block, run);
+    // Every block in [b0, b1) was handed out, now or earlier (one shared with the shard before
+    // by that shard's take), so the shard is encoded up to the end of block b1 - 1.
+    return std::min(b1 * g_.block, off + len) - off;
+  }
+
   // The first `elems` elements of shard k are here (a receive's arrived prefix; it only ever
   // grows): run(b0, b1) for each maximal run of blocks not handed out yet whose every element
   // is here, in each shard the block overlaps (decoding while the rest is on the wire).

@@ -156,6 +156,47 @@ TEST(BlockProgress, EncodingHandsOutEachBlockOnceAndAShardsBlocksBeforeItIsSent)
   }
 }
 
+// The own shard, encoded as the reduction gets to it (tar.cc, reduce_as_arrived): each call
+// hands out what the prefix asked for and no more than the block that ends it, says how much of
+// the shard is encoded (never less than asked), and every block still goes out exactly once.
+TEST(BlockProgress, APrefixOfAShardHandsOutItsBlocksOnceAndSaysHowFarTheyReach) {
+  for (int n : {2, 3, 4, 7}) {
+    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
+      for (uint64_t block : {16ull, 1024ull, 4096ull}) {
+        const HadamardGeometry g{count, block};
+        const ShardPlan plan{g.encoded(), n};
+        BlockProgress bp;
+        bp.reset(plan, g);
+        std::vector<int> handed(g.blocks(), 0);
+        const auto count_run = [&](uint64_t b0, uint64_t b1) {
+          for (uint64_t b = b0; b < b1; ++b) ++handed[b];
+        };
+        const int r = n / 2;
+        for (int d = 1; d < n; ++d) bp.take_shard((r + d) % n, count_run);
+        const uint64_t off = plan.offset(r), len = plan.length(r);
+        uint64_t last = 0;
+        for (uint64_t want = 0;; want += 1 + want % 997) {
+          const uint64_t got = bp.take_shard_prefix(r, want, count_run);
+          const uint64_t asked = std::min(want, len);
+          ASSERT_GE(got, asked);
+          ASSERT_GE(got, last) << "the encoded prefix went back";
+          ASSERT_LE(got, len);
+          if (asked > 0) {  // no further than the block that holds the last element asked for
+            const uint64_t end_block = ((off + asked - 1) / block + 1) * block;
+            ASSERT_LE(off + got, std::max(end_block, off + last));
+          }
+          for (uint64_t b : blocks_touching(g, off, off + got))
+            ASSERT_EQ(handed[b], 1) << "n " << n << " count " << count << " block " << b;
+          last = got;
+          if (want >= len) break;
+        }
+        EXPECT_EQ(last, len);
+        for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1) << b;
+      }
+    }
+  }
+}
+
 TEST(BlockProgress, DecodingWaitsForEveryShardABlockOverlaps) {
   for (int n : {2, 3, 4, 8}) {
     for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
