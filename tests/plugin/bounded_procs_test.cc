@@ -347,14 +347,19 @@ TEST(BoundedStall, StalledPeerCostsOthersOneDeadlinePerStep) {
                  st.send.expiredSends, st.recv.latePkts);
     if (m.rank != kStalled) {
       // The stalled rank's share of the steps did not wait for it: its receives ended by the
-      // deadline (or its sender's expiry) and the sends to it expired. When it came back it
-      // sent the old steps' messages (their CTS had reached it): dropped as late.
+      // deadline (or its sender's expiry) and the sends to it expired.
       HCHECK(st.send.expiredSends > 0, "rank %d: no send to the stalled peer expired", m.rank);
       HCHECK(st.recv.deadlineHits > 0, "rank %d: no receive from the stalled peer hit its deadline",
              m.rank);
-      HCHECK(st.recv.latePkts > 0, "rank %d: the stalled peer's old DATA not counted late", m.rank);
       HCHECK(stall_total < 2000, "rank %d: steps after the stall took %.0f ms in all", m.rank,
              stall_total);
+    } else {
+      // Back, it found the old steps' receives ended: a send whose receiver's floor had passed
+      // it expired at once, sending nothing. Whatever old DATA it sent before a floor reached it
+      // was dropped at the receiver (settle_and_check: never written), so how much was counted
+      // late depends on when the floors came, and is not checked here (it failed 8 runs of 25
+      // on an idle host; conn_test's late-datagram tests count it exactly).
+      HCHECK(st.send.expiredSends > 0, "rank %d: none of the old steps' sends expired", m.rank);
     }
     m.barrier();
     close_node(node);
