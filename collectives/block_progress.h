@@ -2,9 +2,9 @@
 //
 // Why pipelined: encoding the whole bucket before the first send and decoding it after the last
 // receive put both transforms on the critical path, a few milliseconds per call on a busy host
-// (bench/lab: + Hadamard took 5 ms more than TAR without it at 4 MiB). Encoding shard by shard
-// lets the first send leave after one shard's encode, and decoding what has arrived works
-// while the rest is on the wire.
+// (bench/lab: + Hadamard took 5 ms more than TAR without it at 4 MiB). Releasing each shard's
+// send as its blocks are encoded lets every flow start after one piece's encode, and decoding
+// what has arrived works while the rest is on the wire.
 //
 // The encoded vector is cut two ways that do not align: into shards (ShardPlan, one per rank)
 // and into blocks (HadamardGeometry, the transform's unit). A block that straddles a shard

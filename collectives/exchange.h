@@ -36,6 +36,9 @@ struct SendOp {
   int peer = -1;
   const void* data = nullptr;
   size_t bytes = 0;
+  // Bytes [0, ready) are written when the send is posted; the rest follow through
+  // release_send (pipelined exchanges only). At least `bytes`: all of it.
+  size_t ready = SIZE_MAX;
 };
 
 struct RecvOp {
@@ -63,9 +66,13 @@ struct RecvOp {
 //    rank. The spans must stay valid until end_phase returns.
 //  - `sends` start at once, in the given order (the order of the receivers' rounds).
 //    post_sends may be called several times in one phase: each call's sends follow the
-//    earlier calls' (the schedule posts a shard as soon as it is encoded). The sends' buffers,
-//    not the span, must stay valid until end_phase returns.
-//  - wait_arrivals(n, step), where the exchange can (can_wait_arrivals), returns once one of
+//    earlier calls'. The sends' buffers, not the span, must stay valid until end_phase
+//    returns.
+//  - A pipelined exchange (pipelined()) moves a phase's data as it comes, both ways:
+//    release_send(k, ready) says bytes [0, ready) of the phase's k-th send (in the order of
+//    every post_sends call of the phase) are written now, and no byte past them leaves before
+//    (the schedule posts a shard before it encodes it, and releases it piece by piece); every
+//    send must be released whole before end_phase. And wait_arrivals(n, step) returns once one of
 //    receives [0, n) that was not done ended (done, lost_bytes, deadline_hit set, arrived =
 //    bytes) or grew its `arrived` by at least `step` bytes, or at once when all n are done: the
 //    schedule starts on the head of a shard while its tail is on the wire. Bytes below
@@ -84,8 +91,13 @@ class Exchange {
                              std::span<const uint32_t> round_end) = 0;
   virtual Status post_sends(std::span<const SendOp> sends) = 0;
   virtual Status end_phase() = 0;
-  // Whether wait_arrivals works here: grouped NCCL calls complete together, in end_phase.
-  virtual bool can_wait_arrivals() const { return false; }
+  // Whether release_send and wait_arrivals work here: grouped NCCL calls take their data
+  // when posted and complete together, in end_phase.
+  virtual bool pipelined() const { return false; }
+  virtual Status release_send(size_t, size_t) {
+    error_ = "this exchange sends only what was written when it was posted";
+    return Status(Errc::kInternal);
+  }
   virtual Status wait_arrivals(size_t, uint64_t) {
     error_ = "this exchange completes its receives only in end_phase";
     return Status(Errc::kInternal);

@@ -250,12 +250,16 @@ Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
   for (const SendOp& op : sends) {
     const size_t i = sends_.size();
     sends_.push_back(op);
+    sends_.back().ready = std::min(op.ready, op.bytes);
     send_reqs_.push_back(nullptr);
     SendComm* c = send_[mode_][size_t(op.peer)].get();
     PollBackoff backoff;
     const auto end = std::chrono::steady_clock::now() + kHangLimit;
     while (send_reqs_[i] == nullptr) {
-      if (Status s = c->isend(op.data, op.bytes, &send_reqs_[i]); !s) {
+      const Status s = op.ready >= op.bytes
+                           ? c->isend(op.data, op.bytes, &send_reqs_[i])
+                           : c->isend_held(op.data, op.bytes, op.ready, &send_reqs_[i]);
+      if (!s) {
         error_ = "isend to rank " + std::to_string(op.peer) + ": " + errc_name(s.code());
         return s;
       }
@@ -269,6 +273,20 @@ Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
     }
   }
   return Status::ok();
+}
+
+Status HostExchange::release_send(size_t k, size_t ready) {
+  if (abandoned_) return failed_earlier();
+  if (k >= sends_.size() || ready > sends_[k].bytes) {
+    error_ = "release_send: no send " + std::to_string(k) + " of " + std::to_string(ready) +
+             " bytes in this phase";
+    return abandon_unless_ok(Status(Errc::kInvalidUsage));
+  }
+  if (ready <= sends_[k].ready) return Status::ok();
+  sends_[k].ready = ready;
+  Status s = send_[mode_][size_t(sends_[k].peer)]->release(send_reqs_[k], ready);
+  if (!s) error_ = "release to rank " + std::to_string(sends_[k].peer) + ": " + errc_name(s.code());
+  return abandon_unless_ok(s);
 }
 
 Status HostExchange::end_phase() {
@@ -369,6 +387,13 @@ Status HostExchange::wait_arrivals_now(size_t n, uint64_t step) {
 }
 
 Status HostExchange::wait_phase() {
+  for (const SendOp& op : sends_) {
+    if (op.ready < op.bytes) {  // it would never complete: a schedule bug, not a network's
+      error_ = "a send to rank " + std::to_string(op.peer) + " ended its phase with " +
+               std::to_string(op.bytes - op.ready) + " bytes never released";
+      return Status(Errc::kInternal);
+    }
+  }
   if (Status s = wait_recvs_now(recvs_.size()); !s) return s;
   for (size_t i = 0; i < sends_.size(); ++i) {
     size_t ignored = 0;

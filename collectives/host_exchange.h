@@ -31,7 +31,8 @@ class HostExchange final : public Exchange {
                      std::span<const uint32_t> round_end) override;
   Status post_sends(std::span<const SendOp> sends) override;
   Status end_phase() override;
-  bool can_wait_arrivals() const override { return true; }
+  bool pipelined() const override { return true; }
+  Status release_send(size_t k, size_t ready) override;
   Status wait_arrivals(size_t n, uint64_t step) override;
   void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
 
@@ -71,7 +72,7 @@ class HostExchange final : public Exchange {
   size_t round_ = 0;           // the latest round posted
   size_t arrival_turn_ = 0;    // wait_arrivals: which receive the next pass tests
   PollBackoff arrival_backoff_;  // wait_arrivals: one wait per phase, not per call
-  std::vector<SendOp> sends_;  // every post_sends of the phase, in order
+  std::vector<SendOp> sends_;    // every post_sends of the phase, in order (ready: released)
   std::vector<Request*> send_reqs_;
   std::vector<Request*> recv_reqs_;
   std::vector<ConnStats> recv_before_;  // each receive's connection counters when posted

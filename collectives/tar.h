@@ -63,6 +63,7 @@ class Tar {
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
   void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
+  Status encode_and_release(Pass& p);
   void reduce_range(Pass& p, uint64_t from, uint64_t to);
   Status reduce_as_arrived(Pass& p);
   Status fail(const char* what, Status s, std::string* error);
@@ -74,6 +75,7 @@ class Tar {
   IncastController incast_;
   // Reused between calls so that the data path does not allocate.
   std::vector<SendOp> sends_;
+  std::vector<uint32_t> send_round_end_;  // phase 1's sends by round, as round_end1_ its receives
   std::vector<RecvOp> recvs1_;  // phase 1's receives stay alive while phase 2 is posted
   std::vector<RecvOp> recvs2_;
   std::vector<uint32_t> round_end1_;

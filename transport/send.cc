@@ -121,6 +121,37 @@ bool SendConn::may_expire_locked(const Msg& m) const {
 Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
                        Request** req) {
   std::lock_guard<std::mutex> lock(mu_);
+  return post_locked(data, size, how, mr, size, req);
+}
+
+Status SendConn::isend_held(const void* data, size_t size, size_t ready, Request** req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *req = nullptr;
+  if (ready > size) return Status(Errc::kInvalidUsage);
+  return post_locked(data, size, MsgDelivery::kAsConnection, nullptr, ready, req);
+}
+
+Status SendConn::release(Request* req, size_t ready) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req == nullptr || req->conn != this) return Status(Errc::kInvalidUsage);
+  Msg& m = slot(req->seq);
+  if (m.req.seq != req->seq || m.state == State::kFree) return Status(Errc::kInvalidUsage);
+  if (ready > m.size) return Status(Errc::kInvalidUsage);
+  if (m.state == State::kDone) return Status::ok();
+  const uint32_t r = packets_below(m, ready);
+  if (r <= m.ready) return Status::ok();
+  m.ready = r;
+  progress_locked(clock_.now_ns());
+  return Status::ok();
+}
+
+uint32_t SendConn::packets_below(const Msg& m, uint64_t bytes) const {
+  if (bytes >= m.size) return m.npkts;
+  return static_cast<uint32_t>(bytes / params_.pkt_payload);
+}
+
+Status SendConn::post_locked(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
+                             size_t ready, Request** req) {
   *req = nullptr;
   if (Status st = check_peer_locked(); !st) return st;
   if (data == nullptr && size != 0) return Status(Errc::kInternal);
@@ -148,6 +179,7 @@ Status SendConn::isend(const void* data, size_t size, MsgDelivery how, const Mem
   m.mr = size != 0 ? mr : nullptr;
   m.size = size;
   m.npkts = static_cast<uint32_t>(npkts64);
+  m.ready = packets_below(m, ready);
   m.next_new = m.cum = m.high = 0;
   m.posted_ns = now;
   m.wait_ns = params_.delivery == Delivery::kBounded && m.expire_early && group_ != nullptr

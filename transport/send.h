@@ -56,6 +56,8 @@ class SendConn final : public Conn, public SendComm {
   using SendComm::isend;
   Status isend(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
                Request** req) override;
+  Status isend_held(const void* data, size_t size, size_t ready, Request** req) override;
+  Status release(Request* req, size_t ready) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }
@@ -92,6 +94,7 @@ class SendConn final : public Conn, public SendComm {
     uint32_t steer = 0;  // where its DATA go at the receiver (its CTS's; TxPacket::steer)
     uint64_t size = 0;
     uint32_t npkts = 0;
+    uint32_t ready = 0;     // packets below it hold final bytes (isend_held, release)
     uint32_t next_new = 0;  // packets below it have left at least once
     uint32_t cum = 0;       // packets below it are acknowledged
     uint32_t high = 0;      // one past the highest acknowledged packet
@@ -138,6 +141,10 @@ class SendConn final : public Conn, public SendComm {
   uint64_t pace_retry_locked() const override { return inflight_ != 0 ? retry_ns_ : 0; }
 
   // send.cc: the message's life.
+  Status post_locked(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
+                     size_t ready, Request** req);
+  // Packets of `m` whose every byte lies below `bytes` (all of them at its size).
+  uint32_t packets_below(const Msg& m, uint64_t bytes) const;
   bool set_state_locked(Msg& m, State to);
   void on_cts_locked(const PacketHeader& h, uint64_t now);
   void start_locked(Msg& m, const CtsRecord& cts, uint64_t now);

@@ -81,6 +81,7 @@ void SendConn::transmit_locked(uint64_t now) {
         }
         if (i >= m.cum + kSackBits) break;  // beyond what one SACK can describe
         if (i >= m.grant) break;            // beyond the receiver's credit
+        if (i >= m.ready) break;            // its bytes are still being written (release)
         PacketHeader h;
         h.type = PacketType::kData;
         h.flags = m.bounded ? kFlagBounded : 0;

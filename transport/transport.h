@@ -133,6 +133,16 @@ class SendComm {
   Status isend(const void* data, size_t size, Request** req) {
     return isend(data, size, MsgDelivery::kAsConnection, nullptr, req);
   }
+  // A send posted while the caller still writes its buffer: bytes [0, ready) are final, and
+  // no packet holding a byte past them leaves until release() says that byte is final too.
+  // Lets the wire start on a message's head while its tail is produced (TAR posts each shard
+  // before its Hadamard encode and releases it as the blocks come out), with the message's
+  // CTS round trip, sequence and deadline those of one message. It takes no registration (its
+  // one caller, the host exchange, has none), so every packet is read when it is sent.
+  virtual Status isend_held(const void* data, size_t size, size_t ready, Request** req) = 0;
+  // Bytes [0, ready) of an isend_held's buffer are final now. `ready` only grows, up to the
+  // message's size; a send already done (a bounded one that expired) ignores it.
+  virtual Status release(Request* req, size_t ready) = 0;
   // *done = true once the buffer is no longer read. *size gets the bytes sent.
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
   virtual ConnStats stats() const = 0;

@@ -27,11 +27,6 @@ using testing::wait_mark;
 constexpr size_t kBytes = 256 << 10;
 constexpr uint8_t kCanary = 0xC3;
 
-// Rank 0 posts receives from ranks 1 and 2; rank 2 goes away, so the phase fails. The caller
-// then owns its buffers again (it may free them: an aborted communicator's scratch, a tensor the
-// training loop drops), so rank 1's message, sent only after the failure, must not land in
-// them. Before the fix the receive from rank 1 stayed posted and the progress thread wrote
-// rank 1's bytes into the buffer after end_phase had returned its error.
 // The waiting caller's pauses: yields first, then naps that grow with the wait, so that a short
 // wait ends within a few percent of its length and a long one wakes a third as often.
 TEST(PollBackoff, NapsGrowWithTheWaitWithinTheirBounds) {
@@ -53,6 +48,11 @@ TEST(PollBackoff, NapsGrowWithTheWaitWithinTheirBounds) {
   }
 }
 
+// Rank 0 posts receives from ranks 1 and 2; rank 2 goes away, so the phase fails. The caller
+// then owns its buffers again (it may free them: an aborted communicator's scratch, a tensor the
+// training loop drops), so rank 1's message, sent only after the failure, must not land in
+// them. Before the fix the receive from rank 1 stayed posted and the progress thread wrote
+// rank 1's bytes into the buffer after end_phase had returned its error.
 TEST(HostExchange, AFailedPhaseLeavesNoBufferInUse) {
   const std::string dir = temp_dir();
   const std::string failed = run_ranks(3, {}, [&](int rank) {
@@ -98,6 +98,61 @@ TEST(HostExchange, AFailedPhaseLeavesNoBufferInUse) {
     CHECK(changed == 0, "%zu bytes of a buffer written after its phase failed", changed);
     // And the exchange says so when used again, rather than touching closed connections.
     CHECK(!ex->begin_phase(Mode::kExact, 1, recvs, round_end), "a phase after the failure");
+    return 0;
+  });
+  EXPECT_EQ(failed, "");
+}
+
+// A send posted before its bytes are written (Tar posts each shard before its Hadamard encode)
+// carries the bytes as they were when released, over the real transport: the sender writes
+// each piece only after the post and releases it after a pause, so a byte that left before its
+// release would arrive as the filler. A send never released whole fails its phase at once, as
+// the schedule's bug it is, instead of waiting for bytes that will never come.
+TEST(HostExchange, AHeldSendCarriesTheBytesAsReleased) {
+  const std::string dir = temp_dir();
+  const std::string failed = run_ranks(2, {}, [&](int rank) {
+    FileStore store(dir);
+    std::unique_ptr<HostExchange> ex;
+    std::string err;
+    CHECK(HostExchange::create(&store, "h", rank, 2, 60'000, &ex, &err), "create: %s", err.c_str());
+    std::vector<uint8_t> want(kBytes);
+    for (size_t i = 0; i < kBytes; ++i) want[i] = uint8_t(i * 131 + (i >> 9));
+    if (rank == 1) {
+      std::vector<uint8_t> data(kBytes, 0xEE);  // not written yet
+      SendOp send{0, data.data(), data.size()};
+      send.ready = 0;
+      CHECK(ex->begin_phase(Mode::kExact, 1, {}, {}), "begin_phase");
+      CHECK(ex->post_sends({&send, 1}), "post_sends");
+      for (size_t at : {size_t(40'000), size_t(100'001), kBytes}) {
+        const size_t from = at == 40'000 ? 0 : at == 100'001 ? 40'000 : 100'001;
+        ::usleep(20'000);
+        std::memcpy(data.data() + from, want.data() + from, at - from);
+        CHECK(ex->release_send(0, at), "release_send %zu", at);
+      }
+      CHECK(ex->end_phase(), "end_phase");
+      CHECK(wait_mark(dir, "checked"), "rank 0 never checked");
+      return 0;
+    }
+    std::vector<uint8_t> got(kBytes, 0);
+    RecvOp recv{1, got.data(), kBytes};
+    const uint32_t round_end[1] = {1};
+    CHECK(ex->begin_phase(Mode::kExact, 1, {&recv, 1}, round_end), "begin_phase");
+    CHECK(ex->post_sends({}), "post_sends");
+    CHECK(ex->end_phase(), "end_phase");
+    size_t wrong = 0;
+    for (size_t i = 0; i < kBytes; ++i) wrong += got[i] != want[i];
+    CHECK(wrong == 0, "%zu bytes differ from what was released", wrong);
+    // A held send left unreleased: end_phase says so at once.
+    SendOp held{1, got.data(), kBytes};
+    held.ready = 1000;
+    CHECK(ex->begin_phase(Mode::kExact, 2, {}, {}), "begin_phase 2");
+    CHECK(ex->post_sends({&held, 1}), "post_sends 2");
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(!ex->end_phase(), "a phase ended with a send never released whole");
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1), "it waited first");
+    CHECK(ex->error().find("never released") != std::string::npos, "error: %s",
+          ex->error().c_str());
+    mark(dir, "checked");
     return 0;
   });
   EXPECT_EQ(failed, "");

@@ -47,9 +47,10 @@ class SimNetwork {
 
   std::unique_ptr<Exchange> endpoint(int rank);
   int size() const { return n_; }
-  // Whether the endpoints tell each receive's arrivals (Exchange::wait_arrivals), as the host
-  // path's does, or complete them all in end_phase, as grouped NCCL calls do.
-  void set_wait_arrivals(bool on) { wait_arrivals_ = on; }
+  // Whether the endpoints are pipelined (Exchange::pipelined: sends released as they are
+  // written, receives' arrivals told), as the host path's are, or take each send when posted
+  // and complete every receive in end_phase, as grouped NCCL calls do.
+  void set_pipelined(bool on) { pipelined_ = on; }
   // Runs fn(rank) on N threads and joins them.
   void run(const std::function<void(int)>& fn) {
     std::vector<std::thread> ts;
@@ -77,7 +78,7 @@ class SimNetwork {
   LossModel loss_;
   std::chrono::microseconds deadline_;
   std::vector<Pair> pairs_;
-  bool wait_arrivals_ = true;
+  bool pipelined_ = true;
 };
 
 class SimExchange final : public Exchange {
@@ -103,28 +104,59 @@ class SimExchange final : public Exchange {
     staged_.assign(recvs.size(), 0);
     outcome_.assign(recvs.size(), RecvOp{});
     clean_.assign(recvs.size(), 0);
+    sends_.clear();
     return Status::ok();
   }
 
+  // A send copies its bytes as they are released (all of them when posted, unless held), so
+  // that a byte the schedule changes after releasing it never reaches the receiver as changed.
   Status post_sends(std::span<const SendOp> sends) override {
     for (const SendOp& s : sends) {
       if (s.peer < 0 || s.peer >= size() || s.peer == rank_) return fail("bad send peer");
+      if (s.ready < s.bytes && !net_->pipelined_) return fail("a held send on a grouped exchange");
       auto& pr = net_->pair(rank_, s.peer);
-      std::lock_guard<std::mutex> lk(pr.mu);
-      const auto* b = static_cast<const uint8_t*>(s.data);
-      // A message the receiver already gave up on is late: dropped, as the transport does.
-      const uint64_t seq = pr.send_seq++;
-      if (seq >= pr.closed) pr.q.push_back({seq, std::vector<uint8_t>(b, b + s.bytes)});
-      pr.cv.notify_all();
+      uint64_t seq;
+      {
+        std::lock_guard<std::mutex> lk(pr.mu);
+        seq = pr.send_seq++;
+      }
+      sends_.push_back({s, seq, std::vector<uint8_t>(s.bytes), 0, false});
+      if (Status st = release_send(sends_.size() - 1, s.ready < s.bytes ? s.ready : s.bytes); !st)
+        return st;
+      leave_if_whole(sends_.size() - 1);  // an empty send has nothing to release
     }
     return Status::ok();
   }
 
-  bool can_wait_arrivals() const override { return net_->wait_arrivals_; }
+  Status release_send(size_t k, size_t ready) override {
+    if (k >= sends_.size() || ready > sends_[k].op.bytes) return fail("release beyond a send");
+    Held& h = sends_[k];
+    if (ready <= h.released) return Status::ok();
+    const auto* b = static_cast<const uint8_t*>(h.op.data);
+    std::memcpy(h.data.data() + h.released, b + h.released, ready - h.released);
+    h.released = ready;
+    leave_if_whole(k);
+    return Status::ok();
+  }
+
+  bool pipelined() const override { return net_->pipelined_; }
+
+  // A send leaves once all of it was released, once.
+  void leave_if_whole(size_t k) {
+    auto& h = sends_[k];
+    if (h.gone || h.released < h.op.bytes) return;
+    h.gone = true;
+    auto& pr = net_->pair(rank_, h.op.peer);
+    std::lock_guard<std::mutex> lk(pr.mu);
+    // A message the receiver already gave up on is late: dropped, as the transport does.
+    if (h.seq >= pr.closed) pr.q.push_back({h.seq, std::move(h.data)});
+    pr.cv.notify_all();
+  }
+
   // Receives end in order here; the one in progress shows its head a few `step`s at a time
   // (a pseudo-random number of them, in whole packets), never past its first lost packet.
   Status wait_arrivals(size_t n, uint64_t step) override {
-    if (!net_->wait_arrivals_) return Exchange::wait_arrivals(n, step);
+    if (!net_->pipelined_) return Exchange::wait_arrivals(n, step);
     n = n < recvs_.size() ? n : recvs_.size();
     if (done_ >= n) return Status::ok();
     advance_round();
@@ -144,7 +176,11 @@ class SimExchange final : public Exchange {
     finish(i);
     return Status::ok();
   }
-  Status end_phase() override { return wait_until(recvs_.size()); }
+  Status end_phase() override {
+    for (const Held& h : sends_)
+      if (h.released < h.op.bytes) return fail("a send ended its phase not released whole");
+    return wait_until(recvs_.size());
+  }
 
  private:
   Status fail(const char* msg) {
@@ -258,6 +294,14 @@ class SimExchange final : public Exchange {
     }
   }
 
+  struct Held {  // a send of this phase, and what of it was released
+    SendOp op;
+    uint64_t seq;
+    std::vector<uint8_t> data;
+    size_t released;
+    bool gone;  // in the receiver's mailbox
+  };
+
   SimNetwork* net_;
   int rank_;
   Mode mode_ = Mode::kExact;
@@ -273,6 +317,7 @@ class SimExchange final : public Exchange {
   std::vector<uint8_t> staged_;
   std::vector<RecvOp> outcome_;
   std::vector<uint64_t> clean_;
+  std::vector<Held> sends_;
 };
 
 inline std::unique_ptr<Exchange> SimNetwork::endpoint(int rank) {

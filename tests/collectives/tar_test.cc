@@ -364,7 +364,7 @@ TEST(TarBounded, ShardsWorkedOnAsTheyArriveGiveTheSameBits) {
       uint64_t lost[2] = {0, 0};
       for (int waits = 0; waits < 2; ++waits) {
         Cluster c(3, loss);
-        c.net.set_wait_arrivals(waits == 1);
+        c.net.set_pipelined(waits == 1);
         for (int call = 0; call < 3; ++call) {
           std::vector<std::vector<uint8_t>> in(3, std::vector<uint8_t>(30000 * 4));
           std::vector<std::vector<uint8_t>> out(3, std::vector<uint8_t>(30000 * 4));

@@ -459,6 +459,65 @@ TEST(ExactTransfer, TheArrivedPrefixStopsAtAHoleAndHoldsOnlyFinalBytes) {
   EXPECT_EQ(src, dst);
 }
 
+// isend_held: a send posted while its buffer is still being written. No packet holding a byte
+// past the released point leaves, whatever the windows allow, and the receiver gets the bytes
+// as they were when released, not as they were at the isend.
+TEST(ExactTransfer, AHeldSendLeavesOnlyWhatWasReleased) {
+  Rig rig;
+  uint64_t highest_end = 0;  // one past the last byte of any DATA that left
+  int data_pkts = 0;
+  rig.tx_ep->policy = [&](const std::vector<uint8_t>& d) {
+    PacketHeader h;
+    if (decode(d.data(), d.size(), &h) == DecodeError::kNone && h.type == PacketType::kData) {
+      highest_end = std::max<uint64_t>(highest_end, h.offset + h.payload_len);
+      ++data_pkts;
+    }
+    return 1;
+  };
+  const auto src = pattern(20'000, 9);
+  std::vector<uint8_t> buf(src.size(), 0xEE);  // not written yet
+  std::vector<uint8_t> dst(src.size(), 0);
+  Request *sr, *rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend_held(buf.data(), buf.size(), 0, &sr).is_ok());
+  ASSERT_NE(sr, nullptr);
+  const auto run = [&](int rounds) {
+    for (int i = 0; i < rounds; ++i) {
+      rig.s->poll();
+      rig.r->poll();
+      rig.clock.advance_us(100);
+    }
+  };
+  run(50);
+  EXPECT_EQ(data_pkts, 0) << "a packet left before any byte was released";
+  // 4500 bytes final: packets 0-3 (1000 bytes each) may go, packet 4 holds unwritten bytes.
+  std::copy(src.begin(), src.begin() + 4500, buf.begin());
+  ASSERT_TRUE(rig.s->release(sr, 4500).is_ok());
+  run(50);
+  EXPECT_EQ(highest_end, 4000u);
+  EXPECT_TRUE(std::equal(src.begin(), src.begin() + 4000, dst.begin()));
+  EXPECT_EQ(rig.r->arrived_prefix(rr), 4000u);
+  // A smaller release takes nothing back; one past the size is refused.
+  EXPECT_TRUE(rig.s->release(sr, 1000).is_ok());
+  EXPECT_EQ(rig.s->release(sr, src.size() + 1).code(), Errc::kInvalidUsage);
+  std::copy(src.begin() + 4500, src.end(), buf.begin() + 4500);
+  ASSERT_TRUE(rig.s->release(sr, src.size()).is_ok());
+  bool sd = false, rd = false;
+  for (int i = 0; i < 200 && !(sd && rd); ++i) {
+    size_t sz = 0;
+    if (!sd) {
+      ASSERT_TRUE(rig.s->test(sr, &sd, &sz).is_ok());
+    }
+    if (!rd) {
+      ASSERT_TRUE(rig.r->test(rr, &rd, &sz).is_ok());
+    }
+    run(1);
+  }
+  EXPECT_TRUE(sd && rd);
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(data_pkts, 20) << "each packet once: nothing was lost";
+}
+
 TEST(Bounded, LateDatagramsNeverWriteIntoACompletedReceive) {
   Rig rig(Delivery::kBounded, Fill::kZero);
   std::vector<std::vector<uint8_t>> held;
