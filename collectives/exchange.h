@@ -72,11 +72,13 @@ struct RecvOp {
 //    release_send(k, ready) says bytes [0, ready) of the phase's k-th send (in the order of
 //    every post_sends call of the phase) are written now, and no byte past them leaves before
 //    (the schedule posts a shard before it encodes it, and releases it piece by piece); every
-//    send must be released whole before end_phase. And wait_arrivals(n, step) returns once one of
-//    receives [0, n) that was not done ended (done, lost_bytes, deadline_hit set, arrived =
-//    bytes) or grew its `arrived` by at least `step` bytes, or at once when all n are done: the
-//    schedule starts on the head of a shard while its tail is on the wire. Bytes below
-//    `arrived` are final (no hole below them, nothing writes there again).
+//    send must be released whole before end_phase. sent_bytes(k) tells how much of it has
+//    left, so that the schedule keeps its encode a lead ahead of the wire. And wait_arrivals(n,
+//    step) returns once one of receives [0, n) that was not done ended (done, lost_bytes,
+//    deadline_hit set, arrived = bytes) or grew its `arrived` by at least `step` bytes, or at once
+//    when all n are done (or, in an exchange that must, without either: the schedule looks again
+//    and releases more): the schedule starts on the head of a shard while its tail is on the wire.
+//    Bytes below `arrived` are final (no hole below them, nothing writes there again).
 //  - end_phase returns when every send and receive is done, each receive's done set (in
 //    stream order on the GPU). In bounded mode a receive that ended with holes is not an
 //    error: lost_bytes/deadline_hit say so. A non-ok Status is a
@@ -98,6 +100,7 @@ class Exchange {
     error_ = "this exchange sends only what was written when it was posted";
     return Status(Errc::kInternal);
   }
+  virtual uint64_t sent_bytes(size_t) { return 0; }
   virtual Status wait_arrivals(size_t, uint64_t) {
     error_ = "this exchange completes its receives only in end_phase";
     return Status(Errc::kInternal);

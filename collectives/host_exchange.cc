@@ -289,6 +289,11 @@ Status HostExchange::release_send(size_t k, size_t ready) {
   return abandon_unless_ok(s);
 }
 
+uint64_t HostExchange::sent_bytes(size_t k) {
+  if (abandoned_ || k >= sends_.size() || send_reqs_[k] == nullptr) return 0;
+  return send_[mode_][size_t(sends_[k].peer)]->sent_prefix(send_reqs_[k]);
+}
+
 Status HostExchange::end_phase() {
   if (abandoned_) return failed_earlier();
   return abandon_unless_ok(wait_phase());

@@ -33,6 +33,7 @@ class HostExchange final : public Exchange {
   Status end_phase() override;
   bool pipelined() const override { return true; }
   Status release_send(size_t k, size_t ready) override;
+  uint64_t sent_bytes(size_t k) override;
   Status wait_arrivals(size_t n, uint64_t step) override;
   void timing(uint32_t* tb_us, uint32_t* tc_us) const override;
 

@@ -29,11 +29,6 @@ enum : int { kSlotEncoded = 0, kSlotRecv = 1, kSlotKeep = 2, kSlotRecv2 = 3, kSl
 // Pieces of a progressive reduction start on multiples of this many elements.
 constexpr uint64_t kReduceGrain = 64;
 
-// Phase 1's sends with Hadamard are released this many bytes at a time (encode_and_release).
-// Each release runs a pass of the transport (drain, transmit): in 64 KiB pieces they cost 5-10%
-// more CPU per call than in 256 KiB pieces, for no gain in time.
-constexpr uint64_t kReleaseBytes = 256 << 10;
-
 struct Tar::Pass {
   Mode mode = Mode::kExact;   // phase 1's (and the call's)
   Mode mode2 = Mode::kExact;  // phase 2's: TarOptions::allgather in bounded calls
@@ -59,6 +54,8 @@ struct Tar::Pass {
   bool pipelined = false;
   uint64_t reduced = 0;  // elements of this rank's shard reduced so far (phase 1)
   uint64_t step = 0;     // TarOptions::arrival_step_bytes
+  uint64_t release = 0;  // TarOptions::release_bytes
+  uint64_t lead = 0;     // TarOptions::release_lead_bytes
   ShardPlan plan;
   uint8_t* slots = nullptr;   // N-1 receive slots of slot_bytes() each (phase 1)
   uint8_t* slots2 = nullptr;  // the same for phase 2 when via_slots
@@ -150,8 +147,9 @@ Status Tar::phase1(Pass& p, std::string* error) {
       // encoded as the reduction gets to it (reduce_as_arrived).
       blocks_.reset(p.plan, p.g);
       for (SendOp& op : sends_) op.ready = 0;
+      released_.assign(sends_.size(), 0);
       if (Status s = ex_->post_sends(sends_); !s) return fail("phase 1", s, error);
-      if (Status s = encode_and_release(p); !s) return fail("phase 1", s, error);
+      if (Status s = encode_and_release(p, false); !s) return fail("phase 1", s, error);
     } else if (Status s = ex_->post_sends(sends_); !s) {
       return fail("phase 1", s, error);
     }
@@ -283,6 +281,9 @@ Status Tar::reduce_as_arrived(Pass& p) {
   const auto encode = [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); };
   while (mine > 0) {
     if (Status s = ex_->wait_arrivals(recvs1_.size(), p.step); !s) return s;
+    if (p.hadamard) {
+      if (Status s = encode_and_release(p, false); !s) return s;
+    }
     uint64_t ready = mine;
     bool all = true;
     for (const RecvOp& rv : recvs1_) {
@@ -298,30 +299,45 @@ Status Tar::reduce_as_arrived(Pass& p) {
       p.reduced = ready;
     }
   }
-  if (p.hadamard) blocks_.take_shard(r, encode);
+  if (p.hadamard) {
+    if (Status s = encode_and_release(p, true); !s) return s;
+    blocks_.take_shard(r, encode);
+  }
   return Status::ok();
 }
 
-// Phase 1's sends on the host path with Hadamard, posted and not yet released: encodes
-// kReleaseBytes of each shard in turn and releases it, round by round of the receivers. Encoded
-// whole before its send, each shard held its first packet back by its own encode and the last
-// shard's by all of them, which grows with the bucket: + Hadamard's idle P50 at 16 MiB was
-// 215.1-215.7 ms that way and 211.9-212.0 ms this way (bench/lab, 4 ranks on 2 cores; Gloo ring
-// 207.2-207.7 ms; the same within the noise at 4 MiB).
-Status Tar::encode_and_release(Pass& p) {
-  const uint64_t chunk = std::max<uint64_t>(kReleaseBytes / p.es, 1);
+// Phase 1's sends on the host path with Hadamard, posted before they are encoded: encodes
+// TarOptions::release_bytes of each shard in turn and releases it, round by round of the
+// receivers, until each is released release_lead_bytes past what of it has left (`all`: whole).
+// Called once the sends are posted, at each return of the reduction's wait, and at the phase's
+// end.
+// Why in pieces: encoded whole before its send, each shard held its first packet back by its
+// own encode and the last shard's by all of them, which grows with the bucket (+ Hadamard's
+// idle P50 at 16 MiB was 215.1-215.7 ms that way, 211.9-212.0 ms in pieces; bench/lab, 4 ranks
+// on 2 cores, Gloo ring 207.2-207.7 ms). Why no further than a lead: encoding a 16 MiB
+// bucket's 12 MiB of peers' shards at once took every rank's CPU for the phase's first 9 ms,
+// just as every rank's flows started, and phase 1 ended 3-4 ms after bounded TAR's.
+// The defaults: each release runs a pass of the transport (drain, transmit), and 64 KiB pieces
+// cost 5-10% more CPU per call than 256 KiB ones for no gain in time. A lead of 1 MiB per flow
+// is 25 ms of a 1 Gbit/s link shared by three flows, far longer than the reduction's wait
+// between two looks (a step's arrival, well under a millisecond), so the wire never waits for
+// the encode; a 4 MiB bucket (1 MiB shards at 4 ranks) is released whole at once.
+Status Tar::encode_and_release(Pass& p, bool all) {
+  const uint64_t chunk = std::max<uint64_t>(p.release / p.es, 1);
+  const uint64_t lead = std::max<uint64_t>(p.lead / p.es, 1);
   const auto encode = [&](uint64_t b0, uint64_t b1) { encode_blocks(p, b0, b1); };
   size_t first = 0;
   for (const uint32_t end : send_round_end_) {
-    bool more = first < end;
-    for (uint64_t upto = chunk; more; upto += chunk) {
+    for (bool more = true; more;) {
       more = false;
       for (size_t k = first; k < end; ++k) {
         const uint64_t len = p.plan.length(sends_[k].peer);
-        if (upto - chunk >= len) continue;  // released whole by the turn before
-        const uint64_t have = blocks_.take_shard_prefix(sends_[k].peer, upto, encode);
-        if (Status s = ex_->release_send(k, have * p.es); !s) return s;
-        more = more || have < len;
+        const uint64_t target = all ? len : std::min(len, ex_->sent_bytes(k) / p.es + lead);
+        if (released_[k] >= target) continue;
+        const uint64_t upto = std::min(target, released_[k] + chunk);
+        released_[k] = blocks_.take_shard_prefix(sends_[k].peer, upto, encode);
+        if (Status s = ex_->release_send(k, released_[k] * p.es); !s) return s;
+        more = more || released_[k] < target;
       }
     }
     first = end;
@@ -390,6 +406,8 @@ Status Tar::allreduce(const void* send, void* recv, size_t count, DType t, RedOp
   p.seed = call_seed(comm_seed_, call);
   p.g = HadamardGeometry{count, o.hadamard_block};
   p.step = o.arrival_step_bytes;
+  p.release = o.release_bytes;
+  p.lead = o.release_lead_bytes;
 
   // An exact redo needs the input, which an in-place pass overwrites: keep a copy.
   const uint8_t* redo_input = p.input;

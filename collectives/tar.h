@@ -43,6 +43,12 @@ struct TarOptions {
   // Where the exchange tells arrivals (the host path): how much more of a receive must have
   // arrived before the schedule reduces or decodes it (tar.cc; tests make it small).
   uint64_t arrival_step_bytes = 64 << 10;
+  // Where the exchange takes a send before its bytes are written (the host path), with
+  // Hadamard: phase 1 encodes and releases each peer's shard this many bytes at a time, and no
+  // further than the lead past what of it has left (tar.cc, encode_and_release; tests make
+  // both small).
+  uint64_t release_bytes = 256 << 10;
+  uint64_t release_lead_bytes = 1 << 20;
 };
 
 class Tar {
@@ -63,7 +69,7 @@ class Tar {
   Status phase2(Pass& p, std::string* error);
   Status agree(uint8_t* flags, std::string* error);
   void encode_blocks(Pass& p, uint64_t b0, uint64_t b1);
-  Status encode_and_release(Pass& p);
+  Status encode_and_release(Pass& p, bool all);
   void reduce_range(Pass& p, uint64_t from, uint64_t to);
   Status reduce_as_arrived(Pass& p);
   Status fail(const char* what, Status s, std::string* error);
@@ -76,6 +82,7 @@ class Tar {
   // Reused between calls so that the data path does not allocate.
   std::vector<SendOp> sends_;
   std::vector<uint32_t> send_round_end_;  // phase 1's sends by round, as round_end1_ its receives
+  std::vector<uint64_t> released_;        // elements of each of phase 1's sends released
   std::vector<RecvOp> recvs1_;  // phase 1's receives stay alive while phase 2 is posted
   std::vector<RecvOp> recvs2_;
   std::vector<uint32_t> round_end1_;

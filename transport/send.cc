@@ -145,6 +145,15 @@ Status SendConn::release(Request* req, size_t ready) {
   return Status::ok();
 }
 
+uint64_t SendConn::sent_prefix(Request* req) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (req == nullptr || req->conn != this) return 0;
+  const Msg& m = slot(req->seq);
+  if (m.req.seq != req->seq || m.state == State::kFree) return 0;
+  if (m.state == State::kDone) return m.size;
+  return std::min<uint64_t>(uint64_t{m.next_new} * params_.pkt_payload, m.size);
+}
+
 uint32_t SendConn::packets_below(const Msg& m, uint64_t bytes) const {
   if (bytes >= m.size) return m.npkts;
   return static_cast<uint32_t>(bytes / params_.pkt_payload);

@@ -58,6 +58,7 @@ class SendConn final : public Conn, public SendComm {
                Request** req) override;
   Status isend_held(const void* data, size_t size, size_t ready, Request** req) override;
   Status release(Request* req, size_t ready) override;
+  uint64_t sent_prefix(Request* req) override;
   Status test(Request* req, bool* done, size_t* size) override {
     return test_request(req, done, size);
   }

@@ -143,6 +143,10 @@ class SendComm {
   // Bytes [0, ready) of an isend_held's buffer are final now. `ready` only grows, up to the
   // message's size; a send already done (a bounded one that expired) ignores it.
   virtual Status release(Request* req, size_t ready) = 0;
+  // Bytes [0, n) of a send that test() has not reported done have left at least once (all of
+  // it once it is done): a caller producing a held send's bytes keeps a lead over it instead of
+  // producing them all at once.
+  virtual uint64_t sent_prefix(Request* req) = 0;
   // *done = true once the buffer is no longer read. *size gets the bytes sent.
   virtual Status test(Request* req, bool* done, size_t* size) = 0;
   virtual ConnStats stats() const = 0;

@@ -60,9 +60,16 @@ class SimNetwork {
 
  private:
   friend class SimExchange;
+  // A message's bytes, as far as its sender released them (Exchange::release_send); both
+  // fields under the pair's mutex. Posted at once, so that a receiver can start on a message
+  // whose tail its sender has not written yet.
+  struct Body {
+    std::vector<uint8_t> data;
+    size_t released = 0;
+  };
   struct Msg {
     uint64_t seq;
-    std::vector<uint8_t> data;
+    std::shared_ptr<Body> body;
   };
   struct Pair {
     std::mutex mu;
@@ -102,28 +109,34 @@ class SimExchange final : public Exchange {
     round_deadline_ = std::chrono::steady_clock::now() + net_->deadline_;
     stage_.resize(recvs.size());
     staged_.assign(recvs.size(), 0);
+    bodies_.assign(recvs.size(), nullptr);
+    lost_.resize(recvs.size());
     outcome_.assign(recvs.size(), RecvOp{});
     clean_.assign(recvs.size(), 0);
     sends_.clear();
     return Status::ok();
   }
 
-  // A send copies its bytes as they are released (all of them when posted, unless held), so
-  // that a byte the schedule changes after releasing it never reaches the receiver as changed.
+  // A send is in the receiver's mailbox at once and copies its bytes as they are released
+  // (all of them when posted, unless held), so that a byte the schedule changes after releasing
+  // it never reaches the receiver as changed. What is released has left (an instant wire).
   Status post_sends(std::span<const SendOp> sends) override {
     for (const SendOp& s : sends) {
       if (s.peer < 0 || s.peer >= size() || s.peer == rank_) return fail("bad send peer");
       if (s.ready < s.bytes && !net_->pipelined_) return fail("a held send on a grouped exchange");
-      auto& pr = net_->pair(rank_, s.peer);
-      uint64_t seq;
+      auto body = std::make_shared<SimNetwork::Body>();
+      body->data.resize(s.bytes);
       {
+        auto& pr = net_->pair(rank_, s.peer);
         std::lock_guard<std::mutex> lk(pr.mu);
-        seq = pr.send_seq++;
+        // A message the receiver already gave up on is late: dropped, as the transport does.
+        const uint64_t seq = pr.send_seq++;
+        if (seq >= pr.closed) pr.q.push_back({seq, body});
+        pr.cv.notify_all();
       }
-      sends_.push_back({s, seq, std::vector<uint8_t>(s.bytes), 0, false});
+      sends_.push_back({s, body, 0});
       if (Status st = release_send(sends_.size() - 1, s.ready < s.bytes ? s.ready : s.bytes); !st)
         return st;
-      leave_if_whole(sends_.size() - 1);  // an empty send has nothing to release
     }
     return Status::ok();
   }
@@ -132,26 +145,17 @@ class SimExchange final : public Exchange {
     if (k >= sends_.size() || ready > sends_[k].op.bytes) return fail("release beyond a send");
     Held& h = sends_[k];
     if (ready <= h.released) return Status::ok();
-    const auto* b = static_cast<const uint8_t*>(h.op.data);
-    std::memcpy(h.data.data() + h.released, b + h.released, ready - h.released);
-    h.released = ready;
-    leave_if_whole(k);
-    return Status::ok();
-  }
-
-  bool pipelined() const override { return net_->pipelined_; }
-
-  // A send leaves once all of it was released, once.
-  void leave_if_whole(size_t k) {
-    auto& h = sends_[k];
-    if (h.gone || h.released < h.op.bytes) return;
-    h.gone = true;
     auto& pr = net_->pair(rank_, h.op.peer);
     std::lock_guard<std::mutex> lk(pr.mu);
-    // A message the receiver already gave up on is late: dropped, as the transport does.
-    if (h.seq >= pr.closed) pr.q.push_back({h.seq, std::move(h.data)});
+    const auto* b = static_cast<const uint8_t*>(h.op.data);
+    std::memcpy(h.body->data.data() + h.released, b + h.released, ready - h.released);
+    h.released = h.body->released = ready;
     pr.cv.notify_all();
+    return Status::ok();
   }
+  uint64_t sent_bytes(size_t k) override { return k < sends_.size() ? sends_[k].released : 0; }
+
+  bool pipelined() const override { return net_->pipelined_; }
 
   // Receives end in order here; the one in progress shows its head a few `step`s at a time
   // (a pseudo-random number of them, in whole packets), never past its first lost packet.
@@ -167,13 +171,29 @@ class SimExchange final : public Exchange {
     const uint64_t k = 1 + mix64((uint64_t(rank_) << 40) ^ (uint64_t(i) << 32) ^ r.arrived) % 3;
     uint64_t next = r.arrived + (step * k + pkt - 1) / pkt * pkt;
     next = next < clean_[i] ? next : clean_[i];
+    const size_t released = released_of(i);
+    const bool whole = released == r.bytes;
+    if (!whole) next = std::min<uint64_t>(next, released / pkt * pkt);
     if (step > 0 && next >= r.arrived + step) {
-      std::memcpy(static_cast<uint8_t*>(r.data) + r.arrived, stage_[i].data() + r.arrived,
+      std::memcpy(static_cast<uint8_t*>(r.data) + r.arrived, bodies_[i]->data.data() + r.arrived,
                   next - r.arrived);
       r.arrived = next;
+      stalled_ = false;
       return Status::ok();
     }
-    finish(i);
+    if (whole) {
+      stalled_ = false;
+      return finish(i);
+    }
+    // Its sender has not released enough yet, and may be waiting for this rank's bytes to
+    // release more: a return without progress lets the caller release its own (the contract
+    // allows it; the transport's exchange never needs to). A schedule that never releases the
+    // rest would spin here for good: fail instead.
+    const auto now = std::chrono::steady_clock::now();
+    if (!stalled_) stalled_since_ = now;
+    stalled_ = true;
+    if (now - stalled_since_ > std::chrono::seconds(10)) return fail("a sender stopped releasing");
+    std::this_thread::yield();
     return Status::ok();
   }
   Status end_phase() override {
@@ -195,9 +215,17 @@ class SimExchange final : public Exchange {
     while (done_ < n) {
       advance_round();
       if (Status s = stage(done_); !s) return s;
-      finish(done_);
+      if (Status s = finish(done_); !s) return s;
     }
     return Status::ok();
+  }
+
+  // How much of receive i's message its sender has released (all of a message cut before it
+  // came: the markers are all there is).
+  size_t released_of(size_t i) {
+    if (!bodies_[i]) return recvs_[i].bytes;
+    std::lock_guard<std::mutex> lk(net_->pair(recvs_[i].peer, rank_).mu);
+    return bodies_[i]->released;
   }
 
   void advance_round() {
@@ -207,17 +235,20 @@ class SimExchange final : public Exchange {
     }
   }
 
-  // Receives message i (its loss applied) into a buffer of the exchange's own, once, so that
-  // wait_arrivals can show its head before it ends.
+  // Takes message i from its mailbox once, and decides its loss: the lost packets' markers go
+  // into a buffer of the exchange's own (lost_[i] says which), the bytes come from the
+  // message as its sender releases them, so that wait_arrivals can show its head before it
+  // ends, and before its tail is written.
   Status stage(size_t i) {
     if (staged_[i]) return Status::ok();
     const size_t lo = round_ == 0 ? 0 : round_end_[round_ - 1];
     RecvOp t = recvs_[i];
     stage_[i].assign(t.bytes, 0);
     t.data = stage_[i].data();
+    lost_[i].clear();
     size_t first_lost = t.bytes;
-    Status s =
-        recv_one(mode_, phase_, t, round_deadline_, int(round_end_[round_] - lo), &first_lost);
+    Status s = recv_one(mode_, phase_, t, round_deadline_, int(round_end_[round_] - lo),
+                        &first_lost, &bodies_[i], &lost_[i]);
     if (!s) return s;
     outcome_[i] = t;
     clean_[i] = first_lost;
@@ -225,19 +256,40 @@ class SimExchange final : public Exchange {
     return Status::ok();
   }
 
-  void finish(size_t i) {
+  // Ends receive i: the rest of its message once its sender released all of it, the markers
+  // where packets were lost.
+  Status finish(size_t i) {
     RecvOp& r = recvs_[i];
-    std::memcpy(static_cast<uint8_t*>(r.data) + r.arrived, stage_[i].data() + r.arrived,
-                r.bytes - r.arrived);
+    auto* dst = static_cast<uint8_t*>(r.data);
+    if (const auto& b = bodies_[i]) {
+      auto& pr = net_->pair(r.peer, rank_);
+      std::unique_lock<std::mutex> lk(pr.mu);
+      if (!pr.cv.wait_for(lk, std::chrono::seconds(60), [&] { return b->released == r.bytes; }))
+        return fail("a sender never released its message whole");
+      lk.unlock();
+      std::memcpy(dst + r.arrived, b->data.data() + r.arrived, r.bytes - r.arrived);
+      const size_t pkt = net_->loss_.packet_bytes;
+      for (size_t off : lost_[i]) {
+        if (off < r.arrived) continue;
+        const size_t len = r.bytes - off < pkt ? r.bytes - off : pkt;
+        std::memcpy(dst + off, stage_[i].data() + off, len);
+      }
+    } else {
+      std::memcpy(dst + r.arrived, stage_[i].data() + r.arrived, r.bytes - r.arrived);
+    }
     r.lost_bytes = outcome_[i].lost_bytes;
     r.deadline_hit = outcome_[i].deadline_hit;
     r.arrived = r.bytes;
     r.done = true;
     ++done_;
+    return Status::ok();
   }
 
+  // Takes the receive's message into *body and marks the packets it loses (bounded) in r.data
+  // and *lost (their offsets); a bounded one that never came is all markers, with no body.
   Status recv_one(Mode mode, int phase, RecvOp& r, std::chrono::steady_clock::time_point deadline,
-                  int round_size, size_t* first_lost) {
+                  int round_size, size_t* first_lost, std::shared_ptr<SimNetwork::Body>* body,
+                  std::vector<size_t>* lost) {
     auto& pr = net_->pair(r.peer, rank_);
     std::unique_lock<std::mutex> lk(pr.mu);
     const uint64_t seq = pr.recv_seq++;
@@ -260,14 +312,15 @@ class SimExchange final : public Exchange {
     pr.q.pop_front();
     pr.closed = seq + 1;
     lk.unlock();
-    if (m.data.size() != r.bytes) return fail("message size differs from the receive");
-    std::memcpy(dst, m.data.data(), r.bytes);
+    if (m.body->data.size() != r.bytes) return fail("message size differs from the receive");
+    *body = std::move(m.body);
     // kUntilStarted: a message that arrived is whole (the deadline cut only absent ones).
-    if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size, first_lost);
+    if (mode == Mode::kBounded) apply_loss(phase, r, seq, round_size, first_lost, lost);
     return Status::ok();
   }
 
-  void apply_loss(int phase, RecvOp& r, uint64_t seq, int round_size, size_t* first_lost) {
+  void apply_loss(int phase, RecvOp& r, uint64_t seq, int round_size, size_t* first_lost,
+                  std::vector<size_t>* lost) {
     const LossModel& L = net_->loss_;
     if (L.only_phase != 0 && L.only_phase != phase) return;
     double drop = L.drop;
@@ -287,6 +340,7 @@ class SimExchange final : public Exchange {
       const size_t len = r.bytes - off < L.packet_bytes ? r.bytes - off : L.packet_bytes;
       if (bad) {
         fill_marker(b + off, len);
+        lost->push_back(off);
         r.lost_bytes += len;
         if (off < *first_lost) *first_lost = off;
       }
@@ -296,10 +350,8 @@ class SimExchange final : public Exchange {
 
   struct Held {  // a send of this phase, and what of it was released
     SendOp op;
-    uint64_t seq;
-    std::vector<uint8_t> data;
+    std::shared_ptr<SimNetwork::Body> body;
     size_t released;
-    bool gone;  // in the receiver's mailbox
   };
 
   SimNetwork* net_;
@@ -315,6 +367,11 @@ class SimExchange final : public Exchange {
   // outcome, and the bytes before its first lost packet.
   std::vector<std::vector<uint8_t>> stage_;
   std::vector<uint8_t> staged_;
+  bool stalled_ = false;  // wait_arrivals' last return found nothing new released
+  std::chrono::steady_clock::time_point stalled_since_;
+  std::vector<std::shared_ptr<SimNetwork::Body>>
+      bodies_;                             // the messages (none: cut before it came)
+  std::vector<std::vector<size_t>> lost_;  // offsets of the packets each loses
   std::vector<RecvOp> outcome_;
   std::vector<uint64_t> clean_;
   std::vector<Held> sends_;

@@ -345,7 +345,9 @@ TEST(TarBounded, HadamardKeepsTheErrorSmallForEveryType) {
 // arrived and phase 2 decodes the Hadamard blocks whose bytes are all here, both while the
 // rest is on the wire: the result must be the bits of the whole-shard reduction and the
 // whole-bucket transforms, under loss, in and out of place. Steps of 1 KiB, against shards of
-// 16-40 KiB, so that every receive is worked on in several pieces.
+// 16-40 KiB, so that every receive is worked on in several pieces; with Hadamard, phase 1's
+// sends are released 2 KiB at a time and at most 6 KiB past what has left, and the simulated
+// exchange takes each byte as it is released, so a piece released before it is encoded shows.
 TEST(TarBounded, ShardsWorkedOnAsTheyArriveGiveTheSameBits) {
   const Grad g = make_grad(30000, 0.2, 9);
   LossModel loss;
@@ -357,6 +359,8 @@ TEST(TarBounded, ShardsWorkedOnAsTheyArriveGiveTheSameBits) {
   o.allgather = Mode::kBounded;
   o.hadamard_block = 1024;
   o.arrival_step_bytes = 1024;
+  o.release_bytes = 2048;
+  o.release_lead_bytes = 6144;
   for (bool hadamard : {true, false}) {
     o.hadamard = hadamard;
     for (bool in_place : {false, true}) {

@@ -490,11 +490,13 @@ TEST(ExactTransfer, AHeldSendLeavesOnlyWhatWasReleased) {
   };
   run(50);
   EXPECT_EQ(data_pkts, 0) << "a packet left before any byte was released";
+  EXPECT_EQ(rig.s->sent_prefix(sr), 0u);
   // 4500 bytes final: packets 0-3 (1000 bytes each) may go, packet 4 holds unwritten bytes.
   std::copy(src.begin(), src.begin() + 4500, buf.begin());
   ASSERT_TRUE(rig.s->release(sr, 4500).is_ok());
   run(50);
   EXPECT_EQ(highest_end, 4000u);
+  EXPECT_EQ(rig.s->sent_prefix(sr), 4000u) << "what left is what was released, whole packets";
   EXPECT_TRUE(std::equal(src.begin(), src.begin() + 4000, dst.begin()));
   EXPECT_EQ(rig.r->arrived_prefix(rr), 4000u);
   // A smaller release takes nothing back; one past the size is refused.
