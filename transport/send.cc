@@ -131,27 +131,31 @@ Status SendConn::isend_held(const void* data, size_t size, size_t ready, Request
   return post_locked(data, size, MsgDelivery::kAsConnection, nullptr, ready, req);
 }
 
+SendConn::Msg* SendConn::outstanding_locked(Request* req) {
+  if (req == nullptr) return nullptr;
+  const uint32_t s = req->seq;
+  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return nullptr;
+  return &slot(s);
+}
+
 Status SendConn::release(Request* req, size_t ready) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (req == nullptr || req->conn != this) return Status(Errc::kInvalidUsage);
-  Msg& m = slot(req->seq);
-  if (m.req.seq != req->seq || m.state == State::kFree) return Status(Errc::kInvalidUsage);
-  if (ready > m.size) return Status(Errc::kInvalidUsage);
-  if (m.state == State::kDone) return Status::ok();
-  const uint32_t r = packets_below(m, ready);
-  if (r <= m.ready) return Status::ok();
-  m.ready = r;
+  Msg* m = outstanding_locked(req);
+  if (m == nullptr || ready > m->size) return Status(Errc::kInvalidUsage);
+  if (m->state == State::kDone) return Status::ok();
+  const uint32_t r = packets_below(*m, ready);
+  if (r <= m->ready) return Status::ok();
+  m->ready = r;
   progress_locked(clock_.now_ns());
   return Status::ok();
 }
 
 uint64_t SendConn::sent_prefix(Request* req) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (req == nullptr || req->conn != this) return 0;
-  const Msg& m = slot(req->seq);
-  if (m.req.seq != req->seq || m.state == State::kFree) return 0;
-  if (m.state == State::kDone) return m.size;
-  return std::min<uint64_t>(uint64_t{m.next_new} * params_.pkt_payload, m.size);
+  const Msg* m = outstanding_locked(req);
+  if (m == nullptr) return 0;
+  if (m->state == State::kDone) return m->size;
+  return std::min<uint64_t>(uint64_t{m->next_new} * params_.pkt_payload, m->size);
 }
 
 uint32_t SendConn::packets_below(const Msg& m, uint64_t bytes) const {
@@ -425,9 +429,9 @@ uint64_t SendConn::next_timer_locked() const {
 
 Status SendConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
   *done = false;
-  const uint32_t s = req->seq;
-  if (&slot(s).req != req || s - oldest_ >= next_seq_ - oldest_) return Status(Errc::kInternal);
-  Msg& m = slot(s);
+  Msg* mp = outstanding_locked(req);
+  if (mp == nullptr) return Status(Errc::kInternal);
+  Msg& m = *mp;
   // A message that finished before the connection failed is still reported as finished.
   if (m.state != State::kDone) return fatal_;
   if (!m.error.is_ok()) return m.error;
@@ -436,7 +440,7 @@ Status SendConn::test_locked(Request* req, bool* done, size_t* size, uint64_t) {
   // retransmission posted just before the ACK that made it redundant. Handing the buffer back
   // then would let the caller rewrite bytes that are still leaving. The pass above reaped what
   // completed; the rest is a later test's, which never blocks.
-  if (!fence(s).idle()) return fatal_;
+  if (!fence(req->seq).idle()) return fatal_;
   *done = true;
   if (size) *size = m.size;
   set_state_locked(m, State::kFree);

@@ -144,6 +144,8 @@ class SendConn final : public Conn, public SendComm {
   // send.cc: the message's life.
   Status post_locked(const void* data, size_t size, MsgDelivery how, const MemoryRegion* mr,
                      size_t ready, Request** req);
+  // The message of `req` if it is one of ours that test() has not reported done, else null.
+  Msg* outstanding_locked(Request* req);
   // Packets of `m` whose every byte lies below `bytes` (all of them at its size).
   uint32_t packets_below(const Msg& m, uint64_t bytes) const;
   bool set_state_locked(Msg& m, State to);
