@@ -332,6 +332,7 @@ Status Tar::encode_and_release(Pass& p, bool all) {
       more = false;
       for (size_t k = first; k < end; ++k) {
         const uint64_t len = p.plan.length(sends_[k].peer);
+        if (released_[k] >= len) continue;  // no need to ask the transport (a lock) again
         const uint64_t target = all ? len : std::min(len, ex_->sent_bytes(k) / p.es + lead);
         if (released_[k] >= target) continue;
         const uint64_t upto = std::min(target, released_[k] + chunk);
