@@ -130,12 +130,24 @@ std::vector<uint64_t> blocks_touching(const HadamardGeometry& g, uint64_t lo, ui
   return out;
 }
 
-TEST(BlockProgress, EncodingHandsOutEachBlockOnceAndAShardsBlocksBeforeItIsSent) {
-  for (int n : {2, 3, 4, 7, 8}) {
-    for (uint64_t count : {1ull, 100ull, 4096ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
-      for (uint64_t block : {16ull, 1024ull, 4096ull}) {
+// Runs fn(n, g, plan) over every combination of ranks, bucket sizes and block sizes: the
+// geometries, shards and blocks cut independently, that the BlockProgress tests walk.
+template <class F>
+void for_each_geometry(std::initializer_list<int> ns, std::initializer_list<uint64_t> counts,
+                       std::initializer_list<uint64_t> blocks, F&& fn) {
+  for (int n : ns)
+    for (uint64_t count : counts)
+      for (uint64_t block : blocks) {
         const HadamardGeometry g{count, block};
-        const ShardPlan plan{g.encoded(), n};
+        fn(n, g, ShardPlan{g.encoded(), n});
+      }
+}
+
+TEST(BlockProgress, EncodingHandsOutEachBlockOnceAndAShardsBlocksBeforeItIsSent) {
+  for_each_geometry(
+      {2, 3, 4, 7, 8}, {1ull, 100ull, 4096ull, 4097ull, 30000ull, 65536ull * 3 + 5},
+      {16ull, 1024ull, 4096ull}, [](int n, const HadamardGeometry& g, const ShardPlan& plan) {
+        const uint64_t count = g.count;
         BlockProgress bp;
         bp.reset(plan, g);
         std::vector<int> handed(g.blocks(), 0);
@@ -151,20 +163,17 @@ TEST(BlockProgress, EncodingHandsOutEachBlockOnceAndAShardsBlocksBeforeItIsSent)
         }
         for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
         bp.take_rest([&](uint64_t, uint64_t) { FAIL() << "nothing is left"; });
-      }
-    }
-  }
+      });
 }
 
 // The own shard, encoded as the reduction gets to it (tar.cc, reduce_as_arrived): each call
 // hands out what the prefix asked for and no more than the block that ends it, says how much of
 // the shard is encoded (never less than asked), and every block still goes out exactly once.
 TEST(BlockProgress, APrefixOfAShardHandsOutItsBlocksOnceAndSaysHowFarTheyReach) {
-  for (int n : {2, 3, 4, 7}) {
-    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
-      for (uint64_t block : {16ull, 1024ull, 4096ull}) {
-        const HadamardGeometry g{count, block};
-        const ShardPlan plan{g.encoded(), n};
+  for_each_geometry(
+      {2, 3, 4, 7}, {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}, {16ull, 1024ull, 4096ull},
+      [](int n, const HadamardGeometry& g, const ShardPlan& plan) {
+        const uint64_t count = g.count, block = g.block;
         BlockProgress bp;
         bp.reset(plan, g);
         std::vector<int> handed(g.blocks(), 0);
@@ -192,17 +201,14 @@ TEST(BlockProgress, APrefixOfAShardHandsOutItsBlocksOnceAndSaysHowFarTheyReach) 
         }
         EXPECT_EQ(last, len);
         for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1) << b;
-      }
-    }
-  }
+      });
 }
 
 TEST(BlockProgress, DecodingWaitsForEveryShardABlockOverlaps) {
-  for (int n : {2, 3, 4, 8}) {
-    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
-      for (uint64_t block : {16ull, 4096ull}) {
-        const HadamardGeometry g{count, block};
-        const ShardPlan plan{g.encoded(), n};
+  for_each_geometry(
+      {2, 3, 4, 8}, {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}, {16ull, 4096ull},
+      [](int n, const HadamardGeometry& g, const ShardPlan& plan) {
+        const uint64_t block = g.block;
         for (int skip : {-1, 0, n - 1}) {  // one shard never arrives (or none)
           BlockProgress bp;
           bp.reset(plan, g);
@@ -237,20 +243,17 @@ TEST(BlockProgress, DecodingWaitsForEveryShardABlockOverlaps) {
           });
           for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
         }
-      }
-    }
-  }
+      });
 }
 
 // Shards arriving a prefix at a time, interleaved (phase 2's receives as the exchange reports
 // them): a block is handed out only once every element of it is here, in each shard it
 // overlaps, and as soon as that is so; each exactly once.
 TEST(BlockProgress, ABlockDecodesOnceAllOfItHasArrivedAndNoSooner) {
-  for (int n : {2, 3, 4, 8}) {
-    for (uint64_t count : {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}) {
-      for (uint64_t block : {16ull, 1024ull}) {
-        const HadamardGeometry g{count, block};
-        const ShardPlan plan{g.encoded(), n};
+  for_each_geometry(
+      {2, 3, 4, 8}, {100ull, 4097ull, 30000ull, 65536ull * 3 + 5}, {16ull, 1024ull},
+      [](int n, const HadamardGeometry& g, const ShardPlan& plan) {
+        const uint64_t count = g.count, block = g.block;
         BlockProgress bp;
         bp.reset(plan, g);
         std::vector<int> handed(g.blocks(), 0);
@@ -285,9 +288,7 @@ TEST(BlockProgress, ABlockDecodesOnceAllOfItHasArrivedAndNoSooner) {
           bp.shard_arrived(k, check_run);
         }
         for (uint64_t b = 0; b < g.blocks(); ++b) ASSERT_EQ(handed[b], 1);
-      }
-    }
-  }
+      });
 }
 
 }  // namespace
