@@ -369,9 +369,9 @@ class SimExchange final : public Exchange {
   std::vector<uint8_t> staged_;
   bool stalled_ = false;  // wait_arrivals' last return found nothing new released
   std::chrono::steady_clock::time_point stalled_since_;
-  std::vector<std::shared_ptr<SimNetwork::Body>>
-      bodies_;                             // the messages (none: cut before it came)
-  std::vector<std::vector<size_t>> lost_;  // offsets of the packets each loses
+  // Per receive: its message (none: cut before it came), and the offsets of the packets it lost.
+  std::vector<std::shared_ptr<SimNetwork::Body>> bodies_;
+  std::vector<std::vector<size_t>> lost_;
   std::vector<RecvOp> outcome_;
   std::vector<uint64_t> clean_;
   std::vector<Held> sends_;
