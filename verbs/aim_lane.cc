@@ -121,7 +121,7 @@ void AimLane::start(const AimTarget& t, uint32_t lkey) {
   // first packets land there, copied, and the aimed requests begin after them.
   const uint64_t leftover = posted_ - done_;
   next_aim_ = aim_from_ = leftover < nfull_ ? leftover : nfull_;
-  first_seq_ = posted_ - next_aim_;
+  first_seq_ = done_;
   tail_pending_ = t.pkt_payload != 0 && t.capacity % t.pkt_payload != 0;
   missed_ = false;
   top_up();
@@ -430,16 +430,14 @@ int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* 
       ++counters_.errors;
       // Whatever the device wrote of it is in a place whose packet now comes another way, as
       // after a miss.
-      if (e.aimed && active()) {
-        nfull_ = next_aim_;
-        missed_ = true;
-      }
+      note_miss();
     }
     error_seen_ = true;
     return 0;
   }
   if (wc.byte_len < kGrhBytes) {
     ++counters_.dropped;
+    note_miss();
     return 0;
   }
   const uint32_t dlen = wc.byte_len - kGrhBytes;  // the datagram, header included
@@ -448,19 +446,26 @@ int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* 
     const uint8_t* slot = plain_slot(e.index);
     if (!src.fill_source(wc, slot, &p)) {
       ++counters_.dropped;
+      note_miss();
       return 0;
     }
     p.data = slot + kGrhBytes;
     p.len = dlen;
+    if (!expected_in(seq, p.data, dlen)) {
+      ++counters_.missed;
+      note_miss();
+    }
     return hand_out(p, -1, out);
   }
   uint8_t* hdr = hdr_slot(seq);
   if (!src.fill_source(wc, hdr, &p)) {
     ++counters_.dropped;
+    note_miss();
     return 0;
   }
   const uint8_t* head = hdr + kGrhBytes;
   if (dlen <= kHeaderBytes) {  // all of it in the header slot (a bare header, a runt)
+    note_miss();
     p.data = head;
     p.len = dlen;
     out[0] = p;
@@ -487,11 +492,7 @@ int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* 
   }
   // A miss: the datagram is made whole in a stage buffer before its place is used again.
   ++counters_.missed;
-  missed_ = true;
-  // No request is aimed from here on: what comes next lands one or more requests off anyway,
-  // and a packet that overtook the requests posted so far is copied into its place at once
-  // (hand_out), which a request aimed there later could overwrite with another datagram.
-  nfull_ = next_aim_;
+  note_miss();
   const int st = alloc_stage();
   if (st < 0) {
     ++counters_.dropped;
@@ -502,6 +503,28 @@ int AimLane::take_one(const ibv_wc& wc, const Entry& e, uint64_t seq, RxPacket* 
   p.data = stage(st);
   p.len = dlen;
   return hand_out(p, st, out);
+}
+
+void AimLane::note_miss() {
+  if (!active()) return;
+  missed_ = true;
+  // No request is aimed from here on: what comes next lands one or more requests off anyway,
+  // and a packet that overtook the requests posted so far is copied into its place at once
+  // (hand_out), which a request aimed there later could overwrite with another datagram.
+  // And plain requests stay posted from now on (top_up): the request this datagram took was
+  // some packet's only one (aim_lane.h), and without more an exact receive would wait for
+  // ever on a peer that answers every PING.
+  nfull_ = next_aim_;
+}
+
+bool AimLane::expected_in(uint64_t seq, const uint8_t* dgram, uint32_t len) const {
+  // Until a miss, request first_seq_ + q takes packet q, plain (the idle lane's leftovers
+  // below aim_from_, the partial last packet's) or aimed.
+  if (!active() || missed_ || t_.pkt_payload == 0) return true;
+  PacketHeader h;
+  return decode(dgram, len, &h) == DecodeError::kNone && h.type == PacketType::kData &&
+         h.token == t_.token && h.msg_seq == t_.msg_seq &&
+         h.offset == (seq - first_seq_) * t_.pkt_payload;
 }
 
 int AimLane::hand_out(RxPacket p, int st, RxPacket* out) {

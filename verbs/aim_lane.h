@@ -13,6 +13,12 @@
 //  - every completion is checked against the aim (token, message, offset, length); a hit is
 //    handed out in place (RxPacket::aimed), a miss is copied out of the place it landed in
 //    into a stage buffer and handed out from there, as any datagram;
+//  - until a miss the lane posts one request per packet it still expects and no more, so a
+//    plain request of the receive (an idle lane's leftover, the partial last packet's) is
+//    checked too, against the packet it was posted for: a request taken by anything else (a
+//    retransmission that crossed its ACK, a straggler, a runt) is a miss, after which plain
+//    requests stay posted; otherwise the packet it was meant for, and every repair of it,
+//    would find none and be dropped by the device for ever;
 //  - a place is written by the connection's copy only once no request is posted into it: a
 //    packet of the receive that came early (a loss ahead of it) waits in its stage buffer until
 //    its own place's request completes, which the lane's next datagram brings (the lost
@@ -96,7 +102,8 @@ class LaneFlusher {
 
 struct LaneCounters {
   uint64_t placed = 0;     // DATA that arrived in their place
-  uint64_t missed = 0;     // completions of aimed requests that took another datagram
+  uint64_t missed = 0;     // requests that took another datagram than the one they were
+                           // posted for (once a receive missed, only aimed ones are checked)
   uint64_t waited = 0;     // of the misses, held until their own place's request completed
   uint64_t flushed = 0;    // QPs flushed and reset in place (the QPN kept)
   uint64_t flushed_inline = 0;  // of the flushes, run on the caller's thread (no worker thread)
@@ -224,6 +231,11 @@ class AimLane final : public Flushable {
   // A whole datagram (`st`: the stage buffer it is in, or -1 for a plain slot): out[0] now, or
   // held until its place is free; returns how many went out (0 or 1).
   int hand_out(RxPacket p, int st, RxPacket* out);
+  // A request of the receive took something other than the packet it was posted for.
+  void note_miss();
+  // Whether the datagram in request `seq` is the packet that request was posted for (true
+  // once something missed: from then on nothing is expected anywhere in particular).
+  bool expected_in(uint64_t seq, const uint8_t* dgram, uint32_t len) const;
   int alloc_stage();
   uint8_t* hdr_slot(uint64_t seq) const {
     return hdr_mem_ + size_t(seq & (depth_ - 1)) * kHdrStride;
@@ -272,7 +284,7 @@ class AimLane final : public Flushable {
   AimTarget t_{};
   uint32_t lkey_ = 0;
   uint32_t lent_qpn_ = 0;   // qpn() when start() lent the lane
-  uint64_t first_seq_ = 0;  // packet q's request is first_seq_ + q, for q in [aim_from_, next_aim_)
+  uint64_t first_seq_ = 0;  // packet q's request is first_seq_ + q until a miss
   uint64_t aim_from_ = 0;   // the first packet aimed (those below land in idle plain slots)
   uint64_t nfull_ = 0;      // packets aimed at most: those the buffer holds whole, until a miss
   uint64_t next_aim_ = 0;   // the next packet to aim a request at
