@@ -150,6 +150,23 @@ Totals exchange_totals(Mesh& m, const Totals& mine) {
   return s;
 }
 
+// What a rank's connections did, for a step that never ended: whether DATA still left
+// (retransmissions, probes, timeouts), arrived and were dropped (and why), or stopped.
+void print_stuck_counters(const Node& node, int rank) {
+  const optireduceNetStats st = node.stats();
+  auto line = [rank](const char* side, const optireduceNetCounters& c) {
+    std::fprintf(
+        stderr,
+        "rank %d %s: msgs %" PRIu64 " data %" PRIu64 " retx %" PRIu64 " rto %" PRIu64
+        " probes %" PRIu64 " cts resent %" PRIu64 " placed %" PRIu64 " dropped: stale %" PRIu64
+        " duplicate %" PRIu64 " bounds %" PRIu64 " unexpected %" PRIu64 " token %" PRIu64 "\n",
+        rank, side, c.msgs, c.dataPkts, c.retxPkts, c.rtoEvents, c.probes, c.ctsResent,
+        c.placedPkts, c.dropStale, c.dropDuplicate, c.dropBounds, c.dropUnexpected, c.dropToken);
+  };
+  line("send", st.send);
+  line("recv", st.recv);
+}
+
 // ---- Exact: both directions at once, sizes from one byte to a megabyte (1 to 1075 packets,
 // short and odd tails), every byte checked against the pattern; under loss the retransmission
 // machinery must have worked for it.
@@ -346,7 +363,10 @@ TEST_F(RxePair, RegisteredBuffersAreSentWithoutACopy) {
         if (posted == done) continue;
         int d = 0, size = 0;
         HCHECK_OK(node.net->test(reqs[done % kRing], &d, &size));
-        HCHECK(mono_s() - t0 < 120, "rank %d: step %d stuck", m.rank, done);
+        if (mono_s() - t0 >= 120) {
+          print_stuck_counters(node, m.rank);
+          HCHECK(false, "rank %d: step %d stuck", m.rank, done);
+        }
         if (!d) continue;
         uint8_t* b = pool.data() + (done % kRing) * kSize;
         if (m.rank == 0) {
