@@ -15,7 +15,8 @@ namespace optireduce {
 struct FaultPlan {
   uint64_t seed = 1;
   double drop = 0;           // probability that a datagram outside a loss burst starts one
-  double burst = 1;          // mean loss-burst length in datagrams (geometric); 1: independent
+  double burst = 1;          // mean loss-burst length in datagrams (geometric); 1: independent;
+                             // a burst also ends after 10 ms without a datagram (fault.cc)
   double dup = 0;            // probability that a datagram is sent twice, back to back
   double reorder = 0;        // probability that a datagram is held and sent after 1-3 others
   double delay_prob = 0;     // probability that a datagram is delayed

@@ -115,7 +115,8 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_FAULT_DROP", &Config::fault_drop, 0, 1, nullptr,
    "Fault injector: probability that a transmitted datagram starts a loss burst."},
   {"OPTIREDUCE_FAULT_BURST", &Config::fault_burst, 1, 1e6, nullptr,
-   "Fault injector: mean length of a loss burst in datagrams (1 = independent losses)."},
+   "Fault injector: mean length of a loss burst in datagrams (1 = independent losses); a "
+   "burst also ends when the endpoint sends nothing for 10 ms."},
   {"OPTIREDUCE_FAULT_DUP", &Config::fault_dup, 0, 1, nullptr,
    "Fault injector: probability that a datagram is sent twice."},
   {"OPTIREDUCE_FAULT_REORDER", &Config::fault_reorder, 0, 1, nullptr,

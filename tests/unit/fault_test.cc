@@ -190,6 +190,36 @@ TEST(FaultyEndpoint, BurstLengthsHaveTheConfiguredMean) {
   EXPECT_EQ(lost, b.fc().dropped);
 }
 
+// A loss burst is a spell on the path: it goes on over a busy flow's datagrams, but one that
+// began as the endpoint fell quiet does not take its sparse datagrams (PONGs, one per PING
+// interval) for seconds. Counted in datagrams only, every datagram here after the first drop
+// would be lost (a burst of mean 1e6).
+TEST(FaultyEndpoint, ALossBurstEndsWhenTheEndpointFallsQuiet) {
+  FaultPlan plan;
+  plan.drop = 0.05;
+  plan.burst = 1e6;
+  Bench b(plan);
+  uint32_t seq = 0;
+  auto dropped = [&] {
+    const size_t before = b.inner->sent.size();
+    EXPECT_EQ(b.offer(seq++, 1), 1);
+    return b.inner->sent.size() == before;
+  };
+  bool in_burst = false;
+  for (int i = 0; i < 2000 && !in_burst; ++i) in_burst = dropped();
+  ASSERT_TRUE(in_burst) << "no drop in 2000 datagrams at 5%";
+  for (int i = 0; i < 50; ++i) ASSERT_TRUE(dropped()) << "a dense burst ended after " << i;
+  b.clock.advance_ms(9);
+  ASSERT_TRUE(dropped()) << "9 ms of quiet ended the burst";
+  // From here each datagram follows 10 ms of quiet: only a new burst (5%) drops it.
+  int passed = 0;
+  for (int i = 0; i < 200; ++i) {
+    b.clock.advance_ms(10);
+    if (!dropped()) ++passed;
+  }
+  EXPECT_GE(passed, 170);
+}
+
 TEST(FaultyEndpoint, DuplicatesFollowTheirOriginal) {
   FaultPlan plan;
   plan.dup = 0.1;
