@@ -15,8 +15,8 @@ extern "C" {
 #define OPTIREDUCE_NET_NAME "OptiReduce"
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
-/* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts */
-#define OPTIREDUCE_NET_STATS_VERSION 4
+/* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts; 5: resteers */
+#define OPTIREDUCE_NET_STATS_VERSION 5
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
@@ -51,6 +51,8 @@ struct optireduceNetCounters {
   uint64_t spuriousRtos;   /* of rtoEvents, those an ACK then showed were no loss */
   uint64_t aimedMsgs;      /* receives the datapath posted straight into their buffer (verbs) */
   uint64_t placedPkts;     /* DATA that arrived in place, with no copy (UDP guesses, verbs) */
+  uint64_t resteers;       /* aimed messages whose place stopped reaching the receive in
+                            * mid-message (verbs: a lane's QP recreated), sent on elsewhere */
 };
 
 struct optireduceNetStats {

@@ -167,6 +167,12 @@ class MuxPort final : public Endpoint {
     std::lock_guard<std::mutex> lock(mux_->ep_mu_);
     return mux_->ep_->aim_close(steer, wait);
   }
+  uint64_t aim_moves() const override { return mux_->ep_->aim_moves(); }  // lock-free
+  bool aim_reachable(uint32_t steer) override {
+    if (steer == 0) return true;
+    std::lock_guard<std::mutex> lock(mux_->ep_mu_);
+    return mux_->ep_->aim_reachable(steer);
+  }
 
  private:
   friend class EndpointMux;

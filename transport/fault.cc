@@ -155,6 +155,8 @@ class FaultyEndpoint final : public Endpoint {
   bool rx_pending() const override { return inner_->rx_pending(); }
   uint32_t aim_open(const AimTarget& t) override { return inner_->aim_open(t); }
   bool aim_close(uint32_t steer, bool wait) override { return inner_->aim_close(steer, wait); }
+  uint64_t aim_moves() const override { return inner_->aim_moves(); }
+  bool aim_reachable(uint32_t steer) override { return inner_->aim_reachable(steer); }
   // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
   // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.
   std::string address_text(const PeerAddress& a) const override { return inner_->address_text(a); }

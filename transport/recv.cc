@@ -116,6 +116,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, const Memor
   m.pkts_since_ack = 0;
   m.cts_backoff_ns = cts_resend_ns_locked();
   m.steer = 0;
+  m.resteered = false;
   ++next_seq_;
   *req = &m.req;
   // The sender told us it gave up on this message before we posted it: done, fully missing,
@@ -171,6 +172,30 @@ bool RecvConn::unaim_locked(Msg& m, bool wait) {
   return true;
 }
 
+void RecvConn::check_aims_locked(uint64_t now) {
+  const uint64_t moves = ep_->aim_moves();
+  if (moves == aim_moves_seen_) return;
+  bool settled = true;
+  for (uint32_t s = floor_; s != next_seq_; ++s) {
+    Msg& m = slot(s);
+    if (m.state != State::kPosted || m.steer == 0 || ep_->aim_reachable(m.steer)) continue;
+    // The datapath still taking its requests back: asked again on the next pass.
+    if (!unaim_locked(m, false)) {
+      settled = false;
+      continue;
+    }
+    ++stats_.resteers;
+    OR_INFO(
+        "receive %u: its place in the datapath was lost in mid-receive (%llu of its bytes "
+        "in): its sender is asked to send the rest the common way",
+        m.req.seq, static_cast<unsigned long long>(m.bytes_got));
+    m.resteered = true;
+    m.cts_backoff_ns = cts_resend_ns_locked();
+    send_cts_locked(m, now);
+  }
+  if (settled) aim_moves_seen_ = moves;
+}
+
 void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   PacketHeader h;
   h.type = PacketType::kCts;
@@ -189,6 +214,7 @@ void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
   h.credit = credit_locked(m, true);
   send_ctrl_locked(h);
   m.cts_ns = now;
+  m.cts_bytes = m.bytes_got;
   if (m.first_cts_ns == 0) m.first_cts_ns = now;
 }
 

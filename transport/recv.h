@@ -80,6 +80,9 @@ class RecvConn final : public Conn, public RecvComm {
     // (aim_close) before the buffer is final, so that no posted work request writes into it
     // once the caller has it back.
     uint32_t steer = 0;
+    // Its place stopped reaching it in mid-receive and it asked its sender again with steer 0
+    // (resteer_locked): that CTS is repeated, as a first one is, until DATA follows it.
+    bool resteered = false;
     uint64_t size = 0;
     uint32_t npkts = 0;
     uint32_t cum = 0;  // packets below it have all arrived
@@ -90,6 +93,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t cts_ns = 0;        // last CTS sent
     uint64_t first_cts_ns = 0;  // first CTS sent (the downlink's RTT sample starts here)
     uint64_t cts_backoff_ns = 0;
+    uint64_t cts_bytes = 0;     // bytes_got when the last CTS left
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
     uint64_t first_data_ns = 0; // the sender's first packet arrived (0: not yet)
     bool pipelined = false;     // data had already arrived by then (see StepReport)
@@ -126,6 +130,12 @@ class RecvConn final : public Conn, public RecvComm {
   // `wait`); false while it is still taking its requests back, and test() asks again.
   void aim_locked(Msg& m, const MemoryRegion* mr);
   bool unaim_locked(Msg& m, bool wait);
+  // The datapath says a place it gave may have stopped reaching its receive (aim_moves): each
+  // receive it no longer reaches closes it and asks its sender again with steer 0, so that the
+  // DATA still to come (and the repairs of those sent to the lost place) come the common way.
+  // Without this an exact receive would wait for ever on a peer that answers every PING.
+  void check_aims_locked(uint64_t now);
+  uint64_t aim_moves_seen_ = 0;
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);
   void arm_deadline_locked(Msg& m, uint64_t now);

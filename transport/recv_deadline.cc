@@ -102,7 +102,8 @@ uint64_t RecvConn::next_timer_locked() const {
     if (m.state != State::kPosted) continue;
     consider(m.deadline_ns);
     if (m.bounded) consider(m.early_ns);
-    if (!m.started) consider(m.cts_ns + m.cts_backoff_ns);
+    if (!m.started || (m.resteered && m.bytes_got == m.cts_bytes))
+      consider(m.cts_ns + m.cts_backoff_ns);
   }
   return next;
 }
@@ -119,6 +120,7 @@ void RecvConn::advance_floor_locked(uint64_t now) {
 }
 
 void RecvConn::on_timers_locked(uint64_t now) {
+  check_aims_locked(now);
   bool completed = false;
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
@@ -133,8 +135,16 @@ void RecvConn::on_timers_locked(uint64_t now) {
       completed = true;
       continue;
     }
-    // No DATA since the CTS: the CTS may be lost; say it again (backing off).
-    if (!m.started && now - m.cts_ns >= m.cts_backoff_ns) {
+    // No DATA since the CTS: the CTS may be lost; say it again (backing off). The CTS that
+    // moved a message under way (check_aims_locked) is repeated the same way while no byte
+    // follows it, since its sender's DATA reach nothing until it hears it; while bytes do
+    // follow, its window moves on without a CTS, so that a later stall is still seen.
+    const bool unanswered = !m.started || (m.resteered && m.bytes_got == m.cts_bytes);
+    if (m.resteered && !unanswered && now - m.cts_ns >= m.cts_backoff_ns) {
+      m.cts_ns = now;
+      m.cts_bytes = m.bytes_got;
+    }
+    if (unanswered && now - m.cts_ns >= m.cts_backoff_ns) {
       ++stats_.cts_resent;
       m.cts_backoff_ns =
           std::min<uint64_t>(m.cts_backoff_ns * 2, static_cast<uint64_t>(cfg_.rto_max_us) * 1000);

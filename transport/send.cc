@@ -387,8 +387,13 @@ void SendConn::on_cts_locked(const PacketHeader& h, uint64_t now) {
     Msg& m = slot(s);
     if (m.state == State::kWaitCts)
       start_locked(m, cts, now);
-    else if (m.state == State::kDone && m.expired) send_expired_notice_locked(s);
-    // else: a repeated CTS for a message already under way.
+    else if (m.state == State::kDone && m.expired)
+      send_expired_notice_locked(s);
+    else if (m.state == State::kSending && m.steer != 0 && cts.steer == 0)
+      resteer_locked(m, now);
+    // else: a repeated CTS for a message already under way. A steer only ever goes to 0: a
+    // receive is aimed before its first CTS or never, so an older CTS naming the lost place
+    // that arrives late changes nothing.
     return;
   }
   cts_[s % kCtsRing] = cts;

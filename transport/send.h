@@ -186,6 +186,8 @@ class SendConn final : public Conn, public SendComm {
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);
   void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
+  // The receiver's CTS moved a message under way off the place its DATA were steered to.
+  void resteer_locked(Msg& m, uint64_t now);
   void on_rto_locked(uint64_t now);
   // The message of the oldest packet in flight, and that packet in *pkt; null when none is.
   Msg* oldest_in_flight_locked(uint32_t* pkt);

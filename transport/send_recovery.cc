@@ -4,6 +4,7 @@
 // completed a message (FINAL) ends its recovery.
 #include <algorithm>
 
+#include "transport/log.h"
 #include "transport/send.h"
 
 namespace optireduce {
@@ -205,6 +206,22 @@ void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t n
     path_->release(len);
   m.sent_ns[i] = kQueued;
   retx_.push_back({m.req.seq, i});
+}
+
+// The receiver lost the place this message's DATA were steered to (RecvConn::check_aims_locked)
+// and asked again with steer 0. What is in flight went where no request takes it: it goes
+// again now, the common way, rather than at timeouts backed off by the silence so far. Not a
+// loss signal: the path dropped nothing.
+void SendConn::resteer_locked(Msg& m, uint64_t now) {
+  m.steer = 0;
+  ++stats_.resteers;
+  OR_INFO("message %u: its receiver lost the place it had for it; the rest goes the common way",
+          m.req.seq);
+  for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1)) {
+    if (m.sent_ns[i] == kQueued) continue;
+    if (retx_.size() >= kRetxCap) break;  // the timeout finds the rest
+    mark_lost_locked(m, i, false, now);
+  }
 }
 
 // Retransmission timeout. Its verdict stays open (rto_open_ns_) while each expiry sends only the

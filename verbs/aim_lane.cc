@@ -82,6 +82,7 @@ void AimLane::recreate(LaneCounters& c) {
   pdone_ = pposted_;
   aimed_out_ = 0;
   ++c.recreated;
+  if (active()) moved_ = true;  // its sender's DATA go to the old QPN
   if (Status st = make_qp(); !st.is_ok()) {
     if (qp_ != nullptr) ibv_->destroy_qp(qp_);
     qp_ = nullptr;
@@ -389,7 +390,8 @@ void AimLane::start_reset() {
 
 void AimLane::end_recovery() {
   resetting_ = false;
-  // A recreated QP (the fallback) strands the receive's sender; a reset keeps its QPN.
+  // A reset keeps the QPN; a recreated QP (the fallback) strands the receive's sender until
+  // the receive moves it (take_moved).
   take_flush_counts(&LaneCounters::recovered);
   move_to(LaneState::kLent);
   top_up();

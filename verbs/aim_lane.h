@@ -45,9 +45,11 @@
 // peer of ours sends) has put the QP in the error state in mid-receive: the posted requests
 // come back flushed, then the flusher resets the QP and brings it back to RTS under the same
 // QPN (resetting_: the QP is the flusher's meanwhile), and the lane is Lent again with plain
-// requests only, so the receive's sender, which keeps sending to that QPN, still reaches it (a
-// new QPN would strand it until its peer timeout). Recovering -> Draining when the receive ends
-// meanwhile.
+// requests only, so the receive's sender, which keeps sending to that QPN, still reaches it.
+// Where the reset fails, or the requests never come back, the QP is recreated after all: its
+// new QPN strands the sender, and the lane says so (take_moved, Endpoint::aim_moves) so that
+// the receive moves its sender off the lane with a CTS of steer 0 (RecvConn::check_aims_locked).
+// Recovering -> Draining when the receive ends meanwhile.
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss
 // the rest of the message lands one request off and is copied: misses cost copies, never
@@ -65,6 +67,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include "transport/datapath.h"
 #include "verbs/device.h"
@@ -182,6 +185,10 @@ class AimLane final : public Flushable {
   bool owns(uint64_t token, uint32_t msg_seq, uint64_t offset) const;
 
   const LaneCounters& counters() const { return counters_; }
+  // Whether the QP was recreated in mid-receive since the last call: the receive's sender
+  // still sends to lent_qpn_, which no longer exists, until the receive tells it otherwise
+  // (Endpoint::aim_moves). Recovery resets in place to avoid this; recreating is its fallback.
+  bool take_moved() { return std::exchange(moved_, false); }
 
  private:
   struct Entry {
@@ -300,6 +307,7 @@ class AimLane final : public Flushable {
   bool error_seen_ = false;
   int recover_idle_ = 0;    // Recovering: polls in a row that brought back no request
   bool resetting_ = false;  // Recovering: the reset is the flusher's until flush_done_
+  bool moved_ = false;      // recreated while lent (take_moved)
   LaneCounters counters_;
 };
 

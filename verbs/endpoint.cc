@@ -391,6 +391,12 @@ bool UdEndpoint::aim_close(uint32_t steer, bool wait) {
   return true;
 }
 
+bool UdEndpoint::aim_reachable(uint32_t steer) {
+  for (const auto& l : lanes_)
+    if (l && l->lent_as(steer)) return l->qpn() == steer;
+  return false;  // no lane holds it: nothing takes DATA sent to it
+}
+
 const UdCounters& UdEndpoint::ud_counters() const {
   ud_.lanes = LaneCounters{};
   for (const auto& l : lanes_) {
@@ -432,6 +438,7 @@ int UdEndpoint::rx_burst(RxPacket* pkts, int max) {
     const int n = lane.poll(pkts + got, max - got, *this);
     if (n < 0) return n;
     got += n;
+    if (lane.take_moved()) aim_moves_.fetch_add(1, std::memory_order_relaxed);
     // The proof a user (and the VM test) can see that regMr paid off on this side too.
     if (n > 0 && lane.counters().placed != 0 && !g_placed_said.exchange(true))
       OR_INFO(

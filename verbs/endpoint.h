@@ -34,6 +34,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -129,6 +130,10 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // A lane for a receive whose buffer a writable registration of this port covers.
   uint32_t aim_open(const AimTarget& t) override;
   bool aim_close(uint32_t steer, bool wait) override;
+  // Lanes recreated in mid-receive (AimLane::take_moved): their QPN, which the receive's CTS
+  // named, is gone, and a steer is reachable only while its lane still has it.
+  uint64_t aim_moves() const override { return aim_moves_.load(std::memory_order_relaxed); }
+  bool aim_reachable(uint32_t steer) override;
 
   const UdCounters& ud_counters() const;
   uint32_t max_inline_bytes() const { return max_inline_; }
@@ -220,6 +225,7 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   int lanes_active_ = 0;
   uint64_t lane_stops_ = 0;   // the lanes' stop clock (AimLane::stopped_tick)
   bool lane_failed_ = false;  // opening a lane failed once: not tried again
+  std::atomic<uint64_t> aim_moves_{0};
   LaneWorker worker_;         // opens lanes and flushes them, off NCCL's thread
 };
 

@@ -50,24 +50,61 @@ class SteerSpy final : public ForwardingEndpoint {
 
 // A device with one receive lane: while an aim is open, DATA of its message is written into
 // the buffer as it arrives and handed out marked aimed; once closed, nothing is written.
+// With `strand_after` set, the lane is lost once it placed that many packets (verbs: its QP
+// recreated under a new QPN): every DATA its sender addressed to kSteer is dropped from then
+// on, as a device drops datagrams for a QPN that no longer exists. The link keeps order and
+// loses nothing, so the k-th DATA to arrive is the k-th the sender's spy saw leave.
 class LaneDevice final : public ForwardingEndpoint {
  public:
   using ForwardingEndpoint::ForwardingEndpoint;
   int rx_burst(RxPacket* pkts, int max) override {
     const int n = ForwardingEndpoint::rx_burst(pkts, max);
-    for (int i = 0; i < n && open; ++i) {
+    int kept = 0;
+    for (int i = 0; i < n; ++i) {
       PacketHeader h;
-      if (decode(pkts[i].data, pkts[i].len, &h) != DecodeError::kNone) continue;
-      if (h.type != PacketType::kData || h.token != aim.token || h.msg_seq != aim.msg_seq ||
-          h.payload_len == 0 || h.offset + h.payload_len > aim.capacity)
-        continue;
-      std::memcpy(aim.base + h.offset, pkts[i].data + kHeaderBytes, h.payload_len);
-      pkts[i].rest = aim.base + h.offset;
-      pkts[i].placed = h.payload_len;
-      pkts[i].aimed = true;
-      ++placed;
+      if (decode(pkts[i].data, pkts[i].len, &h) == DecodeError::kNone &&
+          h.type == PacketType::kData) {
+        const size_t k = data_seen++;
+        if (stranded && sent_steers != nullptr && k < sent_steers->size() &&
+            (*sent_steers)[k] == kSteer) {
+          ++stranded_drops;
+          continue;
+        }
+        if (open && !stranded && h.token == aim.token && h.msg_seq == aim.msg_seq &&
+            h.payload_len != 0 && h.offset + h.payload_len <= aim.capacity) {
+          std::memcpy(aim.base + h.offset, pkts[i].data + kHeaderBytes, h.payload_len);
+          pkts[i].rest = aim.base + h.offset;
+          pkts[i].placed = h.payload_len;
+          pkts[i].aimed = true;
+          if (++placed == strand_after) {
+            stranded = true;
+            ++moves;
+          }
+        }
+      }
+      pkts[kept++] = pkts[i];
     }
-    return n;
+    return kept;
+  }
+  // Drops the first `drop_moving_cts` CTS that move a message off the lost lane (steer 0).
+  int tx_burst(const TxPacket* pkts, int n) override {
+    std::vector<TxPacket> kept;
+    for (int i = 0; i < n; ++i) {
+      PacketHeader h;
+      if (stranded && drop_moving_cts > 0 && testing::tx_header(pkts[i], &h) &&
+          h.type == PacketType::kCts && h.steer == 0) {
+        --drop_moving_cts;
+        continue;
+      }
+      kept.push_back(pkts[i]);
+    }
+    const int k = ForwardingEndpoint::tx_burst(kept.data(), static_cast<int>(kept.size()));
+    return k == static_cast<int>(kept.size()) ? n : k;
+  }
+  uint64_t aim_moves() const override { return moves; }
+  bool aim_reachable(uint32_t steer) override {
+    EXPECT_EQ(steer, kSteer);
+    return !stranded;
   }
 
   uint32_t aim_open(const AimTarget& t) override {
@@ -98,6 +135,13 @@ class LaneDevice final : public ForwardingEndpoint {
   int not_yet = 0;      // aim_close answers "not yet" this many times first
   int asked_again = 0;  // and counts them
   std::function<void()> on_close;
+  const std::vector<uint32_t>* sent_steers = nullptr;  // the sender's spy's
+  int strand_after = -1;
+  bool stranded = false;
+  uint64_t moves = 0;
+  size_t data_seen = 0;
+  int stranded_drops = 0;
+  int drop_moving_cts = 0;
 };
 
 struct Rig {
@@ -116,6 +160,7 @@ struct Rig {
     auto b = std::make_unique<LaneDevice>(std::move(p.b));
     tx = a.get();
     dev = b.get();
+    dev->sent_steers = &tx->data_steers;
     cp.token = 0x5EED;
     cp.pkt_payload = payload_for_datagram(kDgram);
     cp.peer_window = 256 * 1024;
@@ -265,6 +310,44 @@ TEST(ReceiveInPlace, AfterAShortReceiveTheNextIsCopiedUntilOneArrivesFull) {
   step(24'000, 4);
   EXPECT_EQ(rig.dev->opens, 3);
   EXPECT_EQ(rig.r->stats().aimed_msgs, 3u);
+}
+
+// A lane lost in mid-receive (verbs: its QP could be neither flushed nor reset in place and
+// was recreated under a new QPN) strands what its sender still sends there: without a word
+// from the receiver an exact receive waits for ever, its peer answering every PING. The
+// receiver closes the lost aim and asks again with steer 0; the sender sends what was in
+// flight again at once, and the rest, the common way. With `lost_ctses`, that many of the
+// receiver's moving CTS are lost and it repeats the CTS until DATA follows.
+void lose_the_lane_in_mid_receive(int lost_ctses) {
+  Rig rig;
+  rig.dev->strand_after = 40;
+  rig.dev->drop_moving_cts = lost_ctses;
+  const auto src = pattern(150'000, 11);  // 150 packets
+  std::vector<uint8_t> dst(src.size(), 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
+  EXPECT_EQ(src, dst);
+  EXPECT_TRUE(rig.dev->stranded);
+  EXPECT_EQ(rig.dev->placed, 40);
+  EXPECT_GT(rig.dev->stranded_drops, 0);
+  EXPECT_EQ(rig.dev->drop_moving_cts, 0);
+  EXPECT_EQ(rig.dev->closes, 1);
+  // The steer goes to 0 once and never back.
+  const auto& st = rig.tx->data_steers;
+  const auto first_moved = std::find(st.begin(), st.end(), 0u);
+  ASSERT_NE(first_moved, st.end());
+  EXPECT_EQ(std::count(first_moved, st.end(), kSteer), 0);
+  EXPECT_EQ(rig.s->stats().resteers, 1u);
+  EXPECT_EQ(rig.r->stats().resteers, 1u);
+  EXPECT_GE(rig.r->stats().cts_resent, static_cast<uint64_t>(lost_ctses));
+}
+
+TEST(ReceiveInPlace, AReceiveWhoseLaneIsLostInMidMessageMovesItsSenderOffIt) {
+  lose_the_lane_in_mid_receive(0);
+}
+
+TEST(ReceiveInPlace, TheCtsThatMovesASenderOffALostLaneIsRepeatedUntilDataFollows) {
+  lose_the_lane_in_mid_receive(2);
 }
 
 TEST(ReceiveInPlace, AConnectionClosedWithAReceivePostedClosesItsAim) {
