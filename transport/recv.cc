@@ -13,6 +13,11 @@ namespace optireduce {
 
 namespace {
 constexpr uint32_t kAckEveryPkts = 16;
+// An aimed receive that took no byte for this many of the sender's longest retransmission
+// timeouts is moved off its place (check_aims_locked): a sender resends at least once per
+// timeout while anything is unacknowledged, so several in a row with nothing arriving means
+// the place drops what comes.
+constexpr uint64_t kAimStallRtoMax = 4;
 }  // namespace
 
 RecvConn::RecvConn(const Config& cfg, const Clock& clock, std::unique_ptr<Endpoint> ep,
@@ -110,6 +115,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, const Memor
   m.bytes_got = 0;
   m.posted_ns = now;
   m.first_cts_ns = 0;
+  m.last_byte_ns = 0;
   m.head_ns = m.first_data_ns = m.deadline_ns = m.early_ns = 0;
   m.pipelined = false;
   m.burst_head = starts_burst(m.req.seq == floor_, last_complete_ns_, now);
@@ -172,28 +178,46 @@ bool RecvConn::unaim_locked(Msg& m, bool wait) {
   return true;
 }
 
+uint64_t RecvConn::aim_stall_ns() const {
+  return kAimStallRtoMax * static_cast<uint64_t>(cfg_.rto_max_us) * 1000;
+}
+
 void RecvConn::check_aims_locked(uint64_t now) {
   const uint64_t moves = ep_->aim_moves();
-  if (moves == aim_moves_seen_) return;
+  const bool moved = moves != aim_moves_seen_;
   bool settled = true;
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
-    if (m.state != State::kPosted || m.steer == 0 || ep_->aim_reachable(m.steer)) continue;
-    // The datapath still taking its requests back: asked again on the next pass.
-    if (!unaim_locked(m, false)) {
-      settled = false;
-      continue;
+    if (m.state != State::kPosted || m.steer == 0) continue;
+    if (moved && !ep_->aim_reachable(m.steer)) {
+      if (!resteer_locked(m, now)) {
+        settled = false;
+        continue;
+      }
+      OR_INFO(
+          "receive %u: its place in the datapath was lost in mid-receive (%llu of its "
+          "bytes in): its sender is asked to send the rest the common way",
+          m.req.seq, static_cast<unsigned long long>(m.bytes_got));
+    } else if (m.last_byte_ns != 0 && now - m.last_byte_ns >= aim_stall_ns() &&
+               resteer_locked(m, now)) {
+      OR_WARN(
+          "receive %u: no byte arrived in place for %llu ms (%llu of %llu bytes in) while "
+          "its sender was alive: its sender is asked to send the rest the common way",
+          m.req.seq, static_cast<unsigned long long>((now - m.last_byte_ns) / 1000000),
+          static_cast<unsigned long long>(m.bytes_got), static_cast<unsigned long long>(m.size));
     }
-    ++stats_.resteers;
-    OR_INFO(
-        "receive %u: its place in the datapath was lost in mid-receive (%llu of its bytes "
-        "in): its sender is asked to send the rest the common way",
-        m.req.seq, static_cast<unsigned long long>(m.bytes_got));
-    m.resteered = true;
-    m.cts_backoff_ns = cts_resend_ns_locked();
-    send_cts_locked(m, now);
   }
-  if (settled) aim_moves_seen_ = moves;
+  if (moved && settled) aim_moves_seen_ = moves;
+}
+
+// The datapath still taking its requests back: false, and asked again on the next pass.
+bool RecvConn::resteer_locked(Msg& m, uint64_t now) {
+  if (!unaim_locked(m, false)) return false;
+  ++stats_.resteers;
+  m.resteered = true;
+  m.cts_backoff_ns = cts_resend_ns_locked();
+  send_cts_locked(m, now);
+  return true;
 }
 
 void RecvConn::send_cts_locked(Msg& m, uint64_t now) {
@@ -422,6 +446,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     burst_bytes_ += h.payload_len + kHeaderBytes;
   }
   m.bytes_got += h.payload_len;
+  m.last_byte_ns = now;
   m.high = std::max(m.high, static_cast<uint32_t>(idx) + 1);
   ++stats_.data_pkts;
   ++m.pkts_since_ack;

@@ -96,6 +96,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t cts_bytes = 0;     // bytes_got when the last CTS left
     uint64_t head_ns = 0;       // became the oldest incomplete message (bounded clock starts)
     uint64_t first_data_ns = 0; // the sender's first packet arrived (0: not yet)
+    uint64_t last_byte_ns = 0;  // a new payload last arrived (aimed receives' stall check)
     bool pipelined = false;     // data had already arrived by then (see StepReport)
     bool burst_head = false;    // it started a burst when posted (starts_burst, StepReport)
     uint64_t deadline_ns = 0;   // 0 = not yet armed
@@ -134,7 +135,14 @@ class RecvConn final : public Conn, public RecvComm {
   // receive it no longer reaches closes it and asks its sender again with steer 0, so that the
   // DATA still to come (and the repairs of those sent to the lost place) come the common way.
   // Without this an exact receive would wait for ever on a peer that answers every PING.
+  // Also any aimed receive that took no byte for kAimStallRtoMax * OPTIREDUCE_RTO_MAX_US while
+  // its sender was alive: its sender resends at least that often, so its place is not taking
+  // what comes (a datapath defect, logged), and the common way still works.
   void check_aims_locked(uint64_t now);
+  // Closes a receive's aim and asks its sender again with steer 0 (false: the datapath is
+  // still taking its requests back; asked again on the next pass).
+  bool resteer_locked(Msg& m, uint64_t now);
+  uint64_t aim_stall_ns() const;
   uint64_t aim_moves_seen_ = 0;
   void fill_holes_locked(Msg& m);
   void advance_floor_locked(uint64_t now);

@@ -104,6 +104,7 @@ uint64_t RecvConn::next_timer_locked() const {
     if (m.bounded) consider(m.early_ns);
     if (!m.started || (m.resteered && m.bytes_got == m.cts_bytes))
       consider(m.cts_ns + m.cts_backoff_ns);
+    if (m.steer != 0 && m.last_byte_ns != 0) consider(m.last_byte_ns + aim_stall_ns());
   }
   return next;
 }
