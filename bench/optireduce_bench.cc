@@ -230,6 +230,7 @@ class Measurement {
   // Iteration i (negative: warm-up, untimed in the figures), entered with the ranks in step.
   void step(Gloo* g, int i) {
     g->barrier();
+    check_pending(g);
     // The straggler's sleep stands for slow compute: outside its own timed region, so the
     // figures show what it costs the others.
     if (i >= 0 && o_.rank == o_.straggler_rank && sleeps_[size_t(i)]) sleep_ms(o_.straggler_ms);
@@ -242,12 +243,14 @@ class Measurement {
     const size_t k = size_t(i);
     t_[k] = dt;
     algo_->last(&lost_[k], &expected_[k], &deadline_[k], &exact_calls_[k]);
-    if (o_.check) err_[k] = rel_l2_error(out_.data(), exact_);
+    pending_ = i;
   }
 
   // The per-iteration figures reduced over ranks; *cpu_ms: CPU time of all ranks inside the
   // timed calls, per iteration. Every rank calls it, in the same order.
   std::vector<Iteration> finish(Gloo* g, double* tb_ms, double* cpu_ms) {
+    g->barrier();
+    check_pending(g);
     g->reduce(&t_, ReduceFn(&gloo::max<double>));
     g->reduce(&lost_, ReduceFn(&gloo::sum<double>));
     g->reduce(&expected_, ReduceFn(&gloo::sum<double>));
@@ -284,6 +287,19 @@ class Measurement {
   const int warmup_;
   std::vector<double> t_, lost_, expected_, deadline_, exact_calls_, err_;
   double cpu_ = 0;
+  int pending_ = -1;  // the iteration whose result is still to be checked
+
+  // The last iteration's error, once every rank is past its call (the caller's barrier): a
+  // rank that finished first would otherwise check its result (1M elements read twice at
+  // 4 MiB) beside peers still inside theirs, and on a host whose cores the ranks share, the
+  // check's CPU would slow the call it measures. The barrier after it starts the next call
+  // with the ranks in step again.
+  void check_pending(Gloo* g) {
+    if (pending_ < 0) return;
+    if (o_.check) err_[size_t(pending_)] = rel_l2_error(out_.data(), exact_);
+    pending_ = -1;
+    g->barrier();
+  }
 };
 
 // Load generator: a Gloo ring allreduce of -b bytes in a loop (busy for a `duty` fraction of the
