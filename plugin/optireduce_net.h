@@ -51,8 +51,9 @@ struct optireduceNetCounters {
   uint64_t spuriousRtos;   /* of rtoEvents, those an ACK then showed were no loss */
   uint64_t aimedMsgs;      /* receives the datapath posted straight into their buffer (verbs) */
   uint64_t placedPkts;     /* DATA that arrived in place, with no copy (UDP guesses, verbs) */
-  uint64_t resteers;       /* aimed messages whose place stopped reaching the receive in
-                            * mid-message (verbs: a lane's QP recreated), sent on elsewhere */
+  uint64_t resteers;       /* aimed messages whose place stopped taking their DATA in
+                            * mid-message (verbs: a lane's QP recreated, or nothing arrived
+                            * for 4 x OPTIREDUCE_RTO_MAX_US), sent on elsewhere */
 };
 
 struct optireduceNetStats {

@@ -353,7 +353,8 @@ class Endpoint {
   // lane whose QP could be neither flushed nor reset in place, recreated under a new QPN): its
   // sender's DATA go where no request will ever take them. Read without a lock on every
   // progress pass; a receive that sees it change asks aim_reachable about its own steer, and
-  // one that is told no closes it and sends its CTS again with steer 0 (RecvConn::resteer).
+  // one that is told no closes it and sends its CTS again with steer 0
+  // (RecvConn::check_aim_locked).
   virtual uint64_t aim_moves() const { return 0; }
   // Whether DATA sent to `steer` (aim_open's, not yet closed) still reach its receive.
   virtual bool aim_reachable(uint32_t steer) {

@@ -14,7 +14,7 @@ namespace optireduce {
 namespace {
 constexpr uint32_t kAckEveryPkts = 16;
 // An aimed receive that took no byte for this many of the sender's longest retransmission
-// timeouts is moved off its place (check_aims_locked): a sender resends at least once per
+// timeouts is moved off its place (check_aim_locked): a sender resends at least once per
 // timeout while anything is unacknowledged, so several in a row with nothing arriving means
 // the place drops what comes.
 constexpr uint64_t kAimStallRtoMax = 4;
@@ -182,32 +182,22 @@ uint64_t RecvConn::aim_stall_ns() const {
   return kAimStallRtoMax * static_cast<uint64_t>(cfg_.rto_max_us) * 1000;
 }
 
-void RecvConn::check_aims_locked(uint64_t now) {
-  const uint64_t moves = ep_->aim_moves();
-  const bool moved = moves != aim_moves_seen_;
-  bool settled = true;
-  for (uint32_t s = floor_; s != next_seq_; ++s) {
-    Msg& m = slot(s);
-    if (m.state != State::kPosted || m.steer == 0) continue;
-    if (moved && !ep_->aim_reachable(m.steer)) {
-      if (!resteer_locked(m, now)) {
-        settled = false;
-        continue;
-      }
-      OR_INFO(
-          "receive %u: its place in the datapath was lost in mid-receive (%llu of its "
-          "bytes in): its sender is asked to send the rest the common way",
-          m.req.seq, static_cast<unsigned long long>(m.bytes_got));
-    } else if (m.last_byte_ns != 0 && now - m.last_byte_ns >= aim_stall_ns() &&
-               resteer_locked(m, now)) {
-      OR_WARN(
-          "receive %u: no byte arrived in place for %llu ms (%llu of %llu bytes in) while "
-          "its sender was alive: its sender is asked to send the rest the common way",
-          m.req.seq, static_cast<unsigned long long>((now - m.last_byte_ns) / 1000000),
-          static_cast<unsigned long long>(m.bytes_got), static_cast<unsigned long long>(m.size));
-    }
+bool RecvConn::check_aim_locked(Msg& m, bool moved, uint64_t now) {
+  if (moved && !ep_->aim_reachable(m.steer)) {
+    if (!resteer_locked(m, now)) return false;
+    OR_INFO(
+        "receive %u: its place in the datapath was lost in mid-receive (%llu of its "
+        "bytes in): its sender is asked to send the rest the common way",
+        m.req.seq, static_cast<unsigned long long>(m.bytes_got));
+  } else if (m.last_byte_ns != 0 && now - m.last_byte_ns >= aim_stall_ns() &&
+             resteer_locked(m, now)) {
+    OR_WARN(
+        "receive %u: no byte arrived in place for %llu ms (%llu of %llu bytes in) while "
+        "its sender was alive: its sender is asked to send the rest the common way",
+        m.req.seq, static_cast<unsigned long long>((now - m.last_byte_ns) / 1000000),
+        static_cast<unsigned long long>(m.bytes_got), static_cast<unsigned long long>(m.size));
   }
-  if (moved && settled) aim_moves_seen_ = moves;
+  return true;
 }
 
 // The datapath still taking its requests back: false, and asked again on the next pass.

@@ -131,14 +131,16 @@ class RecvConn final : public Conn, public RecvComm {
   // `wait`); false while it is still taking its requests back, and test() asks again.
   void aim_locked(Msg& m, const MemoryRegion* mr);
   bool unaim_locked(Msg& m, bool wait);
-  // The datapath says a place it gave may have stopped reaching its receive (aim_moves): each
-  // receive it no longer reaches closes it and asks its sender again with steer 0, so that the
-  // DATA still to come (and the repairs of those sent to the lost place) come the common way.
-  // Without this an exact receive would wait for ever on a peer that answers every PING.
-  // Also any aimed receive that took no byte for kAimStallRtoMax * OPTIREDUCE_RTO_MAX_US while
-  // its sender was alive: its sender resends at least that often, so its place is not taking
-  // what comes (a datapath defect, logged), and the common way still works.
-  void check_aims_locked(uint64_t now);
+  // An aimed receive, on each timer pass. Once the datapath says a place it gave may have
+  // stopped reaching its receive (aim_moves, `moved`), a receive it no longer reaches closes it
+  // and asks its sender again with steer 0, so that the DATA still to come (and the repairs of
+  // those sent to the lost place) come the common way. Without this an exact receive would wait
+  // for ever on a peer that answers every PING. The same for a receive that took no byte for
+  // kAimStallRtoMax * OPTIREDUCE_RTO_MAX_US while its sender was alive: its sender resends at
+  // least that often, so its place is not taking what comes (a datapath defect, logged), and
+  // the common way still works. False while the datapath is still taking the lost place's
+  // requests back (asked again on the next pass).
+  bool check_aim_locked(Msg& m, bool moved, uint64_t now);
   // Closes a receive's aim and asks its sender again with steer 0 (false: the datapath is
   // still taking its requests back; asked again on the next pass).
   bool resteer_locked(Msg& m, uint64_t now);

@@ -121,11 +121,13 @@ void RecvConn::advance_floor_locked(uint64_t now) {
 }
 
 void RecvConn::on_timers_locked(uint64_t now) {
-  check_aims_locked(now);
+  const uint64_t moves = ep_->aim_moves();
+  bool aims_settled = true;
   bool completed = false;
   for (uint32_t s = floor_; s != next_seq_; ++s) {
     Msg& m = slot(s);
     if (m.state != State::kPosted) continue;
+    if (m.steer != 0 && !check_aim_locked(m, moves != aim_moves_seen_, now)) aims_settled = false;
     if (m.deadline_ns != 0 && now >= m.deadline_ns) {
       complete_locked(m, End::kDeadline, now);
       completed = true;
@@ -137,7 +139,7 @@ void RecvConn::on_timers_locked(uint64_t now) {
       continue;
     }
     // No DATA since the CTS: the CTS may be lost; say it again (backing off). The CTS that
-    // moved a message under way (check_aims_locked) is repeated the same way while no byte
+    // moved a message under way (check_aim_locked) is repeated the same way while no byte
     // follows it, since its sender's DATA reach nothing until it hears it; while bytes do
     // follow, its window moves on without a CTS, so that a later stall is still seen.
     const bool unanswered = !m.started || (m.resteered && m.bytes_got == m.cts_bytes);
@@ -152,6 +154,7 @@ void RecvConn::on_timers_locked(uint64_t now) {
       send_cts_locked(m, now);
     }
   }
+  if (aims_settled) aim_moves_seen_ = moves;
   if (completed) advance_floor_locked(now);
 }
 

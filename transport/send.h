@@ -188,6 +188,9 @@ class SendConn final : public Conn, public SendComm {
   void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
   // The receiver's CTS moved a message under way off the place its DATA were steered to.
   void resteer_locked(Msg& m, uint64_t now);
+  // Queues m's packets still in flight for resending, oldest first, while `budget` bytes last
+  // and the retransmission queue has room; returns the budget left.
+  uint64_t requeue_in_flight_locked(Msg& m, uint64_t budget, uint64_t now);
   void on_rto_locked(uint64_t now);
   // The message of the oldest packet in flight, and that packet in *pkt; null when none is.
   Msg* oldest_in_flight_locked(uint32_t* pkt);

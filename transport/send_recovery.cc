@@ -208,7 +208,7 @@ void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t n
   retx_.push_back({m.req.seq, i});
 }
 
-// The receiver lost the place this message's DATA were steered to (RecvConn::check_aims_locked)
+// The receiver lost the place this message's DATA were steered to (RecvConn::check_aim_locked)
 // and asked again with steer 0. What is in flight went where no request takes it: it goes
 // again now, the common way, rather than at timeouts backed off by the silence so far. Not a
 // loss signal: the path dropped nothing.
@@ -217,11 +217,18 @@ void SendConn::resteer_locked(Msg& m, uint64_t now) {
   ++stats_.resteers;
   OR_INFO("message %u: its receiver lost the place it had for it; the rest goes the common way",
           m.req.seq);
-  for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new; i = m.acked.first_clear(i + 1)) {
-    if (m.sent_ns[i] == kQueued) continue;
-    if (retx_.size() >= kRetxCap) break;  // the timeout finds the rest
+  requeue_in_flight_locked(m, UINT64_MAX, now);  // past the queue's cap, the timeout finds them
+}
+
+uint64_t SendConn::requeue_in_flight_locked(Msg& m, uint64_t budget, uint64_t now) {
+  for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new && budget > 0;
+       i = m.acked.first_clear(i + 1)) {
+    if (m.sent_ns[i] == kQueued) continue;  // already queued
+    if (retx_.size() >= kRetxCap) break;
     mark_lost_locked(m, i, false, now);
+    budget -= std::min<uint64_t>(budget, flight_len(m, i));
   }
+  return budget;
 }
 
 // Retransmission timeout. Its verdict stays open (rto_open_ns_) while each expiry sends only the
@@ -289,14 +296,7 @@ void SendConn::timeout_locked(uint64_t now) {
   uint64_t budget = std::max<uint64_t>(path_->snapshot().window, params_.pkt_payload);
   for (uint32_t s = oldest_; s != next_seq_ && budget > 0; ++s) {
     Msg& m = slot(s);
-    if (m.state != State::kSending) continue;
-    for (uint32_t i = m.acked.first_clear(m.cum); i < m.next_new && budget > 0;
-         i = m.acked.first_clear(i + 1)) {
-      if (m.sent_ns[i] == kQueued) continue;  // already queued
-      if (retx_.size() >= kRetxCap) break;
-      mark_lost_locked(m, i, false, now);
-      budget -= std::min<uint64_t>(budget, flight_len(m, i));
-    }
+    if (m.state == State::kSending) budget = requeue_in_flight_locked(m, budget, now);
   }
 }
 

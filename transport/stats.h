@@ -44,7 +44,7 @@
   COUNTER(spurious_rtos, spuriousRtos) /* of rto_events, those an ACK then showed were no loss */  \
   COUNTER(aimed_msgs, aimedMsgs)       /* receives whose datapath posted into their buffer */      \
   COUNTER(placed_pkts, placedPkts)     /* DATA that arrived in place: no copy (UDP, verbs) */      \
-  COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: their place was lost */
+  COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: place lost or stalled */
 
 namespace optireduce {
 

@@ -48,7 +48,7 @@
 // requests only, so the receive's sender, which keeps sending to that QPN, still reaches it.
 // Where the reset fails, or the requests never come back, the QP is recreated after all: its
 // new QPN strands the sender, and the lane says so (take_moved, Endpoint::aim_moves) so that
-// the receive moves its sender off the lane with a CTS of steer 0 (RecvConn::check_aims_locked).
+// the receive moves its sender off the lane with a CTS of steer 0 (RecvConn::check_aim_locked).
 // Recovering -> Draining when the receive ends meanwhile.
 // A place that took a wrong datagram holds foreign bytes until its own packet (or the bounded
 // receive's hole fill) overwrites it, as a wrong UDP guess would (endpoint_mux.h). After a loss

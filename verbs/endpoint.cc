@@ -381,20 +381,22 @@ void UdEndpoint::adopt_lane() {
   lanes_[lanes_open_++] = std::move(fresh);
 }
 
+AimLane* UdEndpoint::lane_lent_as(uint32_t steer) const {
+  for (const auto& l : lanes_)
+    if (l && l->lent_as(steer)) return l.get();
+  return nullptr;
+}
+
 bool UdEndpoint::aim_close(uint32_t steer, bool wait) {
-  for (auto& l : lanes_) {
-    if (l && l->lent_as(steer)) {
-      if (l->active()) lanes_active_--;
-      return l->stop(wait);
-    }
-  }
-  return true;
+  AimLane* l = lane_lent_as(steer);
+  if (l == nullptr) return true;
+  if (l->active()) lanes_active_--;
+  return l->stop(wait);
 }
 
 bool UdEndpoint::aim_reachable(uint32_t steer) {
-  for (const auto& l : lanes_)
-    if (l && l->lent_as(steer)) return l->qpn() == steer;
-  return false;  // no lane holds it: nothing takes DATA sent to it
+  const AimLane* l = lane_lent_as(steer);
+  return l != nullptr && l->qpn() == steer;  // no lane holds it: nothing takes DATA sent to it
 }
 
 const UdCounters& UdEndpoint::ud_counters() const {

@@ -166,6 +166,8 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   bool fill_source(const ibv_wc& wc, const uint8_t* grh, RxPacket* pkt) override;
   // Takes in the lane the opener finished, if any.
   void adopt_lane();
+  // The lane a receive was lent under `steer` (AimLane::lent_as), or null.
+  AimLane* lane_lent_as(uint32_t steer) const;
   // A lane still owns the place of this datagram (DATA for its receive, its request posted).
   bool lane_owns(const uint8_t* dgram, uint32_t len) const;
 
