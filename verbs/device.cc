@@ -306,6 +306,12 @@ Status open_verbs_devices(const Config& cfg, std::vector<std::unique_ptr<Device>
     OR_INFO("verbs: %s", error.c_str());
     return Status(Errc::kSystem, ENOENT);
   }
+  return verbs::open_verbs_devices_with(*ibv, cfg, out);
+}
+
+Status verbs::open_verbs_devices_with(const IbvSymbols& table, const Config& cfg,
+                                      std::vector<std::unique_ptr<Device>>* out) {
+  const IbvSymbols* ibv = &table;
   int n = 0;
   ibv_device** list = ibv->get_device_list(&n);
   if (list == nullptr) {

@@ -126,5 +126,12 @@ uint8_t* alloc_ring_pages(size_t bytes);
 // RTS: what the endpoint's QP and every receive lane's go through.
 Status ud_qp_to_rts(const IbvSymbols& ibv, ibv_qp* qp, uint8_t port);
 
+// open_verbs_devices (device_api.h) over the caller's libibverbs table instead of the
+// process's. Tests wrap a call of it to make a device fail where real ones do so rarely that
+// no run would show it (a QP that will not move to the error state); `ibv` must outlive the
+// devices and every endpoint opened on them.
+Status open_verbs_devices_with(const IbvSymbols& ibv, const Config& cfg,
+                               std::vector<std::unique_ptr<Device>>* out);
+
 }  // namespace verbs
 }  // namespace optireduce

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -658,11 +659,48 @@ enum class LaneRun {
   // first round a datagram of the whole, larger than the lane's request: an error completion
   // that puts the lane's QP in the error state in mid-receive
   kOversize,
+  // as kOversize, on a device that refuses to move the lane's QP to the error state
+  // (refusing_modify_qp): the lane falls back to a new QP under a new QPN in mid-receive, and
+  // the sender, once the endpoint says so (aim_moves), sends the rest to the endpoint's own QP
+  // (steer 0), as the moved receive's CTS asks it to
+  kOversizeRecreated,
   // every packet but the last in order, then a duplicate of an early one (a retransmission
   // that crossed its ACK) before the last: it takes the plain request posted for the partial
   // last packet, whose own datagram must still find a request
   kDuplicateBeforeTail,
 };
+
+// While armed (a count of refusals left), modify_qp refuses to move a QP to the error state,
+// as a device whose firmware command fails would: the one way to send a receive lane down its
+// fallback, a QP recreated under a new QPN, on a device where that otherwise never happens.
+std::atomic<int> g_err_moves_to_refuse{0};
+int refusing_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
+  if (mask == IBV_QP_STATE && attr->qp_state == IBV_QPS_ERR) {
+    int left = g_err_moves_to_refuse.load();
+    while (left > 0 && !g_err_moves_to_refuse.compare_exchange_weak(left, left - 1)) {
+    }
+    if (left > 0) {
+      errno = EIO;
+      return EIO;
+    }
+  }
+  return ibv_symbols()->modify_qp(qp, attr, mask);
+}
+
+// `like` opened again over libibverbs with refusing_modify_qp; null where it cannot be.
+std::unique_ptr<Device> open_refusing(const Device* like) {
+  static IbvSymbols table = [] {
+    IbvSymbols t = *ibv_symbols();
+    t.modify_qp = refusing_modify_qp;
+    return t;
+  }();
+  Config cfg;
+  cfg.datapath = DatapathChoice::kVerbs;
+  cfg.ib_hca = like->info().name;
+  std::vector<std::unique_ptr<Device>> d;
+  if (!open_verbs_devices_with(table, cfg, &d).is_ok() || d.size() != 1) return nullptr;
+  return std::move(d[0]);
+}
 
 // The smallest ring: a lane gets 256 requests, 224 posted at once.
 std::unique_ptr<UdEndpoint> open_small(Device* d) {
@@ -712,6 +750,7 @@ TxPacket lane_packet(const AimTarget& t, const uint8_t* src, uint64_t size, uint
 // `a` on dev_a, bound to `b` on dev_b, which has the smallest ring.
 void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, LaneCounters* c) {
   const bool flood = run == LaneRun::kFlood;
+  const bool oversize = run == LaneRun::kOversize || run == LaneRun::kOversizeRecreated;
   const auto a = open_small(dev_a);
   const auto b = open_small(dev_b);
   ASSERT_TRUE(a && b);
@@ -719,7 +758,7 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
   ASSERT_TRUE(b->set_peer(a->local_address()).is_ok());
   const uint32_t whole =
       std::min(a->max_datagram_bytes(), b->max_datagram_bytes()) - uint32_t{kHeaderBytes};
-  const uint32_t pp = run == LaneRun::kOversize ? whole / 2 : whole;
+  const uint32_t pp = oversize ? whole / 2 : whole;
   const uint64_t size = uint64_t{kLanePkts} * pp - pp / 2;  // a short last packet
   std::vector<uint8_t> src(size), dst(size, 0xEE);
   for (uint64_t i = 0; i < size; i++) src[i] = pattern(i / pp + 1000, uint32_t(i % pp));
@@ -731,9 +770,8 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
   EXPECT_GE(b->ud_counters().aims_declined, 1u);
 
   std::vector<std::array<uint8_t, kHeaderBytes>> hdrs(kLanePkts);
-  auto packet = [&](uint32_t k) {
-    return lane_packet(t, src.data(), size, steer, k, hdrs[k].data());
-  };
+  uint32_t to = steer;  // where DATA go: 0 once the lane moved (kOversizeRecreated)
+  auto packet = [&](uint32_t k) { return lane_packet(t, src.data(), size, to, k, hdrs[k].data()); };
   std::vector<bool> got(kLanePkts, false);
   uint32_t have = 0;
   *placed = 0;
@@ -777,8 +815,15 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
     usleep(300'000);  // the device takes what it has requests for and drops the rest
   }
   const uint32_t late = kLanePkts / 2;
+  if (run == LaneRun::kOversizeRecreated) g_err_moves_to_refuse.store(1);
   for (int round = 0; round < 50 && have < kLanePkts; round++) {
     burst.clear();
+    if (to != 0 && b->aim_moves() != 0) {
+      // What the receive does when its lane moved: its steer reaches nothing any more, and
+      // its sender is told to send to the endpoint's own QP.
+      EXPECT_FALSE(b->aim_reachable(steer));
+      to = 0;
+    }
     if (flood) {
       for (uint32_t k = kLaneFlood; k < kLanePkts; k++)
         if (!got[k]) burst.push_back(packet(k));
@@ -795,7 +840,7 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
     } else {
       for (uint32_t k = 0; k < kLanePkts; k++) {
         if (!got[k] && k != late) burst.push_back(packet(k));
-        if (run == LaneRun::kOversize && round == 0 && k == kLaneJunkAfter) {
+        if (oversize && round == 0 && k == kLaneJunkAfter) {
           TxPacket j{junk.data(), kHeaderBytes, whole, junk.data() + kHeaderBytes};
           j.steer = steer;
           burst.push_back(j);
@@ -815,7 +860,9 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
       static_cast<unsigned long long>(c->waited), static_cast<unsigned long long>(c->dropped),
       static_cast<unsigned long long>(c->errors), static_cast<unsigned long long>(c->recovered),
       static_cast<unsigned long long>(c->recreated));
+  g_err_moves_to_refuse.store(0);
   ASSERT_EQ(have, kLanePkts);
+  EXPECT_EQ(b->aim_moves(), run == LaneRun::kOversizeRecreated ? 1u : 0u);
   EXPECT_TRUE(b->aim_close(steer, true));
   for (uint64_t i = 0; i < size; i++)
     ASSERT_EQ(dst[i], src[i]) << "byte " << i << " (packet " << i / pp << ")";
@@ -949,6 +996,24 @@ TEST_F(RxeTest, ALaneRecoversFromAnErrorCompletionUnderItsQpn) {
   EXPECT_EQ(c.recovered, 1u);
   EXPECT_EQ(c.recreated, 0u);
   EXPECT_EQ(c.flushed_inline, 0u) << "the reset ran on the caller's thread";
+}
+
+// The fallback of the test above: where the lane's QP cannot be reset (the move to the error
+// state fails), it is recreated in mid-receive under a new QPN, and everything sent to the
+// old one is dropped by the device. The endpoint must say so once (aim_moves) and stop
+// calling the old steer reachable, so that the receive moves its sender to the endpoint's own
+// QP; the message then completes, exact, from copies. Without the move it never would.
+TEST_F(RxeTest, ALaneRecreatedInMidReceiveSaysSoAndItsSenderMoves) {
+  if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
+  const std::unique_ptr<Device> refusing = open_refusing(dev_b());
+  ASSERT_NE(refusing, nullptr);
+  uint32_t placed = 0;
+  LaneCounters c;
+  ASSERT_NO_FATAL_FAILURE(
+      lane_message(dev_a(), refusing.get(), LaneRun::kOversizeRecreated, &placed, &c));
+  EXPECT_GE(c.errors, 1u);
+  EXPECT_EQ(c.recovered, 0u);
+  EXPECT_EQ(c.recreated, 1u);
 }
 
 }  // namespace
