@@ -1,6 +1,7 @@
 // Hadamard encode + decode throughput of the host kernels against memcpy of the same bytes, per
-// element type and block size. Usage: hadamard_bench [MiB=64] [repeats=5]. Prints one line per
-// case; GB/s = bucket bytes / time (1e9).
+// element type, block size and instruction set (every variant this CPU has, side by side).
+// Usage: hadamard_bench [MiB=64] [repeats=5]. Prints one line per case; GB/s = bucket bytes /
+// time (1e9); "x prev" is enc+dec throughput over the narrower variant's line above it.
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -51,24 +52,35 @@ int main(int argc, char** argv) {
   }
   const double t_memcpy = best_seconds(repeats, [&] { std::memcpy(out.data(), in.data(), bytes); });
   std::printf("memcpy %zu MiB: %.2f GB/s\n", mib, double(bytes) / t_memcpy / 1e9);
-  std::printf("%-5s %7s %10s %10s %12s %14s\n", "type", "block", "enc GB/s", "dec GB/s",
-              "enc+dec GB/s", "memcpy/(e+d)");
+  std::printf("%-5s %7s %-7s %10s %10s %12s %14s %7s\n", "type", "block", "simd", "enc GB/s",
+              "dec GB/s", "enc+dec GB/s", "memcpy/(e+d)", "x prev");
+  const HostSimd best = best_host_simd();
   for (DType t : {DType::kF32, DType::kBF16, DType::kF16, DType::kF64}) {
     for (uint64_t block : {256u, 4096u, 65536u}) {
       const size_t count = bytes / dtype_size(t);
       HadamardGeometry g{count, block};
       std::vector<uint32_t> masks(block);
       fill_sign_masks(masks.data(), block, 1234);
-      const double te = best_seconds(
-          repeats, [&] { hadamard_encode(t, in.data(), enc.data(), g, masks.data()); });
-      const double td = best_seconds(repeats, [&] {
-        hadamard_decode(t, enc.data(), out.data(), g, masks.data(), 1.0, in.data(), 1.0);
-      });
-      const double gbe = double(bytes) / te / 1e9, gbd = double(bytes) / td / 1e9;
-      const double gbed = double(bytes) / (te + td) / 1e9;
-      std::printf("%-5s %7llu %10.2f %10.2f %12.2f %14.2f\n", name(t), (unsigned long long)block,
-                  gbe, gbd, gbed, (double(bytes) / t_memcpy / 1e9) / gbed);
+      double prev = 0;
+      for (int v = 0; v <= int(best); ++v) {
+        const HostSimd simd = select_host_simd(HostSimd(v));
+        if (simd != HostSimd(v)) continue;
+        const double te = best_seconds(
+            repeats, [&] { hadamard_encode(t, in.data(), enc.data(), g, masks.data()); });
+        const double td = best_seconds(repeats, [&] {
+          hadamard_decode(t, enc.data(), out.data(), g, masks.data(), 1.0, in.data(), 1.0);
+        });
+        const double gbe = double(bytes) / te / 1e9, gbd = double(bytes) / td / 1e9;
+        const double gbed = double(bytes) / (te + td) / 1e9;
+        std::printf("%-5s %7llu %-7s %10.2f %10.2f %12.2f %14.2f", name(t),
+                    (unsigned long long)block, host_simd_name(simd), gbe, gbd, gbed,
+                    (double(bytes) / t_memcpy / 1e9) / gbed);
+        if (prev > 0) std::printf(" %6.2fx", gbed / prev);
+        std::printf("\n");
+        prev = gbed;
+      }
     }
   }
+  select_host_simd(best);
   return 0;
 }

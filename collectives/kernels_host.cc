@@ -1,10 +1,13 @@
 // Host kernels (see kernels_host.h): the baseline variant of kernels_host_impl.h, the AVX2
-// variant where the CPU has it (kernels_host_avx2.cc), and the one-time choice between them.
+// variant where the CPU has it (kernels_host_avx2.cc), and the choice between them.
 // Every hot loop is branch-free over contiguous arrays so that the compiler vectorises it; the
 // element type is a template parameter resolved once per call, never per element.
 #define OR_KERNEL_NS base
 #include "collectives/kernels_host_impl.h"
 #undef OR_KERNEL_NS
+
+#include <algorithm>
+#include <atomic>
 
 namespace optireduce::coll {
 
@@ -24,13 +27,43 @@ uint64_t fill(DType t, void* dst, const void* received, const void* own, size_t 
 uint64_t count(DType t, const void* data, size_t n);
 uint64_t nonfinite(DType t, const void* data, size_t n);
 }  // namespace avx2
+#endif
+
+const char* host_simd_name(HostSimd s) {
+  return s == HostSimd::kAvx2 ? "avx2" : "none";
+}
+
+HostSimd best_host_simd() {
+  // Read once: the CPU does not change under a running process.
+#ifdef OR_HAVE_AVX2_KERNELS
+  static const HostSimd best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                       __builtin_cpu_supports("f16c")
+                                   ? HostSimd::kAvx2
+                                   : HostSimd::kNone;
+  return best;
+#else
+  return HostSimd::kNone;
+#endif
+}
 
 namespace {
-// Read once: the CPU does not change under a running process.
-const bool kUseAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                      __builtin_cpu_supports("f16c");
+// Relaxed: a selection applies to the kernels called after it in the same thread, and a
+// thread that still runs the previous variant gets the same bits.
+std::atomic<uint8_t> g_simd{uint8_t(best_host_simd())};
 }  // namespace
-#define OR_PICK(fn) (kUseAvx2 ? avx2::fn : base::fn)
+
+HostSimd select_host_simd(HostSimd want) {
+  const HostSimd s = std::min(want, best_host_simd());
+  g_simd.store(uint8_t(s), std::memory_order_relaxed);
+  return s;
+}
+
+HostSimd host_simd() {
+  return HostSimd(g_simd.load(std::memory_order_relaxed));
+}
+
+#ifdef OR_HAVE_AVX2_KERNELS
+#define OR_PICK(fn) (host_simd() == HostSimd::kAvx2 ? avx2::fn : base::fn)
 #else
 #define OR_PICK(fn) base::fn
 #endif

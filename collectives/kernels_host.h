@@ -11,6 +11,19 @@
 
 namespace optireduce::coll {
 
+// The instruction sets the kernels below are built for, narrowest first: baseline x86-64 (or
+// any other CPU), and AVX2 with FMA and F16C where the CPU has them. Both give the same bits
+// (the transform's additions run in one order whatever the vector width, FMA by +-1 is exact),
+// so the ranks of one job may run on CPUs of different generations.
+enum class HostSimd : uint8_t { kNone, kAvx2 };
+const char* host_simd_name(HostSimd s);
+// The widest variant this build and CPU have: the one the kernels run.
+HostSimd best_host_simd();
+// Tests and benchmarks: makes the kernels run `want`, or the widest below it that the build
+// and CPU have, and returns the one chosen. Process-wide.
+HostSimd select_host_simd(HostSimd want);
+HostSimd host_simd();
+
 // In-place unnormalised Walsh-Hadamard transform of d = 2^k values (H is symmetric and H*H = d*I).
 void fwht(float* x, size_t d);
 void fwht(double* x, size_t d);

@@ -8,10 +8,13 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "collectives/elem.h"
+#include "tests/collectives/random_elems.h"
 
 namespace optireduce::coll {
 namespace {
@@ -329,6 +332,109 @@ void reduce_matches_reference() {
       }
     }
   }
+}
+
+// Every instruction-set variant of the kernels must give the same bits as the baseline one: the
+// ranks of one job may run on CPUs of different generations, and a replica whose transform
+// rounded differently would drift from the others. Without this test only the variant of the
+// CI machine's CPU would ever run. Encode, decode with
+// erasures (and a block erased whole), the reduction with lost elements, and the transform, for
+// every type, over blocks with a tail.
+template <DType T>
+void variants_agree() {
+  using S = typename Elem<T>::S;
+  const HostSimd best = best_host_simd();
+  const HostSimd before = host_simd();
+  for (const uint64_t block : {uint64_t{64}, uint64_t{4096}}) {
+    const HadamardGeometry g{3 * block + 77, block};
+    const std::vector<S> in = random_elems<T>(g.count, 7);
+    std::vector<uint32_t> masks(block);
+    fill_sign_masks(masks.data(), block, 99);
+    std::vector<S> want_enc, want_dec;
+    std::vector<S> want_red;
+    uint64_t want_lost = 0, want_empty = 0, want_red_lost = 0;
+    for (int v = 0; v <= int(best); ++v) {
+      const HostSimd simd = HostSimd(v);
+      ASSERT_EQ(select_host_simd(simd), simd);
+      SCOPED_TRACE(std::string(host_simd_name(simd)) + ", block " + std::to_string(block));
+      std::vector<S> enc(g.encoded());
+      hadamard_encode(T, in.data(), enc.data(), g, masks.data());
+      // Erasures: every 5th coordinate of block 0, all of block 1.
+      std::vector<S> erased = enc;
+      for (uint64_t i = 0; i < block; i += 5) erased[i] = Elem<T>::kMarker;
+      for (uint64_t i = block; i < 2 * block; ++i) erased[i] = Elem<T>::kMarker;
+      std::vector<S> dec(g.count);
+      const DecodeResult r = hadamard_decode(T, erased.data(), dec.data(), g, masks.data(), 0.25,
+                                             in.data(), 4.0, Erasure::kRescale);
+      std::vector<S> a = random_elems<T>(g.count, 11), b = random_elems<T>(g.count, 13);
+      for (uint64_t i = 0; i < g.count; i += 7) b[i] = Elem<T>::kMarker;
+      const void* srcs[3] = {in.data(), a.data(), b.data()};
+      const uint8_t lossy[3] = {0, 0, 1};
+      std::vector<S> red(g.count);
+      const uint64_t red_lost =
+          reduce_shard(T, srcs, lossy, 3, red.data(), g.count, RedOp::kAvg, Erasure::kRescale);
+      if (v == 0) {
+        want_enc = enc;
+        want_dec = dec;
+        want_red = red;
+        want_lost = r.lost;
+        want_empty = r.blocks_empty;
+        want_red_lost = red_lost;
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(enc.data(), want_enc.data(), enc.size() * sizeof(S)), 0);
+      EXPECT_EQ(std::memcmp(dec.data(), want_dec.data(), dec.size() * sizeof(S)), 0);
+      EXPECT_EQ(std::memcmp(red.data(), want_red.data(), red.size() * sizeof(S)), 0);
+      EXPECT_EQ(r.lost, want_lost);
+      EXPECT_EQ(r.blocks_empty, want_empty);
+      EXPECT_EQ(red_lost, want_red_lost);
+    }
+  }
+  select_host_simd(before);
+}
+
+TEST(HostSimd, EveryVariantGivesTheSameBitsF32) {
+  variants_agree<DType::kF32>();
+}
+TEST(HostSimd, EveryVariantGivesTheSameBitsF16) {
+  variants_agree<DType::kF16>();
+}
+TEST(HostSimd, EveryVariantGivesTheSameBitsBf16) {
+  variants_agree<DType::kBF16>();
+}
+TEST(HostSimd, EveryVariantGivesTheSameBitsF64) {
+  variants_agree<DType::kF64>();
+}
+
+TEST(HostSimd, TheTransformAgreesAtEverySize) {
+  const HostSimd before = host_simd();
+  for (size_t d = 1; d <= 65536; d *= 2) {
+    const std::vector<float> x0 = [&] {
+      std::vector<float> x(d);
+      std::mt19937 rng{uint32_t(d)};
+      std::normal_distribution<float> n;
+      for (float& v : x) v = n(rng);
+      return x;
+    }();
+    std::vector<double> y0(x0.begin(), x0.end());
+    select_host_simd(HostSimd::kNone);
+    std::vector<float> want_f = x0;
+    std::vector<double> want_d = y0;
+    fwht(want_f.data(), d);
+    fwht(want_d.data(), d);
+    for (int v = 1; v <= int(best_host_simd()); ++v) {
+      ASSERT_EQ(select_host_simd(HostSimd(v)), HostSimd(v));
+      std::vector<float> f = x0;
+      std::vector<double> dd = y0;
+      fwht(f.data(), d);
+      fwht(dd.data(), d);
+      EXPECT_EQ(std::memcmp(f.data(), want_f.data(), d * sizeof(float)), 0)
+          << host_simd_name(HostSimd(v)) << " d=" << d;
+      EXPECT_EQ(std::memcmp(dd.data(), want_d.data(), d * sizeof(double)), 0)
+          << host_simd_name(HostSimd(v)) << " d=" << d;
+    }
+  }
+  select_host_simd(before);
 }
 
 TEST(Reduce, MatchesReferenceF32) {
