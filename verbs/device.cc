@@ -309,11 +309,10 @@ Status open_verbs_devices(const Config& cfg, std::vector<std::unique_ptr<Device>
   return verbs::open_verbs_devices_with(*ibv, cfg, out);
 }
 
-Status verbs::open_verbs_devices_with(const IbvSymbols& table, const Config& cfg,
+Status verbs::open_verbs_devices_with(const IbvSymbols& ibv, const Config& cfg,
                                       std::vector<std::unique_ptr<Device>>* out) {
-  const IbvSymbols* ibv = &table;
   int n = 0;
-  ibv_device** list = ibv->get_device_list(&n);
+  ibv_device** list = ibv.get_device_list(&n);
   if (list == nullptr) {
     // ENOSYS: the kernel has no RDMA subsystem; that is "no devices", not an error.
     OR_INFO("verbs: ibv_get_device_list: %s", std::strerror(errno));
@@ -321,27 +320,27 @@ Status verbs::open_verbs_devices_with(const IbvSymbols& table, const Config& cfg
   }
   Status result = Status::ok();
   for (int d = 0; d < n && result.is_ok(); d++) {
-    const std::string name = ibv->get_device_name(list[d]);
-    ibv_context* probe = ibv->open_device(list[d]);
+    const std::string name = ibv.get_device_name(list[d]);
+    ibv_context* probe = ibv.open_device(list[d]);
     if (probe == nullptr) continue;
     ibv_device_attr dattr{};
-    if (ibv->query_device(probe, &dattr) != 0) {
-      ibv->close_device(probe);
+    if (ibv.query_device(probe, &dattr) != 0) {
+      ibv.close_device(probe);
       continue;
     }
     for (int port = 1; port <= dattr.phys_port_cnt && result.is_ok(); port++) {
       if (!verbs::hca_selected(cfg.ib_hca, name, port)) continue;
       ibv_port_attr pattr{};
       uint32_t speed_ex = 0;
-      if (ibv->query_port(probe, static_cast<uint8_t>(port), &pattr, &speed_ex) != 0) continue;
+      if (ibv.query_port(probe, static_cast<uint8_t>(port), &pattr, &speed_ex) != 0) continue;
       if (pattr.state != IBV_PORT_ACTIVE) continue;
       std::unique_ptr<Device> dev;
-      result = verbs::open_port(*ibv, list[d], name, port, dattr, pattr, speed_ex, cfg, &dev);
+      result = verbs::open_port(ibv, list[d], name, port, dattr, pattr, speed_ex, cfg, &dev);
       if (dev) out->push_back(std::move(dev));
     }
-    ibv->close_device(probe);
+    ibv.close_device(probe);
   }
-  ibv->free_device_list(list);
+  ibv.free_device_list(list);
   return result;
 }
 

@@ -670,19 +670,14 @@ enum class LaneRun {
   kDuplicateBeforeTail,
 };
 
-// While armed (a count of refusals left), modify_qp refuses to move a QP to the error state,
-// as a device whose firmware command fails would: the one way to send a receive lane down its
-// fallback, a QP recreated under a new QPN, on a device where that otherwise never happens.
-std::atomic<int> g_err_moves_to_refuse{0};
+// While armed, modify_qp refuses once to move a QP to the error state, as a device whose
+// firmware command fails would: the one way to send a receive lane down its fallback, a QP
+// recreated under a new QPN, on a device where that otherwise never happens.
+std::atomic<bool> g_refuse_err_move{false};
 int refusing_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
-  if (mask == IBV_QP_STATE && attr->qp_state == IBV_QPS_ERR) {
-    int left = g_err_moves_to_refuse.load();
-    while (left > 0 && !g_err_moves_to_refuse.compare_exchange_weak(left, left - 1)) {
-    }
-    if (left > 0) {
-      errno = EIO;
-      return EIO;
-    }
+  if (mask == IBV_QP_STATE && attr->qp_state == IBV_QPS_ERR && g_refuse_err_move.exchange(false)) {
+    errno = EIO;
+    return EIO;
   }
   return ibv_symbols()->modify_qp(qp, attr, mask);
 }
@@ -815,7 +810,7 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
     usleep(300'000);  // the device takes what it has requests for and drops the rest
   }
   const uint32_t late = kLanePkts / 2;
-  if (run == LaneRun::kOversizeRecreated) g_err_moves_to_refuse.store(1);
+  if (run == LaneRun::kOversizeRecreated) g_refuse_err_move.store(true);
   for (int round = 0; round < 50 && have < kLanePkts; round++) {
     burst.clear();
     if (to != 0 && b->aim_moves() != 0) {
@@ -860,7 +855,7 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
       static_cast<unsigned long long>(c->waited), static_cast<unsigned long long>(c->dropped),
       static_cast<unsigned long long>(c->errors), static_cast<unsigned long long>(c->recovered),
       static_cast<unsigned long long>(c->recreated));
-  g_err_moves_to_refuse.store(0);
+  g_refuse_err_move.store(false);
   ASSERT_EQ(have, kLanePkts);
   EXPECT_EQ(b->aim_moves(), run == LaneRun::kOversizeRecreated ? 1u : 0u);
   EXPECT_TRUE(b->aim_close(steer, true));
