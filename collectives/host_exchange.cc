@@ -1,7 +1,7 @@
 // HostExchange (see host_exchange.h): connection set-up through the store, and one phase =
-// all isends at once, irecvs round by round, then wait. The transport's progress thread moves
-// the data; this thread only posts and tests, backing off to sleeps so that ranks sharing a
-// few cores leave them to the progress threads.
+// all isends at once, irecvs round by round, then wait. This thread posts and tests; between
+// tests it blocks until the network answers (wait_for_work), so that ranks sharing a few cores
+// leave them to each other and to the kernel's packet processing.
 #include "collectives/host_exchange.h"
 
 #include <algorithm>
@@ -173,7 +173,7 @@ Status HostExchange::wait(Request* req, size_t* size, bool is_send, int peer) {
                " did not complete (peer gone?)";
       return Status(Errc::kRemote);
     }
-    backoff.pause();
+    backoff.pause(phase_requests());
   }
 }
 
@@ -192,6 +192,12 @@ Status HostExchange::begin_phase(Mode mode, int, std::span<RecvOp> recvs,
   recv_reqs_.assign(recvs.size(), nullptr);
   recv_before_.resize(recvs.size());
   return round_end.empty() ? Status::ok() : abandon_unless_ok(post_round(0));
+}
+
+std::span<Request* const> HostExchange::phase_requests() {
+  wait_set_.assign(recv_reqs_.begin(), recv_reqs_.end());
+  wait_set_.insert(wait_set_.end(), send_reqs_.begin(), send_reqs_.end());
+  return wait_set_;
 }
 
 Status HostExchange::failed_earlier() {
@@ -234,7 +240,7 @@ Status HostExchange::post_round(size_t q) {
           error_ = "irecv from rank " + std::to_string(op.peer) + " stayed back-pressured";
           return Status(Errc::kRemote);
         }
-        backoff.pause();
+        backoff.pause(phase_requests());
       }
     }
   }
@@ -268,7 +274,7 @@ Status HostExchange::post_sends_now(std::span<const SendOp> sends) {
           error_ = "isend to rank " + std::to_string(op.peer) + " stayed back-pressured";
           return Status(Errc::kRemote);
         }
-        backoff.pause();
+        backoff.pause(phase_requests());
       }
     }
   }
@@ -386,7 +392,7 @@ Status HostExchange::wait_arrivals_now(size_t n, uint64_t step) {
       return Status(Errc::kRemote);
     }
     // The phase's spin budget, not the call's: these waits return every few packets.
-    arrival_backoff_.pause();
+    arrival_backoff_.pause(phase_requests());
   }
   return Status::ok();
 }

@@ -53,6 +53,8 @@ class HostExchange final : public Exchange {
   // later phases fail at once.
   Status abandon_unless_ok(Status s);
   Status failed_earlier();
+  // The phase's requests, receives then sends, for a wait between tests (wait_for_work).
+  std::span<Request* const> phase_requests();
 
   int rank_ = 0;
   int nranks_ = 1;
@@ -77,6 +79,7 @@ class HostExchange final : public Exchange {
   std::vector<Request*> send_reqs_;
   std::vector<Request*> recv_reqs_;
   std::vector<ConnStats> recv_before_;  // each receive's connection counters when posted
+  std::vector<Request*> wait_set_;      // phase_requests()' list, kept to reuse its memory
 };
 
 }  // namespace optireduce::coll

@@ -10,11 +10,19 @@
 // So the caller yields a few times, then naps 1/32 of what it has waited so far, between 20 and
 // 60 us: a wait overshoots its end by at most about 3% (or 20 us), and a long one wakes up to a
 // third as often as before.
+// Where the transport can block until the network answers (wait_for_work: a poll on the UDP
+// socket, woken by the datagram that ends the wait, not after it), the caller blocks instead
+// of napping, and for longer: a quarter of what it has waited, up to a millisecond. The bound
+// is for what the socket does not show (transport/wait.cc); a phase of 25 ms then wakes for
+// its datagrams and rarely otherwise.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <span>
 #include <thread>
+
+#include "transport/transport.h"
 
 namespace optireduce::coll {
 
@@ -24,6 +32,8 @@ class PollBackoff {
   static constexpr std::chrono::nanoseconds kMinNap = std::chrono::microseconds(20);
   static constexpr std::chrono::nanoseconds kMaxNap = std::chrono::microseconds(60);
   static constexpr int kNapShare = 32;  // nap = waited / kNapShare, within the bounds above
+  static constexpr std::chrono::nanoseconds kMaxBlock = std::chrono::milliseconds(1);
+  static constexpr int kBlockShare = 4;  // block = waited / kBlockShare, kMinNap to kMaxBlock
 
   // After `polls` fruitless polls over `waited`: 0 to yield, else how long to nap.
   static constexpr std::chrono::nanoseconds pause_after(int polls, std::chrono::nanoseconds waited) {
@@ -36,13 +46,23 @@ class PollBackoff {
     polls_ = 0;
     since_ = std::chrono::steady_clock::now();
   }
-  // One fruitless poll: yield or nap.
-  void pause() {
-    const auto d = pause_after(polls_++, std::chrono::steady_clock::now() - since_);
-    if (d.count() == 0)
+  // How long a blocking wait may last after `waited`.
+  static constexpr std::chrono::nanoseconds block_after(std::chrono::nanoseconds waited) {
+    return std::clamp(waited / kBlockShare, kMinNap, kMaxBlock);
+  }
+
+  // One fruitless poll: yield, or wait for one of `reqs`' connections to have work (a nap
+  // where the transport cannot tell).
+  void pause(std::span<Request* const> reqs = {}) {
+    const auto waited = std::chrono::steady_clock::now() - since_;
+    const auto d = pause_after(polls_++, waited);
+    if (d.count() == 0) {
       std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(d);
+      return;
+    }
+    const auto block = static_cast<uint64_t>(block_after(waited).count());
+    if (!reqs.empty() && wait_for_work(reqs, block)) return;
+    std::this_thread::sleep_for(d);
   }
 
  private:

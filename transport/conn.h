@@ -109,6 +109,14 @@ class Conn : private RxHandler, private RxSink {
     return next_timer_ns_.load() != 0 || next_pace_ns_.load() != 0 || ep_->rx_pending();
   }
 
+  // For a caller that blocks between passes (wait.cc), all read without the lock: the
+  // endpoint's descriptor (-1: none), datagrams kept for it, and what it saw readable.
+  int readable_fd() const { return ep_->readable_fd(); }
+  bool rx_pending() const { return ep_->rx_pending(); }
+  void note_readable() { ep_->note_readable(); }
+  void set_blocked_waiter(bool on) { ep_->set_blocked_waiter(on); }
+  const Clock& clock() const { return clock_; }
+
   // Serves the connection now (what the progress thread does for idle connections).
   void poll();
 

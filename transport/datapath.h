@@ -325,6 +325,18 @@ class Endpoint {
   virtual bool shared() const { return false; }
   // Datagrams kept for this endpoint (its sink was busy) that rx_into has not handed out yet.
   virtual bool rx_pending() const { return false; }
+  // A descriptor that polls readable (POLLIN) while datagrams wait for this endpoint, for a
+  // caller that blocks between two passes (wait_for_work); -1 where there is none, or where
+  // datagrams may wait elsewhere unseen by it (the fault injector delays them in memory).
+  // Read without the owner's lock: it must not change while the endpoint is open.
+  virtual int readable_fd() const { return -1; }
+  // A caller saw readable_fd() readable: its next receive must look even if the endpoint
+  // was idle a moment ago (endpoint_mux.cc skips some receives on an idle endpoint).
+  virtual void note_readable() {}
+  // A caller blocks on readable_fd() (true) or is back (false). Whoever else receives on the
+  // endpoint meanwhile (the progress thread, EndpointMux::serve) leaves its datagrams to that
+  // caller: taking them would not wake it.
+  virtual void set_blocked_waiter(bool on) { (void)on; }
   // When a caller last received on the endpoint for any of its connections, the progress
   // thread's own receives not counted; 0: never, or the datapath cannot say. While callers
   // keep receiving, an ACK reaches its connection within their polling (Conn::wake_ns).

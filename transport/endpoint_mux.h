@@ -134,6 +134,8 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   // Empty drains in a row, calls left to skip, when the endpoint was last read, and skips not
   // yet counted (under rx_mu_; see endpoint_mux.cc on polling an idle endpoint).
   int empty_streak_ = 0;
+  std::atomic<bool> readable_{false};    // a caller saw the endpoint readable (note_readable)
+  std::atomic<int> blocked_waiters_{0};  // callers blocked on its descriptor (serve() yields)
   int quiet_calls_ = 0;
   uint64_t last_look_ns_ = 0;
   uint64_t quiet_skips_ = 0;

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "transport/clock.h"
@@ -93,6 +94,16 @@ struct Request;
 
 // Tests a request of either kind; same contract as SendComm::test / RecvComm::test.
 Status test_request(Request* req, bool* done, size_t* size);
+
+// The one call that blocks, for a caller with nothing to do until the network answers (the
+// host path's exchange between two tests; never the plugin: no call NCCL makes may block).
+// Sleeps until a datagram waits at the endpoint of one of these requests' connections, one of
+// their timers is due, or `max_ns` passed, whichever comes first; a wake-up is a hint to test
+// again, not a promise that anything changed. Returns false at once, without sleeping, where
+// it cannot wait so (an endpoint with no descriptor to poll: verbs, the fault injector, the
+// in-memory link; more distinct descriptors than it polls), and the caller naps instead.
+// Null requests are skipped; the others must be outstanding, or done but not yet reposted.
+bool wait_for_work(std::span<Request* const> reqs, uint64_t max_ns);
 
 // How a receive ended, for its caller (the plugin reports it to NCCL's profiler). Valid from the
 // test() that reported the receive done until the next irecv on its connection.

@@ -94,6 +94,7 @@ class UdpEndpoint final : public Endpoint {
   // one polls POLLERR while take_unreachable has reports waiting, and those reports are charged
   // to its receive buffer until taken: whoever polls it must take them.
   int fd() const { return fd_; }
+  int readable_fd() const override { return fd_; }
   // Tests only: replaces the system calls (see UdpSyscalls).
   void set_syscalls_for_test(const UdpSyscalls& sc) { sys_ = &sc; }
 

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/udp/loopback.h"
 #include "transport/clock.h"
 #include "transport/transport.h"
 #include "transport/wire.h"
@@ -26,6 +27,8 @@
 
 namespace optireduce {
 namespace {
+
+using testing::loopback_at;
 
 const char* const kAddrs[] = {"127.0.0.1", "127.0.0.2"};
 
@@ -62,15 +65,6 @@ class RecordingDevice final : public Device {
   int index_;
   std::unique_ptr<Device> inner_;
 };
-
-UdpInterface loopback_at(const char* ipv4) {
-  UdpInterface itf;
-  itf.name = "lo";
-  auto* a = reinterpret_cast<sockaddr_in*>(&itf.addr);
-  a->sin_family = AF_INET;
-  inet_pton(AF_INET, ipv4, &a->sin_addr);
-  return itf;
-}
 
 Status open_two_devices(const Config&, std::vector<std::unique_ptr<Device>>* out) {
   for (int k = 0; k < 2; ++k)

@@ -718,6 +718,51 @@ TEST(Mux, ServeWaitsOnlyBrieflyForACallerThatCopies) {
   EXPECT_EQ(seq_of(r.sink.got[0]), 5u);
 }
 
+// A caller blocked on the endpoint's descriptor (wait_for_work) is woken by the datagram and
+// drains it itself; the progress thread leaves the endpoint alone meanwhile, however long ago
+// the caller last drained, and serves it again once the caller is back.
+TEST(Mux, ServeLeavesAnEndpointToACallerBlockedOnIt) {
+  ServeRig r(11);
+  send_raw(r.peer, 1, datagram(22, 5));
+  r.owner->set_blocked_waiter(true);
+  EXPECT_FALSE(r.served_after_us(10'000));
+  r.owner->set_blocked_waiter(false);
+  ASSERT_TRUE(r.served_after_us(0));
+  EXPECT_EQ(seq_of(r.sink.got[0]), 5u);
+}
+
+// A caller that saw the descriptor readable looks at once, even within an idle endpoint's
+// streak of skipped reads (AnIdleEndpointPolledInALoopIsReadEverySoOften).
+TEST(Mux, ACallerThatSawItReadableLooksAtOnce) {
+  auto hub = std::make_shared<Hub>();
+  HubEndpoint* raw = nullptr;
+  FakeClock clock;  // standing still: every call within the streak's quiet time
+  auto mux = make_mux(hub, 1, &raw, clock);
+  HubEndpoint peer(hub, 7);
+  auto p = port(*mux, 11, hub_address(7));
+  Recorder own;
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(p->rx_into(own, 32), 0);
+  // Right after an empty read the next calls are skipped...
+  auto after_a_read = [&] {
+    const int reads = raw->rx_calls;
+    while (raw->rx_calls == reads) EXPECT_EQ(p->rx_into(own, 32), 0);
+  };
+  after_a_read();
+  send_raw(peer, 1, datagram(11, 1));
+  EXPECT_EQ(p->rx_into(own, 32), 0);  // ...a datagram waiting or not
+  while (p->rx_into(own, 32) == 0) {
+  }
+  // ...unless the caller saw the endpoint readable.
+  for (uint32_t k = 2; k <= 4; ++k) {
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(p->rx_into(own, 32), 0);  // a streak again
+    after_a_read();
+    send_raw(peer, 1, datagram(11, k));
+    p->note_readable();
+    EXPECT_EQ(p->rx_into(own, 32), 1) << "datagram " << k;
+  }
+  EXPECT_EQ(own.got.size(), 4u);
+}
+
 // A send the pacer holds back while its packets are in flight goes on by the passes its ACKs
 // bring while a caller receives on the endpoint: the progress thread is not woken per paced
 // packet (Conn::wake_ns). Once no caller has received for a while, the pacer's own timer wakes
