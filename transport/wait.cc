@@ -12,7 +12,7 @@
 //    in flight): the sleep ends at the earliest one of the requests' connections, and one due
 //    already is served at once;
 //  - datagrams another thread received for the connection while its lock was held, kept in
-//    its port (rx_pending): no sleep at all;
+//    its port (rx_pending): served at once, no sleep;
 //  - datagrams the progress thread takes: none while the caller blocks (it leaves a blocked
 //    caller's endpoint alone, EndpointMux::serve), but one it took between the caller's last
 //    test and the poll is not seen, and the sleep lasts to its end, which the caller bounds (a
@@ -46,7 +46,10 @@ bool wait_for_work(std::span<Request* const> reqs, uint64_t max_ns) {
     Conn* c = r->conn;
     const int fd = c->readable_fd();
     if (fd < 0) return false;
-    if (c->rx_pending()) return true;
+    if (c->rx_pending()) {  // its pass takes them (the caller may be testing another request)
+      c->poll();
+      return true;
+    }
     // Until the connection's earliest armed timer, on its own clock. A timer due now is served
     // here (the caller owns the connection, and may test only one of its requests per pass,
     // leaving the others' timers to the progress thread's next wake-up); a pass that fired
