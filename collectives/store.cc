@@ -10,6 +10,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -148,7 +149,10 @@ class TcpStore::Server {
                std::strerror(errno);
       return Status(Errc::kSystem, errno);
     }
-    acceptor_ = std::thread([this] { accept_loop(); });
+    acceptor_ = std::thread([this] {
+      (void)pthread_setname_np(pthread_self(), "optireduce-stor");  // for top -H, perf, gdb
+      accept_loop();
+    });
     return Status::ok();
   }
 

@@ -1,6 +1,8 @@
 // The lanes' worker thread (lane_worker.h).
 #include "verbs/lane_worker.h"
 
+#include <pthread.h>
+
 #include <system_error>
 
 namespace optireduce::verbs {
@@ -8,7 +10,10 @@ namespace optireduce::verbs {
 bool LaneWorker::ensure_thread_locked() {
   if (thread_.joinable()) return true;
   try {
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] {
+      (void)pthread_setname_np(pthread_self(), "optireduce-lane");  // for top -H, perf, gdb
+      run();
+    });
   } catch (const std::system_error&) {
     return false;  // no thread: the caller does the work itself, or goes without
   }
