@@ -153,6 +153,11 @@ struct Row {
   // per iteration: what the algorithm takes from the application's cores (and, on a shared
   // host, from other tenants). NaN: not measured.
   double cpu_ms = NAN;
+  // Context switches (voluntary and involuntary, every thread) that all ranks together made
+  // inside the timed calls, per iteration: how often the algorithm gives up a core and takes
+  // one back, each time a core that another process on the host (a background tenant, the
+  // kernel's packet processing) waited for. NaN: not measured.
+  double csw = NAN;
 };
 
 inline Row summarize(const std::string& env, const std::string& algo, int ranks, uint64_t bytes,
@@ -200,17 +205,18 @@ inline Row summarize(const std::string& env, const std::string& algo, int ranks,
 inline const char* csv_header() {
   return "env,algo,ranks,bytes,iters,p50_ms,p99_ms,p999_ms,mean_ms,max_ms,p99_p50,algbw_gbs,"
          "busbw_gbs,delivered,rel_l2_err,rel_l2_err_max,deadline_frac,exact_frac,tb_ms,"
-         "cpu_ms";
+         "cpu_ms,csw";
 }
 
 inline std::string csv_line(const Row& r) {
   char buf[512];
   std::snprintf(
       buf, sizeof(buf),
-      "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f,%.3f",
+      "%s,%s,%d,%llu,%d,%.4f,%.4f,%.4f,%.4f,%.4f,%.3f,%.4f,%.4f,%.6f,%.3e,%.3e,%.4f,%.4f,%.3f,%.3f,"
+      "%.1f",
       r.env.c_str(), r.algo.c_str(), r.ranks, (unsigned long long)r.bytes, r.iters, r.p50_ms,
       r.p99_ms, r.p999_ms, r.mean_ms, r.max_ms, r.tail_ratio, r.algbw, r.busbw, r.delivered,
-      r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms, r.cpu_ms);
+      r.error, r.error_max, r.deadline_frac, r.exact_frac, r.tb_ms, r.cpu_ms, r.csw);
   return buf;
 }
 
@@ -218,9 +224,9 @@ inline std::string csv_line(const Row& r) {
 inline void append_csv(const std::string& path, const Row& r) {
   std::printf(
       "%-10s %-15s %9llu B  p50 %9.3f  p99 %9.3f  p99.9 %9.3f  mean %9.3f ms  p99/p50 "
-      "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f  cpu %.2f ms\n",
+      "%6.2f  busbw %6.3f GB/s  delivered %.5f  err %.2e  deadline %.3f  cpu %.2f ms  csw %.0f\n",
       r.env.c_str(), r.algo.c_str(), (unsigned long long)r.bytes, r.p50_ms, r.p99_ms, r.p999_ms,
-      r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error, r.deadline_frac, r.cpu_ms);
+      r.mean_ms, r.tail_ratio, r.busbw, r.delivered, r.error, r.deadline_frac, r.cpu_ms, r.csw);
   std::fflush(stdout);
   if (path.empty() || path == "-") return;
   FILE* f = std::fopen(path.c_str(), "a+");

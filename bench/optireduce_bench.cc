@@ -194,12 +194,17 @@ void sleep_ms(double ms) {
   std::this_thread::sleep_for(std::chrono::microseconds(int64_t(ms * 1e3)));
 }
 
-// CPU seconds (user + system) of every thread of this process so far.
-double process_cpu_seconds() {
+// What every thread of this process used so far: CPU seconds (user + system) and context
+// switches (voluntary and involuntary).
+struct Usage {
+  double cpu_s = 0;
+  double csw = 0;
+};
+Usage process_usage() {
   rusage u{};
   ::getrusage(RUSAGE_SELF, &u);
   auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-  return sec(u.ru_utime) + sec(u.ru_stime);
+  return Usage{sec(u.ru_utime) + sec(u.ru_stime), double(u.ru_nvcsw) + double(u.ru_nivcsw)};
 }
 
 // One algorithm's timing at one size: its buffers, the per-iteration figures of this rank, and
@@ -234,21 +239,24 @@ class Measurement {
     // The straggler's sleep stands for slow compute: outside its own timed region, so the
     // figures show what it costs the others.
     if (i >= 0 && o_.rank == o_.straggler_rank && sleeps_[size_t(i)]) sleep_ms(o_.straggler_ms);
-    const double c0 = process_cpu_seconds();
+    const Usage u0 = process_usage();
     const auto t0 = Clock::now();
     algo_->run(in_.data(), out_.data(), count_);
     const double dt = seconds_since(t0);
     if (i < 0) return;
-    cpu_ += process_cpu_seconds() - c0;
+    const Usage u1 = process_usage();
+    cpu_ += u1.cpu_s - u0.cpu_s;
+    csw_ += u1.csw - u0.csw;
     const size_t k = size_t(i);
     t_[k] = dt;
     algo_->last(&lost_[k], &expected_[k], &deadline_[k], &exact_calls_[k]);
     pending_ = i;
   }
 
-  // The per-iteration figures reduced over ranks; *cpu_ms: CPU time of all ranks inside the
-  // timed calls, per iteration. Every rank calls it, in the same order.
-  std::vector<Iteration> finish(Gloo* g, double* tb_ms, double* cpu_ms) {
+  // The per-iteration figures reduced over ranks; *cpu_ms and *csw: CPU time and context
+  // switches of all ranks inside the timed calls, per iteration. Every rank calls it, in the
+  // same order.
+  std::vector<Iteration> finish(Gloo* g, double* tb_ms, double* cpu_ms, double* csw) {
     g->barrier();
     check_pending(g);
     g->reduce(&t_, ReduceFn(&gloo::max<double>));
@@ -260,10 +268,11 @@ class Measurement {
     std::vector<double> tb{algo_->tb_ms()};
     g->reduce(&tb, ReduceFn(&gloo::max<double>));
     *tb_ms = tb[0];
-    std::vector<double> c{cpu_};
+    std::vector<double> c{cpu_, csw_};
     g->reduce(&c, ReduceFn(&gloo::sum<double>));
     const size_t n = t_.size();
     *cpu_ms = n ? c[0] * 1e3 / double(n) : NAN;
+    *csw = n ? c[1] / double(n) : NAN;
     std::vector<Iteration> it(n);
     for (size_t k = 0; k < n; ++k) {
       it[k].seconds = t_[k];
@@ -287,6 +296,7 @@ class Measurement {
   const int warmup_;
   std::vector<double> t_, lost_, expected_, deadline_, exact_calls_, err_;
   double cpu_ = 0;
+  double csw_ = 0;
   int pending_ = -1;  // the iteration whose result is still to be checked
 
   // The last iteration's error, once every rank is past its call (the caller's barrier): a
@@ -349,12 +359,13 @@ int bench_main(int argc, char** argv) {
     }
   };
   auto report = [&](const std::string& name, uint64_t bytes, Measurement& m) {
-    double tb_ms = 0, cpu_ms = NAN;
-    const auto it = m.finish(&g, &tb_ms, &cpu_ms);
+    double tb_ms = 0, cpu_ms = NAN, csw = NAN;
+    const auto it = m.finish(&g, &tb_ms, &cpu_ms, &csw);
     if (o.rank != 0) return;
     Row r = summarize(o.env, name, o.world, bytes, it);
     r.tb_ms = tb_ms;
     r.cpu_ms = cpu_ms;
+    r.csw = csw;
     append_csv(o.csv, r);
     append_samples(o.samples, r, it);
   };

@@ -320,8 +320,8 @@ def main(out):
     table = goals_table(goal_rows)
 
     full = ["| size MiB | env | algo | P50 ms | P99 ms | P99.9 ms | mean ms | P99/P50 | "
-            "busbw GB/s | delivered | rel. L2 err | deadline frac | CPU ms |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "busbw GB/s | delivered | rel. L2 err | deadline frac | CPU ms | ctx switches |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for size in sizes:
         for e in envs:
             for a in algos:
@@ -334,8 +334,9 @@ def main(out):
                     f"{fnum(r['mean_ms']):.1f} | {fnum(r['p99_p50']):.2f} | "
                     f"{fnum(r['busbw_gbs']):.3f} | "
                     f"{fnum(r['delivered']):.4f} | {fnum(r['rel_l2_err']):.1e} | "
-                    f"{fnum(r['deadline_frac']):.2f} | {fnum(r.get('cpu_ms', 'nan')):.0f} |"
-                    .replace("| nan |", "| - |"))
+                    f"{fnum(r['deadline_frac']):.2f} | {fnum(r.get('cpu_ms', 'nan')):.0f} | "
+                    f"{fnum(r.get('csw', 'nan')):.0f} |"
+                    .replace(" nan |", " - |"))
     bgtab = []
     if bg:
         bgtab = ["| size MiB | env | algo | background bytes | run s | bursting s | Mbit/s while "
