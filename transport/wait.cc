@@ -20,7 +20,6 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <ctime>
 
 #include "transport/conn.h"
