@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench/calibration.h"
+#include "bench/flags.h"
 #include "collectives/optireduce.h"
 
 #ifdef OPTIREDUCE_BENCH_GLOO
@@ -32,6 +33,8 @@
 #endif
 
 namespace {
+
+namespace bench = optireduce::bench;
 
 struct Args {
   std::vector<int> ranks = {2, 4};
@@ -53,22 +56,57 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// A comma-separated list, each item converted and checked by `conv`; false for an empty list
+// or a bad item.
+template <class T, class Conv>
+bench::Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
+  return {name, [out, conv](const char* v) {
+            std::vector<T> items;
+            for (const std::string& x : split(v)) {
+              T t;
+              if (!conv(x, &t)) return false;
+              items.push_back(t);
+            }
+            if (items.empty()) return false;
+            *out = std::move(items);
+            return true;
+          }};
+}
+
+// Exits with 2 and the reason on an unknown flag or a bad value, so that a typo never runs the
+// defaults.
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--ranks") {
-      a.ranks.clear();
-      for (auto& x : split(v)) a.ranks.push_back(std::atoi(x.c_str()));
-    } else if (k == "--min") {
-      a.min_bytes = size_t(std::atoll(v.c_str()));
-    } else if (k == "--max") {
-      a.max_bytes = size_t(std::atoll(v.c_str()));
-    } else if (k == "--iters") {
-      a.iters = std::atoi(v.c_str());
-    } else if (k == "--modes") {
-      a.modes = split(v);
-    }
+  const auto rank_count = [](const std::string& x, int* n) {
+    char* end = nullptr;
+    const long v = std::strtol(x.c_str(), &end, 10);
+    if (x.empty() || *end != '\0' || v < 1 || v > 64) return false;
+    *n = int(v);
+    return true;
+  };
+  const auto mode = [](const std::string& x, std::string* m) {
+    if (x != "bounded" && x != "exact" && x != "gloo") return false;
+    *m = x;
+    return true;
+  };
+  const int rc = bench::parse_flags(
+      argc, argv,
+      {list_flag<int>("--ranks", &a.ranks, rank_count), bench::number_flag("--min", &a.min_bytes),
+       bench::number_flag("--max", &a.max_bytes), bench::number_flag("--iters", &a.iters),
+       list_flag<std::string>("--modes", &a.modes, mode)});
+  const char* why = nullptr;
+  if (rc == 0 && (a.min_bytes < 4 || a.min_bytes % 4 != 0))
+    why = "--min: a multiple of 4 bytes, at least 4";
+  else if (rc == 0 && a.max_bytes < a.min_bytes)
+    why = "--max: at least --min";
+  else if (rc == 0 && a.iters < 0)
+    why = "--iters: 0 (by size) or more";
+  if (rc != 0 || why != nullptr) {
+    if (why != nullptr) std::fprintf(stderr, "%s\n", why);
+    std::fprintf(stderr,
+                 "usage: allreduce_bench [--ranks 2,4] [--min BYTES] [--max BYTES] [--iters N] "
+                 "[--modes bounded,exact,gloo]\n");
+    std::exit(2);
   }
   return a;
 }
@@ -256,6 +294,7 @@ int main(int argc, char** argv) {
               "iters", "p50_ms", "p99_ms", "p999_ms", "mean_ms", "algbw", "busbw", "delivered",
               "rel_err", "dl_hits");
   std::fflush(stdout);
+  int failed = 0;
   for (int n : a.ranks) {
     for (const std::string& mode : a.modes) {
       char tmpl[] = "/tmp/optireduce-bench-XXXXXX";
@@ -269,10 +308,12 @@ int main(int argc, char** argv) {
       for (pid_t p : pids) {
         int st = 0;
         ::waitpid(p, &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
           std::fprintf(stderr, "%s N=%d: a rank failed (status %d)\n", mode.c_str(), n, st);
+          failed = 1;
+        }
       }
     }
   }
-  return 0;
+  return failed;
 }

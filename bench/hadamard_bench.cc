@@ -39,11 +39,26 @@ const char* name(DType t) {
   return "?";
 }
 
+// A whole number in [lo, hi], nothing after it.
+bool whole(const char* s, long lo, long hi, long* out) {
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const size_t mib = argc > 1 ? size_t(std::atol(argv[1])) : 64;
-  const int repeats = argc > 2 ? std::atoi(argv[2]) : 5;
+  long mib_arg = 64, repeats_arg = 5;
+  if (argc > 3 || (argc > 1 && !whole(argv[1], 1, 4096, &mib_arg)) ||
+      (argc > 2 && !whole(argv[2], 1, 1000000, &repeats_arg))) {
+    std::fprintf(stderr, "usage: hadamard_bench [MiB (1-4096), default 64] [repeats, default 5]\n");
+    return 2;
+  }
+  const size_t mib = size_t(mib_arg);
+  const int repeats = int(repeats_arg);
   const size_t bytes = mib << 20;
   std::vector<uint8_t> in(bytes), enc(bytes + (1 << 20)), out(bytes);
   for (size_t i = 0; i < bytes; i += 2) {  // finite values of every type: small fp16/bf16 pairs
