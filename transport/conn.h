@@ -114,6 +114,11 @@ class Conn : private RxHandler, private RxSink {
   int readable_fd() const { return ep_->readable_fd(); }
   bool rx_pending() const { return ep_->rx_pending(); }
   void note_readable() { ep_->note_readable(); }
+  // Endpoint::prepare_wait, under the lock: an endpoint of its own is served under it.
+  bool prepare_wait() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ep_->prepare_wait();
+  }
   void set_blocked_waiter(bool on) { ep_->set_blocked_waiter(on); }
   const Clock& clock() const { return clock_; }
 

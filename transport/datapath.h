@@ -330,6 +330,12 @@ class Endpoint {
   // datagrams may wait elsewhere unseen by it (the fault injector delays them in memory).
   // Read without the owner's lock: it must not change while the endpoint is open.
   virtual int readable_fd() const { return -1; }
+  // A caller is about to block on readable_fd(), under the endpoint's serialisation: true when
+  // the descriptor will show what arrives from now on and nothing arrived before that it does
+  // not show; false when something may wait unseen (take it, then wait). A socket is level
+  // triggered and needs nothing. A completion channel (verbs) reports only completions after
+  // it is armed, so it arms here and looks once more.
+  virtual bool prepare_wait() { return true; }
   // A caller saw readable_fd() readable: its next receive must look even if the endpoint
   // was idle a moment ago (endpoint_mux.cc skips some receives on an idle endpoint).
   virtual void note_readable() {}

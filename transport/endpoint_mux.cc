@@ -145,6 +145,10 @@ class MuxPort final : public Endpoint {
   bool shared() const override { return true; }
   bool rx_pending() const override { return backlog_.pending(); }
   int readable_fd() const override { return mux_->ep_->readable_fd(); }
+  bool prepare_wait() override {
+    std::lock_guard<std::mutex> lock(mux_->ep_mu_);  // as every receive on the endpoint
+    return mux_->ep_->prepare_wait();
+  }
   void note_readable() override { mux_->readable_.store(true, std::memory_order_relaxed); }
   void set_blocked_waiter(bool on) override {
     mux_->blocked_waiters_.fetch_add(on ? 1 : -1, std::memory_order_relaxed);

@@ -100,8 +100,9 @@ Status test_request(Request* req, bool* done, size_t* size);
 // Sleeps until a datagram waits at the endpoint of one of these requests' connections, one of
 // their timers is due, or `max_ns` passed, whichever comes first; a wake-up is a hint to test
 // again, not a promise that anything changed. Returns false at once, without sleeping, where
-// it cannot wait so (an endpoint with no descriptor to poll: verbs, the fault injector, the
-// in-memory link; more distinct descriptors than it polls), and the caller naps instead.
+// it cannot wait so (an endpoint with no descriptor to poll: the fault injector, the in-memory
+// link, verbs without a completion channel or with receive lanes open; more distinct
+// descriptors than it polls), and the caller naps instead.
 // Null requests are skipped; the others must be outstanding, or done but not yet reposted.
 bool wait_for_work(std::span<Request* const> reqs, uint64_t max_ns);
 

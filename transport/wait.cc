@@ -13,6 +13,10 @@
 //    already is served at once;
 //  - datagrams another thread received for the connection while its lock was held, kept in
 //    its port (rx_pending): served at once, no sleep;
+//  - what came before a descriptor that shows only later arrivals was armed (verbs: a CQ's
+//    completion channel raises an event only for completions after ibv_req_notify_cq): the
+//    endpoint arms and looks once more (Endpoint::prepare_wait), and what it finds is taken
+//    in a pass instead of a sleep;
 //  - datagrams the progress thread takes: none while the caller blocks (it leaves a blocked
 //    caller's endpoint alone, EndpointMux::serve), but one it took between the caller's last
 //    test and the poll is not seen, and the sleep lasts to its end, which the caller bounds (a
@@ -71,6 +75,15 @@ bool wait_for_work(std::span<Request* const> reqs, uint64_t max_ns) {
     ++n;
   }
   if (n == 0) return false;
+  // A descriptor that shows only what comes after it is armed (a verbs completion channel) may
+  // have missed what came since the caller's last pass: that is taken now, in place of a sleep.
+  for (int i = 0; i < n; ++i) {
+    if (!owner[i]->prepare_wait()) {
+      owner[i]->note_readable();
+      owner[i]->poll();
+      return true;
+    }
+  }
   const timespec ts{static_cast<time_t>(sleep_ns / 1'000'000'000),
                     static_cast<long>(sleep_ns % 1'000'000'000)};
   for (int i = 0; i < n; ++i) owner[i]->set_blocked_waiter(true);

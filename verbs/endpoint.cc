@@ -3,6 +3,8 @@
 // the hot path only fills the fields that change per datagram.
 #include "verbs/endpoint.h"
 
+#include <fcntl.h>
+
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -68,8 +70,10 @@ UdEndpoint::~UdEndpoint() {
   // The device reads nothing of a destroyed QP's: whoever still waits on a fence may go on (a
   // connection that closed meanwhile left its fences behind for this; send.h).
   if (send_fence_) retire_sends(tx_posted_);
+  if (channel_) ack_channel_events();
   if (send_cq_) ibv_->destroy_cq(send_cq_);
   if (recv_cq_) ibv_->destroy_cq(recv_cq_);
+  if (channel_) ibv_->destroy_comp_channel(channel_);
   if (recv_mr_) ibv_->dereg_mr(recv_mr_);
   if (send_mr_) ibv_->dereg_mr(send_mr_);
   std::free(recv_mem_);
@@ -114,9 +118,18 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
   send_mr_ = ibv_->reg_mr(pc.pd(), send_mem_, send_bytes, 0);
   if (send_mr_ == nullptr) return Status(Errc::kSystem, errno);
 
-  send_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(kSendSlots), nullptr, nullptr, 0);
+  // A channel that cannot be made non-blocking is no use: ack_channel_events must not wait.
+  if (ibv_->has_comp_channel()) {
+    channel_ = ibv_->create_comp_channel(pc.context());
+    const int fl = channel_ != nullptr ? ::fcntl(channel_->fd, F_GETFL) : -1;
+    if (channel_ != nullptr && (fl < 0 || ::fcntl(channel_->fd, F_SETFL, fl | O_NONBLOCK) < 0)) {
+      ibv_->destroy_comp_channel(channel_);
+      channel_ = nullptr;
+    }
+  }
+  send_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(kSendSlots), nullptr, channel_, 0);
   if (send_cq_ == nullptr) return Status(Errc::kSystem, errno);
-  recv_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(recv_slots_), nullptr, nullptr, 0);
+  recv_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(recv_slots_), nullptr, channel_, 0);
   if (recv_cq_ == nullptr) return Status(Errc::kSystem, errno);
 
   ibv_qp_init_attr ia{};
@@ -205,6 +218,7 @@ void UdEndpoint::reset_qp() {
   }
   while (ibv_poll_cq(send_cq_, kPollBatch, wc_) > 0) {
   }
+  stash_n_ = stash_at_ = 0;
   rx_done_ = rx_posted_;  // nothing is posted any more; rx_burst reposts every slot
   retire_sends(tx_posted_);
   reset_pending_ = !bring_up().is_ok();
@@ -379,6 +393,39 @@ void UdEndpoint::adopt_lane() {
     return;
   }
   lanes_[lanes_open_++] = std::move(fresh);
+  has_lanes_.store(true, std::memory_order_relaxed);
+}
+
+int UdEndpoint::readable_fd() const {
+  if (channel_ == nullptr || has_lanes_.load(std::memory_order_relaxed)) return -1;
+  return channel_->fd;
+}
+
+void UdEndpoint::ack_channel_events() {
+  ibv_cq* cq = nullptr;
+  void* ctx = nullptr;
+  while (ibv_->get_cq_event(channel_, &cq, &ctx) == 0) ibv_->ack_cq_events(cq, 1);
+}
+
+bool UdEndpoint::prepare_wait() {
+  if (channel_ == nullptr) return true;  // readable_fd() said -1: nobody blocks on it
+  // Events of earlier arms: read now, or the descriptor stays readable and the wait spins.
+  ack_channel_events();
+  if (stash_at_ < stash_n_) return false;
+  if (ibv_req_notify_cq(recv_cq_, 0) != 0) return false;
+  // A zero-copy send's request is done only once its completion is reaped (TxFence), and a
+  // caller may be waiting on exactly that.
+  if (fenced_ != 0) {
+    if (ibv_req_notify_cq(send_cq_, 0) != 0) return false;
+    const uint64_t before = tx_done_;
+    reap_sends();
+    if (tx_done_ != before) return false;
+  }
+  const int n = ibv_poll_cq(recv_cq_, kPollBatch, stash_);
+  if (n <= 0) return n == 0;  // n < 0: the CQ is broken, and the next rx_burst says so
+  stash_n_ = n;
+  stash_at_ = 0;
+  return false;
 }
 
 AimLane* UdEndpoint::lane_lent_as(uint32_t steer) const {
@@ -426,6 +473,9 @@ int UdEndpoint::rx_burst(RxPacket* pkts, int max) {
   if (fenced_ != 0) reap_sends();
   repost_recvs();
   int got = 0;
+  // What prepare_wait took off the CQ came before anything still on it.
+  while (stash_at_ < stash_n_ && got < max)
+    if (take_recv(stash_[stash_at_++], &pkts[got])) got++;
   while (got < max) {
     const int want = max - got < kPollBatch ? max - got : kPollBatch;
     const int n = ibv_poll_cq(recv_cq_, want, wc_);

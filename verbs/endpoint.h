@@ -30,6 +30,10 @@
 // borrows a receive lane (aim_lane.h), a UD QP of its own whose requests point into the buffer;
 // the lanes share nothing with the QP above but the send CQ, and rx_burst polls them after it.
 // DATA whose receiver named a lane (TxPacket::steer) is posted to the lane's QPN.
+//
+// A caller that blocks between two passes (transport/wait.cc, the host path) sleeps on a
+// completion channel that both CQs report to. It is armed only when such a caller prepares
+// (prepare_wait), so NCCL's polling raises no events (docs/architecture.md, "Progress").
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -134,6 +138,14 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // named, is gone, and a steer is reachable only while its lane still has it.
   uint64_t aim_moves() const override { return aim_moves_.load(std::memory_order_relaxed); }
   bool aim_reachable(uint32_t steer) override;
+  // The completion channel's descriptor, for a caller that blocks until a datagram comes
+  // (transport/wait.cc); -1 without a channel, or once a receive lane is open: a lane's
+  // completions go to a CQ of its own, which no channel reports.
+  int readable_fd() const override;
+  // Drains the channel's events, arms the receive CQ (and the send CQ while a zero-copy send
+  // waits for its completion), then polls once more: completions that came before the arm
+  // raise no event, and any found are kept for the next rx_burst (false).
+  bool prepare_wait() override;
 
   const UdCounters& ud_counters() const;
   uint32_t max_inline_bytes() const { return max_inline_; }
@@ -166,6 +178,9 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   bool fill_source(const ibv_wc& wc, const uint8_t* grh, RxPacket* pkt) override;
   // Takes in the lane the opener finished, if any.
   void adopt_lane();
+  // Reads and acknowledges every event waiting on the channel (it is non-blocking): an event
+  // left unacknowledged would make destroying its CQ wait for ever.
+  void ack_channel_events();
   // The lane a receive was lent under `steer` (AimLane::lent_as), or null.
   AimLane* lane_lent_as(uint32_t steer) const;
   // A lane still owns the place of this datagram (DATA for its receive, its request posted).
@@ -175,6 +190,9 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   const IbvSymbols* ibv_ = nullptr;
   ibv_cq* send_cq_ = nullptr;
   ibv_cq* recv_cq_ = nullptr;
+  // Both CQs report to it, but only once armed (prepare_wait): a pass that nobody blocks on
+  // costs no event. Null where libibverbs or the device offers none.
+  ibv_comp_channel* channel_ = nullptr;
   ibv_qp* qp_ = nullptr;
   ibv_mr* recv_mr_ = nullptr;
   ibv_mr* send_mr_ = nullptr;
@@ -222,6 +240,13 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   DatapathCounters counters_;
   mutable UdCounters ud_;  // its lane sums are gathered when read
   ibv_wc wc_[kPollBatch];
+  // Receive completions prepare_wait polled after arming, handed out first by the next
+  // rx_burst: [stash_at_, stash_n_).
+  ibv_wc stash_[kPollBatch];
+  int stash_n_ = 0;
+  int stash_at_ = 0;
+  // A lane was ever opened (readable_fd, read without the endpoint's lock).
+  std::atomic<bool> has_lanes_{false};
   std::unique_ptr<AimLane> lanes_[kMaxLanes];
   int lanes_open_ = 0;
   int lanes_active_ = 0;

@@ -102,6 +102,10 @@ Status load_ibv_symbols(const char* library, IbvSymbols* out, std::string* error
   need("ibv_wc_status_str", &s.wc_status_str);
   resolve(lib, "_ibv_query_gid_ex", "IBVERBS_1.11", &s.query_gid_ex);  // optional
   resolve(lib, "ibv_reg_dmabuf_mr", "IBVERBS_1.12", &s.reg_dmabuf_mr);  // optional
+  resolve(lib, "ibv_create_comp_channel", "IBVERBS_1.0", &s.create_comp_channel);  // optional
+  resolve(lib, "ibv_destroy_comp_channel", "IBVERBS_1.0", &s.destroy_comp_channel);
+  resolve(lib, "ibv_get_cq_event", v11, &s.get_cq_event);
+  resolve(lib, "ibv_ack_cq_events", v11, &s.ack_cq_events);
   if (missing != nullptr) {
     if (error) *error = std::string(library) + " lacks " + missing;
     dlclose(lib);

@@ -49,6 +49,16 @@ struct IbvSymbols {
   ibv_ah* (*create_ah)(ibv_pd* pd, ibv_ah_attr* attr) = nullptr;
   int (*destroy_ah)(ibv_ah* ah) = nullptr;
   const char* (*wc_status_str)(ibv_wc_status status) = nullptr;
+  // Optional, all four or none (every rdma-core has them; a stub library may not): completion
+  // channels, for a caller that blocks until a datagram comes (UdEndpoint::prepare_wait).
+  // Without them that caller naps.
+  ibv_comp_channel* (*create_comp_channel)(ibv_context* context) = nullptr;
+  int (*destroy_comp_channel)(ibv_comp_channel* channel) = nullptr;
+  int (*get_cq_event)(ibv_comp_channel* channel, ibv_cq** cq, void** cq_context) = nullptr;
+  void (*ack_cq_events)(ibv_cq* cq, unsigned int nevents) = nullptr;
+  bool has_comp_channel() const {
+    return create_comp_channel && destroy_comp_channel && get_cq_event && ack_cq_events;
+  }
 
   // ibv_query_port as verbs.h's inline does it, through this table. *speed_ex (if given) gets
   // the port's active_speed_ex, which carries the speed codes of XDR and later (they do not

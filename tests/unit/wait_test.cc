@@ -28,6 +28,8 @@ using Steady = std::chrono::steady_clock;
 // What the waiter told the endpoint.
 struct WaitLog {
   bool pending = false;       // what rx_pending() says: datagrams kept for the connection
+  int unseen = 0;             // prepare_wait() says false this many times: "came before the arm"
+  int prepared = 0;           // prepare_wait()
   int noted = 0;              // note_readable()
   std::vector<bool> blocked;  // set_blocked_waiter(on), in order
 };
@@ -40,6 +42,12 @@ class PollableEndpoint final : public ForwardingEndpoint {
   int readable_fd() const override { return fd_; }
   bool rx_pending() const override { return log_->pending; }
   void note_readable() override { ++log_->noted; }
+  bool prepare_wait() override {
+    ++log_->prepared;
+    if (log_->unseen == 0) return true;
+    --log_->unseen;
+    return false;
+  }
   void set_blocked_waiter(bool on) override { log_->blocked.push_back(on); }
 
  private:
@@ -97,6 +105,17 @@ struct Rig {
     ASSERT_FALSE(done);
     ASSERT_EQ(cts_count(*to_tx), 1);
     ASSERT_GT(r->next_timer_ns(), clock.now_ns());
+  }
+  // After post(): the sender takes the CTS and sends all of `src` (the receive's size), which
+  // waits in the receiver's queue, its descriptor left quiet.
+  void send_all(const std::vector<uint8_t>& src) {
+    ASSERT_EQ(src.size(), dst.size());
+    Request* sr = nullptr;
+    ASSERT_TRUE(s->isend(src.data(), src.size(), &sr));
+    bool done = false;
+    size_t size = 0;
+    ASSERT_TRUE(s->test(sr, &done, &size));
+    ASSERT_FALSE(to_rx->q.empty());
   }
 };
 
@@ -156,12 +175,7 @@ TEST(WaitForWork, DatagramsKeptForTheConnectionAreTakenAtOnce) {
   ASSERT_NO_FATAL_FAILURE(rig.post());
   std::vector<uint8_t> src(rig.dst.size());
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 5 + 3);
-  Request* sr = nullptr;
-  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr));
-  bool done = false;
-  size_t size = 0;
-  ASSERT_TRUE(rig.s->test(sr, &done, &size));  // takes the CTS, sends the DATA
-  ASSERT_FALSE(rig.to_rx->q.empty());
+  ASSERT_NO_FATAL_FAILURE(rig.send_all(src));
   rig.log.pending = true;
   Request* reqs[] = {rig.rr};
   const auto t0 = Steady::now();
@@ -170,9 +184,38 @@ TEST(WaitForWork, DatagramsKeptForTheConnectionAreTakenAtOnce) {
   EXPECT_TRUE(rig.to_rx->q.empty());     // the wait's pass took them
   EXPECT_TRUE(rig.log.blocked.empty());  // without blocking
   rig.log.pending = false;
+  bool done = false;
+  size_t size = 0;
   ASSERT_TRUE(rig.r->test(rig.rr, &done, &size));
   EXPECT_TRUE(done);
   EXPECT_EQ(rig.dst, src);
+}
+
+// A descriptor that shows only what comes after it is armed (a verbs completion channel) may
+// have missed datagrams that came since the caller's last pass: the endpoint says so when the
+// wait prepares, and the wait takes them in a pass rather than sleeping past them.
+TEST(WaitForWork, WhatCameBeforeTheDescriptorWasArmedIsTakenNotSleptOn) {
+  Rig rig;
+  ASSERT_NO_FATAL_FAILURE(rig.post());
+  std::vector<uint8_t> src(rig.dst.size());
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 11 + 5);
+  ASSERT_NO_FATAL_FAILURE(rig.send_all(src));  // the pipe stays empty: "no event"
+  rig.log.unseen = 1;
+  Request* reqs[] = {rig.rr};
+  EXPECT_TRUE(wait_for_work(reqs, 10'000'000'000));
+  EXPECT_EQ(rig.log.prepared, 1);
+  EXPECT_TRUE(rig.to_rx->q.empty());     // the wait's pass took them
+  EXPECT_EQ(rig.log.noted, 1);           // and looked, whatever the endpoint's idle streak
+  EXPECT_TRUE(rig.log.blocked.empty());  // without blocking
+  bool done = false;
+  size_t size = 0;
+  ASSERT_TRUE(rig.r->test(rig.rr, &done, &size));
+  EXPECT_TRUE(done);
+  EXPECT_EQ(rig.dst, src);
+  // Prepared with nothing unseen, the next wait blocks (to the CTS timer's end or max_ns).
+  EXPECT_TRUE(wait_for_work(reqs, 1'000'000));
+  EXPECT_EQ(rig.log.prepared, 2);
+  EXPECT_EQ(rig.log.blocked, (std::vector<bool>{true, false}));
 }
 
 TEST(WaitForWork, NothingToPollSaysSoWithoutSleeping) {
