@@ -397,7 +397,9 @@ void UdEndpoint::adopt_lane() {
 }
 
 int UdEndpoint::readable_fd() const {
-  if (channel_ == nullptr || has_lanes_.load(std::memory_order_relaxed)) return -1;
+  if (channel_ == nullptr || has_lanes_.load(std::memory_order_relaxed) ||
+      arm_failed_.load(std::memory_order_relaxed))
+    return -1;
   return channel_->fd;
 }
 
@@ -412,11 +414,23 @@ bool UdEndpoint::prepare_wait() {
   // Events of earlier arms: read now, or the descriptor stays readable and the wait spins.
   ack_channel_events();
   if (stash_at_ < stash_n_) return false;
-  if (ibv_req_notify_cq(recv_cq_, 0) != 0) return false;
+  // A CQ that cannot be armed would never wake the caller: from now on readable_fd() says
+  // there is nothing to block on, and the caller naps.
+  const auto arm = [this](ibv_cq* cq) {
+    const int rc = ibv_req_notify_cq(cq, 0);  // 0, or an errno value
+    if (rc == 0) return true;
+    if (!arm_failed_.exchange(true))
+      OR_WARN(
+          "verbs: %s qpn %u: cannot arm a completion queue (errno %d): a waiting caller "
+          "naps instead of blocking",
+          port_->name.c_str(), qp_->qp_num, rc);
+    return false;
+  };
+  if (!arm(recv_cq_)) return false;
   // A zero-copy send's request is done only once its completion is reaped (TxFence), and a
   // caller may be waiting on exactly that.
   if (fenced_ != 0) {
-    if (ibv_req_notify_cq(send_cq_, 0) != 0) return false;
+    if (!arm(send_cq_)) return false;
     const uint64_t before = tx_done_;
     reap_sends();
     if (tx_done_ != before) return false;

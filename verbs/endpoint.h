@@ -245,8 +245,10 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   ibv_wc stash_[kPollBatch];
   int stash_n_ = 0;
   int stash_at_ = 0;
-  // A lane was ever opened (readable_fd, read without the endpoint's lock).
+  // A lane was ever opened, or a CQ could not be armed: readable_fd() says -1 from then on
+  // (read without the endpoint's lock).
   std::atomic<bool> has_lanes_{false};
+  std::atomic<bool> arm_failed_{false};
   std::unique_ptr<AimLane> lanes_[kMaxLanes];
   int lanes_open_ = 0;
   int lanes_active_ = 0;

@@ -1110,5 +1110,29 @@ TEST_F(RxeTest, ALaneRecreatedInMidReceiveSaysSoAndItsSenderMoves) {
   EXPECT_EQ(c.recreated, 1u);
 }
 
+// A CQ that cannot be armed would never wake a caller blocked on the channel: the endpoint
+// says so once and from then on offers no descriptor, so that the caller naps.
+int refusing_req_notify_cq(ibv_cq*, int) {
+  return EIO;
+}
+
+TEST_F(RxeTest, AnEndpointWhoseQueueCannotBeArmedOffersNothingToBlockOn) {
+  // A context of its own (open_refusing, nothing refused unless asked), whose ops may be
+  // patched without touching the other tests' devices.
+  const std::unique_ptr<Device> own = open_refusing(dev_b());
+  ASSERT_NE(own, nullptr);
+  auto e = open(own.get());
+  ASSERT_TRUE(e);
+  ASSERT_GE(e->readable_fd(), 0) << "no completion channel";
+  ASSERT_TRUE(e->prepare_wait());
+  ibv_context* ctx = static_cast<VerbsDevice*>(own.get())->port()->context();
+  const auto saved = ctx->ops.req_notify_cq;
+  ctx->ops.req_notify_cq = refusing_req_notify_cq;
+  EXPECT_FALSE(e->prepare_wait());
+  EXPECT_EQ(e->readable_fd(), -1);
+  ctx->ops.req_notify_cq = saved;
+  EXPECT_EQ(e->readable_fd(), -1);  // for good: a device that failed once is not trusted again
+}
+
 }  // namespace
 }  // namespace optireduce::verbs
