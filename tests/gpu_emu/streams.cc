@@ -26,6 +26,10 @@ struct CUevent_st {
   std::condition_variable cv;
   uint64_t recorded = 0;  // records issued
   uint64_t reached = 0;   // the latest record the stream has run through
+  // The handle's and each enqueued op's: as with cudaEventDestroy, an event destroyed while a
+  // record or a wait on it is still queued (or still notifying its waiters) goes only once
+  // that work is done. Without it the stream thread notified a freed event (ThreadSanitizer).
+  std::atomic<int> refs{1};
 };
 
 namespace optireduce::gpu_emu {
@@ -151,8 +155,21 @@ CUevent_st* event_create() {
   return new CUevent_st;
 }
 
+namespace {
+
+CUevent_st* hold(CUevent_st* e) {
+  e->refs.fetch_add(1, std::memory_order_relaxed);
+  return e;
+}
+
+void release(CUevent_st* e) {
+  if (e->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete e;
+}
+
+}  // namespace
+
 void event_destroy(CUevent_st* e) {
-  delete e;
+  release(e);
 }
 
 void event_record(CUevent_st* e, CUstream_st* s) {
@@ -161,12 +178,13 @@ void event_record(CUevent_st* e, CUstream_st* s) {
     std::lock_guard<std::mutex> lk(e->mu);
     gen = ++e->recorded;
   }
-  enqueue(s, [e, gen] {
+  enqueue(s, [e = hold(e), gen] {
     {
       std::lock_guard<std::mutex> lk(e->mu);
       if (gen > e->reached) e->reached = gen;
     }
     e->cv.notify_all();
+    release(e);
   });
 }
 
@@ -187,9 +205,12 @@ void stream_wait_event(CUstream_st* s, CUevent_st* e) {
     std::lock_guard<std::mutex> lk(e->mu);
     target = e->recorded;
   }
-  enqueue(s, [e, target] {
-    std::unique_lock<std::mutex> lk(e->mu);
-    e->cv.wait(lk, [&] { return e->reached >= target; });
+  enqueue(s, [e = hold(e), target] {
+    {
+      std::unique_lock<std::mutex> lk(e->mu);
+      e->cv.wait(lk, [&] { return e->reached >= target; });
+    }
+    release(e);
   });
 }
 
