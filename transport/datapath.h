@@ -328,7 +328,8 @@ class Endpoint {
   // A descriptor that polls readable (POLLIN) while datagrams wait for this endpoint, for a
   // caller that blocks between two passes (wait_for_work); -1 where there is none, or where
   // datagrams may wait elsewhere unseen by it (the fault injector delays them in memory).
-  // Read without the owner's lock: it must not change while the endpoint is open.
+  // Read without the owner's lock, on every wait: it may go to -1 for good (verbs, once a
+  // receive lane opens or a CQ cannot be armed), never to another descriptor.
   virtual int readable_fd() const { return -1; }
   // A caller is about to block on readable_fd(), under the endpoint's serialisation: true when
   // the descriptor will show what arrives from now on and nothing arrived before that it does
