@@ -101,13 +101,12 @@ Args parse(int argc, char** argv) {
     why = "--max: at least --min";
   else if (rc == 0 && a.iters < 0)
     why = "--iters: 0 (by size) or more";
-  if (rc != 0 || why != nullptr) {
-    if (why != nullptr) std::fprintf(stderr, "%s\n", why);
+  if (why != nullptr)
     std::fprintf(stderr,
-                 "usage: allreduce_bench [--ranks 2,4] [--min BYTES] [--max BYTES] [--iters N] "
-                 "[--modes bounded,exact,gloo]\n");
-    std::exit(2);
-  }
+                 "%s\nusage: allreduce_bench [--ranks 2,4] [--min BYTES] [--max BYTES] "
+                 "[--iters N] [--modes bounded,exact,gloo]\n",
+                 why);
+  if (rc != 0 || why != nullptr) std::exit(2);
   return a;
 }
 

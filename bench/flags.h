@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <limits>
@@ -51,8 +52,24 @@ inline Flag text_flag(const char* name, std::string* out) {
           }};
 }
 
-// 0 when every argument was a known flag with a valid value; else 2, after saying why.
+// "usage: prog [--a V] [--b V] ..." from the flags themselves, so that it cannot drift.
+inline void print_usage(FILE* to, const char* prog, std::initializer_list<Flag> flags) {
+  const char* slash = std::strrchr(prog, '/');
+  std::fprintf(to, "usage: %s", slash != nullptr ? slash + 1 : prog);
+  for (const Flag& c : flags) std::fprintf(to, " [%s V]", c.name);
+  std::fprintf(to, "\n");
+}
+
+// 0 when every argument was a known flag with a valid value; else 2, after saying why and
+// printing the usage. --help (or -h) prints the usage and exits with 0.
 inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    if (k == "--help" || k == "-h") {
+      print_usage(stdout, argv[0], flags);
+      std::exit(0);
+    }
+  }
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
     const Flag* f = nullptr;
@@ -60,6 +77,7 @@ inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags)
       if (k == c.name) f = &c;
     if (f == nullptr) {
       std::fprintf(stderr, "unknown option %s\n", k.c_str());
+      print_usage(stderr, argv[0], flags);
       return 2;
     }
     if (i + 1 >= argc) {
