@@ -128,6 +128,12 @@ Status UdEndpoint::create(const EndpointOptions& opts) {
     }
   }
   send_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(kSendSlots), nullptr, channel_, 0);
+  if (send_cq_ == nullptr && channel_ != nullptr) {
+    // A provider that refuses a channel still serves the endpoint: its waiting callers nap.
+    ibv_->destroy_comp_channel(channel_);
+    channel_ = nullptr;
+    send_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(kSendSlots), nullptr, nullptr, 0);
+  }
   if (send_cq_ == nullptr) return Status(Errc::kSystem, errno);
   recv_cq_ = ibv_->create_cq(pc.context(), static_cast<int>(recv_slots_), nullptr, channel_, 0);
   if (recv_cq_ == nullptr) return Status(Errc::kSystem, errno);

@@ -1134,5 +1134,37 @@ TEST_F(RxeTest, AnEndpointWhoseQueueCannotBeArmedOffersNothingToBlockOn) {
   EXPECT_EQ(e->readable_fd(), -1);  // for good: a device that failed once is not trusted again
 }
 
+// A provider that refuses a completion channel (create_cq with one fails) still gets an
+// endpoint, without a descriptor: its waiting callers nap, and its datagrams go through.
+ibv_cq* channel_refusing_create_cq(ibv_context* ctx, int cqe, void* cq_ctx, ibv_comp_channel* ch,
+                                   int vector) {
+  if (ch != nullptr) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+  }
+  return ibv_symbols()->create_cq(ctx, cqe, cq_ctx, ch, vector);
+}
+
+TEST_F(RxeTest, AProviderWithoutCompletionChannelsStillServesAnEndpoint) {
+  if (env_int("RXE_TEST_LOSS", 0) > 0) GTEST_SKIP() << "lossless test";
+  static IbvSymbols table = [] {
+    IbvSymbols t = *ibv_symbols();
+    t.create_cq = channel_refusing_create_cq;
+    return t;
+  }();
+  Config cfg;
+  cfg.datapath = DatapathChoice::kVerbs;
+  cfg.ib_hca = dev_b()->info().name;
+  std::vector<std::unique_ptr<Device>> d;
+  ASSERT_TRUE(open_verbs_devices_with(table, cfg, &d).is_ok());
+  ASSERT_EQ(d.size(), 1u);
+  auto a = open(dev_a()), b = open(d[0].get());
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->readable_fd(), -1);
+  EXPECT_TRUE(b->prepare_wait());  // nothing to arm, nothing kept
+  connect_pair(a.get(), b.get());
+  EXPECT_EQ(send_and_count(a.get(), b.get(), 20), 20);
+}
+
 }  // namespace
 }  // namespace optireduce::verbs
