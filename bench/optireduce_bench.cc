@@ -15,7 +15,6 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include <chrono>
@@ -29,6 +28,7 @@
 
 #include "bench/calibration.h"
 #include "bench/lab_common.h"
+#include "bench/process_usage.h"
 #include "collectives/optireduce.h"
 
 namespace optireduce::lab {
@@ -194,19 +194,6 @@ void sleep_ms(double ms) {
   std::this_thread::sleep_for(std::chrono::microseconds(int64_t(ms * 1e3)));
 }
 
-// What every thread of this process used so far: CPU seconds (user + system) and context
-// switches (voluntary and involuntary).
-struct Usage {
-  double cpu_s = 0;
-  double csw = 0;
-};
-Usage process_usage() {
-  rusage u{};
-  ::getrusage(RUSAGE_SELF, &u);
-  auto sec = [](const timeval& t) { return double(t.tv_sec) + double(t.tv_usec) * 1e-6; };
-  return Usage{sec(u.ru_utime) + sec(u.ru_stime), double(u.ru_nvcsw) + double(u.ru_nivcsw)};
-}
-
 // One algorithm's timing at one size: its buffers, the per-iteration figures of this rank, and
 // the reduction over ranks at the end. Iterations may be run one algorithm after another or
 // interleaved with other algorithms' (--interleave).
@@ -239,12 +226,12 @@ class Measurement {
     // The straggler's sleep stands for slow compute: outside its own timed region, so the
     // figures show what it costs the others.
     if (i >= 0 && o_.rank == o_.straggler_rank && sleeps_[size_t(i)]) sleep_ms(o_.straggler_ms);
-    const Usage u0 = process_usage();
+    const bench::ProcessUsage u0 = bench::process_usage();
     const auto t0 = Clock::now();
     algo_->run(in_.data(), out_.data(), count_);
     const double dt = seconds_since(t0);
     if (i < 0) return;
-    const Usage u1 = process_usage();
+    const bench::ProcessUsage u1 = bench::process_usage();
     cpu_ += u1.cpu_s - u0.cpu_s;
     csw_ += u1.csw - u0.csw;
     const size_t k = size_t(i);

@@ -7,12 +7,11 @@
 #ifndef OPTIREDUCE_BENCH_PROXY_PATTERN_H_
 #define OPTIREDUCE_BENCH_PROXY_PATTERN_H_
 
-#include <sys/resource.h>
-
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "bench/process_usage.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
 
@@ -23,10 +22,7 @@ inline constexpr int kSlots = 8;  // NCCL's steps per connection
 // User + system CPU seconds of this process so far, every thread included (the plugin's
 // progress thread counts against the plugin).
 inline double cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
-  return s(u.ru_utime) + s(u.ru_stime);
+  return bench::process_usage().cpu_s;
 }
 
 // One measurement as the receiver reports it: GB/s from a common start to its last completion,
