@@ -61,6 +61,10 @@ TEST(Emulator, HostPointerToNcclFails) {
 }
 
 TEST(Emulator, ReadingWithoutSynchronisingSeesStaleData) {
+#if defined(__SANITIZE_THREAD__)
+  // Its first read races the stream's copy on purpose: that is what it checks.
+  GTEST_SKIP() << "reads device-written memory without synchronising, by design";
+#endif
   emu::set_op_delay_us(2000);
   int* dev = nullptr;
   int* pinned = nullptr;
