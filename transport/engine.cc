@@ -71,6 +71,10 @@ EngineImpl::EngineImpl(const Config& cfg, const Clock& clock,
     : cfg_(cfg), clock_(clock), devices_(std::move(devices)),
       registry_(std::make_shared<Registry>()) {
   thread_ = std::thread([this] { progress_loop(); });
+  // Named here rather than by the thread itself, so that the name is there when init returns:
+  // top -H, perf and gdb tell it from the application's threads, and the tests count the
+  // plugin's threads by it (15 characters at most; a failure only leaves the process's name).
+  (void)pthread_setname_np(thread_.native_handle(), "optireduce-prog");
 }
 
 EngineImpl::~EngineImpl() {
@@ -224,9 +228,6 @@ void EngineImpl::progress_loop() {
   // served by that owner; waking again at once would spin.
   constexpr uint64_t kMinSleepNs = 20'000;
   mark_progress_thread();
-  // Named, so that top -H, perf and gdb tell it from the application's threads (15 characters
-  // at most; a failure only leaves the process's name).
-  (void)pthread_setname_np(pthread_self(), "optireduce-prog");
   std::unique_lock<std::mutex> lock(thread_mu_);
   uint64_t next = 0;  // the earliest timer as of the last pass
   std::vector<std::shared_ptr<EndpointMux>> muxes;

@@ -10,10 +10,10 @@ namespace optireduce::verbs {
 bool LaneWorker::ensure_thread_locked() {
   if (thread_.joinable()) return true;
   try {
-    thread_ = std::thread([this] {
-      (void)pthread_setname_np(pthread_self(), "optireduce-lane");  // for top -H, perf, gdb
-      run();
-    });
+    thread_ = std::thread([this] { run(); });
+    // Named by its creator, so that it has the name before anyone can count it (top -H, perf,
+    // gdb, the plugin's tests).
+    (void)pthread_setname_np(thread_.native_handle(), "optireduce-lane");
   } catch (const std::system_error&) {
     return false;  // no thread: the caller does the work itself, or goes without
   }

@@ -91,6 +91,19 @@ std::string describe(int status) {
   return "status " + std::to_string(status);
 }
 
+// ThreadSanitizer keeps the atexit handlers that a library registers on a list of its own and
+// runs them at exit, even after dlclose unmapped the library: any instrumented library with an
+// atexit handler (ours quiesce the transport) that is dlclosed before exit makes the process
+// jump into unmapped memory at exit (a 10-line library and main do it too;
+// github.com/google/sanitizers/issues/318). So the dlclose cases say nothing about the plugin
+// there. They run in the release and ASan builds.
+#if defined(__SANITIZE_THREAD__)
+#define SKIP_DLCLOSE_UNDER_TSAN() \
+  GTEST_SKIP() << "dlclose then exit: unsupported by ThreadSanitizer"
+#else
+#define SKIP_DLCLOSE_UNDER_TSAN() (void)0
+#endif
+
 void expect_clean_exit(const std::string& name) {
   const Outcome o = run_driver(name);
   EXPECT_TRUE(WIFEXITED(o.status) && WEXITSTATUS(o.status) == 0)
@@ -100,8 +113,8 @@ void expect_clean_exit(const std::string& name) {
   EXPECT_NE(o.err.find("exit_driver: " + name + ": leaving"), std::string::npos)
       << name << ": the driver did not reach the end of its case\n--- stderr ---\n"
       << o.err;
-  for (const char* bad : {"AddressSanitizer", "LeakSanitizer", "runtime error", "double free",
-                          "pure virtual", "terminate called"}) {
+  for (const char* bad : {"AddressSanitizer", "LeakSanitizer", "ThreadSanitizer", "runtime error",
+                          "double free", "pure virtual", "terminate called"}) {
     EXPECT_EQ(o.err.find(bad), std::string::npos)
         << name << ": stderr mentions '" << bad << "'\n--- stderr ---\n"
         << o.err;
@@ -118,12 +131,15 @@ TEST(Exit, ExitFromAnotherThread) {
   expect_clean_exit("thread_exit");
 }
 TEST(Exit, DlcloseThenExit) {
+  SKIP_DLCLOSE_UNDER_TSAN();
   expect_clean_exit("dlclose_exit");
 }
 TEST(Exit, DlcloseWithoutFinalize) {
+  SKIP_DLCLOSE_UNDER_TSAN();
   expect_clean_exit("dlclose_open_ctx_exit");
 }
 TEST(Exit, DlcloseUnderOpenComms) {
+  SKIP_DLCLOSE_UNDER_TSAN();
   expect_clean_exit("dlclose_open_comms_exit");
 }
 TEST(Exit, V8WithoutFinalize) {
