@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "tests/fuzz/input.h"
 #include "tests/unit/mem_link.h"
 #include "transport/log.h"
 #include "transport/recv.h"
@@ -51,13 +52,9 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
   }
   // Input: records. Kind byte odd: a structured packet built from the next bytes with a real
   // header (so most reach the bounds checks); even: raw bytes [len u16][bytes].
-  size_t pos = 1;
-  auto take = [&](size_t n) -> uint32_t {
-    uint32_t v = 0;
-    for (size_t i = 0; i < n && pos < size; ++i) v |= uint32_t{data[pos++]} << (8 * i);
-    return v;
-  };
-  while (pos < size) {
+  optireduce::fuzz::Input in(data, size, 1);
+  const auto take = [&in](size_t n) { return in.take(n); };
+  while (in.more()) {
     std::vector<uint8_t> d;
     if (take(1) & 1) {
       optireduce::PacketHeader h;
@@ -73,10 +70,7 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
       d.assign(optireduce::kHeaderBytes + len, 0x3C);
       optireduce::encode(h, d.data());
     } else {
-      size_t len = take(2);
-      if (len > size - pos) len = size - pos;
-      d.assign(data + pos, data + pos + len);
-      pos += len;
+      d = in.raw();
     }
     to_rx->q.push_back(std::move(d));
     clock.advance_us(300);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "tests/fuzz/input.h"
 #include "tests/unit/mem_link.h"
 #include "transport/log.h"
 #include "transport/send.h"
@@ -75,13 +76,9 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
   // Input: records. Kind byte odd: a packet towards the sender built from the next bytes with a
   // real header (so that most reach the connection's own checks), its payload a SACK bitmap
   // from the input; even: raw bytes [len u16][bytes].
-  size_t pos = 1;
-  auto take = [&](size_t n) -> uint32_t {
-    uint32_t v = 0;
-    for (size_t i = 0; i < n && pos < size; ++i) v |= uint32_t{data[pos++]} << (8 * i);
-    return v;
-  };
-  while (pos < size) {
+  optireduce::fuzz::Input in(data, size, 1);
+  const auto take = [&in](size_t n) { return in.take(n); };
+  while (in.more()) {
     std::vector<uint8_t> d;
     const uint32_t kind = take(1);
     if (kind & 1) {
@@ -116,10 +113,7 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
       optireduce::encode(h, d.data());
       for (uint32_t i = 0; i < len; ++i) d[optireduce::kHeaderBytes + i] = uint8_t(take(1));
     } else {
-      size_t len = take(2);
-      if (len > size - pos) len = size - pos;
-      d.assign(data + pos, data + pos + len);
-      pos += len;
+      d = in.raw();
     }
     to_tx->q.push_back(std::move(d));
     // Time between datagrams: up to 2.5 ms, or up to 127 ms (retransmission timeouts, expiry).
