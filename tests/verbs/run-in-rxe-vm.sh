@@ -10,8 +10,8 @@
 # rxe1 over a veth pair, so netem works), RXE_PASS_ENV (extra variables for the guest; every
 # OPTIREDUCE_*, NCCL_* and RXE_TEST_* variable is passed anyway), RXE_HOST_DIRS (host folders,
 # ':'-separated, shared read-only and mounted at the same path in the guest: e.g. the CUDA
-# toolkit whose libcudart/libnccl liboptireduce links when built with CUDA), the rest as
-# run-rxe-test.sh.
+# toolkit whose libcudart/libnccl liboptireduce links when built with CUDA), RXE_TEST_LIBS (a
+# folder inside the share put on the guest's library path), the rest as run-rxe-test.sh.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd -P)
 ROOT=$(cd "$HERE/../.." && pwd -P)
@@ -57,6 +57,13 @@ if [ -n "${RXE_HOST_DIRS:-}" ]; then
   if [ -n "$pro" ]; then
     if [ $# -eq 1 ]; then set -- "$pro$1"; else set -- "$pro exec $(printf '%q ' "$@")"; fi
   fi
+fi
+
+# Libraries the guest lacks (a sanitizer's runtime: .ci/run stages libtsan for its TSan build),
+# on the library path of whatever the command runs. The folder must be inside the share.
+if [ -n "${RXE_TEST_LIBS:-}" ]; then
+  libs="export LD_LIBRARY_PATH=$(printf %q "$RXE_TEST_LIBS")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}; "
+  if [ $# -eq 1 ]; then set -- "$libs$1"; else set -- "$libs exec $(printf '%q ' "$@")"; fi
 fi
 
 if [ ! -f "$RXE_LAB/initrd.img" ] && [ "$(id -u)" != 0 ]; then

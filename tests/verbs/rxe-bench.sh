@@ -43,7 +43,7 @@ if [ "${RXE_TEST_BENCH_GUEST:-0}" != 1 ]; then
     fi
     cp "$real" "$LIBS/$name"
   done
-  export RXE_TEST_BENCH_GUEST=1 RXE_TEST_LIBS=$LIBS
+  export RXE_TEST_BENCH_GUEST=1 RXE_TEST_BENCH_LIBS=$LIBS
   if [ -n "$CUDA" ]; then export RXE_HOST_DIRS=${RXE_HOST_DIRS:+$RXE_HOST_DIRS:}$CUDA; fi
   export RXE_TEST_P2P_ARGS=${RXE_BENCH_P2P_ARGS:-} RXE_TEST_AR_ARGS=${RXE_BENCH_AR_ARGS:-}
   export RXE_TEST_MTU=${RXE_BENCH_MTU:-9000} RXE_TEST_ROUNDS=${RXE_BENCH_ROUNDS:-1}
@@ -75,7 +75,7 @@ while [ "$round" -le "${RXE_TEST_ROUNDS:-1}" ]; do
     env "$@" "$P2P" $P2P_ARGS | tee -a "$OUT/p2p.$dp"
     echo "== round $round: allreduce_bench over $dp"
     # shellcheck disable=SC2086
-    env "$@" LD_LIBRARY_PATH="${RXE_TEST_LIBS:-}" "$AR" $AR_ARGS | tee -a "$OUT/ar.$dp"
+    env "$@" LD_LIBRARY_PATH="${RXE_TEST_BENCH_LIBS:-}" "$AR" $AR_ARGS | tee -a "$OUT/ar.$dp"
   done
   round=$((round + 1))
 done

@@ -5,8 +5,6 @@
 # Usage (host): run-in-rxe-vm.sh rxe-suite.sh VERBS_RXE_TEST [UNIT_TEST]
 set -eu
 T=$1
-# Libraries the guest lacks (a sanitizer's runtime: .ci/run stages libtsan for its TSan build).
-if [ -n "${RXE_TEST_LIBS:-}" ]; then export LD_LIBRARY_PATH=$RXE_TEST_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}; fi
 echo "== rxe devices: $(ls /sys/class/infiniband | tr '\n' ' ')gid index ${RXE_GID_INDEX:-?}"
 if [ $# -ge 2 ]; then echo "== unit tests inside the VM"; "$2" --gtest_brief=1; fi
 
