@@ -5,7 +5,8 @@
 // fields, so a spoofed or malformed one must be dropped and counted, never indexed with.
 // fuzz_receive.cc covers the other side. Built with ASan+UBSan: a read outside the posted
 // buffers or the SACK bitmap, or undefined behaviour, is a crash; a send reported done with
-// more bytes than were posted traps.
+// more bytes than were posted, or a DATA packet whose bytes are not its message's at its
+// offset, traps.
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -50,12 +51,17 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
   const size_t sizes[3] = {0, 5000, size_t{optireduce::kSackBits + 200} * p.pkt_payload};
   const MsgDelivery how[3] = {MsgDelivery::kAsConnection, MsgDelivery::kExact,
                               MsgDelivery::kAsConnection};
-  std::vector<uint8_t> src[3];
+  // Each send's bytes tell their place (filled once: the sender only reads them).
+  static const std::vector<std::vector<uint8_t>> src = [&sizes] {
+    std::vector<std::vector<uint8_t>> v(3);
+    for (size_t i = 0; i < 3; ++i) {
+      v[i].resize(sizes[i]);
+      for (size_t k = 0; k < sizes[i]; ++k) v[i][k] = uint8_t(k * 7 + k / 251 + i);
+    }
+    return v;
+  }();
   Request* req[3] = {};
-  for (int i = 0; i < 3; ++i) {
-    src[i].assign(sizes[i], uint8_t(0x40 + i));
-    (void)s.isend(src[i].data(), sizes[i], how[i], nullptr, &req[i]);
-  }
+  for (int i = 0; i < 3; ++i) (void)s.isend(src[i].data(), sizes[i], how[i], nullptr, &req[i]);
   // Unless the first byte's top bit says otherwise, the receiver's CTS for each send comes
   // first, well formed, so that even short inputs reach what follows a CTS (transmission,
   // acknowledgement, retransmission, expiry) instead of spending their bytes on one.
@@ -127,13 +133,24 @@ void run(const uint8_t* data, size_t size, Delivery delivery) {
         req[i] = nullptr;
       }
     }
-    // Whatever the sender put on the wire must be a datagram it could have meant.
+    // Whatever the sender put on the wire must be a datagram it could have meant, and a DATA
+    // packet must carry its message's own bytes at its offset (a retransmission of the wrong
+    // packet, or of the right one from the wrong place, is caught here, not only reads outside
+    // the buffer).
     while (!from_tx->q.empty()) {
       const std::vector<uint8_t>& out = from_tx->q.front();
       PacketHeader oh;
       if (optireduce::decode(out.data(), out.size(), &oh) != optireduce::DecodeError::kNone ||
           out.size() > kDgram) {
         __builtin_trap();
+      }
+      if (oh.type == PacketType::kData && oh.payload_len > 0) {
+        if (oh.msg_seq >= 3 || oh.msg_size != sizes[oh.msg_seq] ||
+            oh.offset + oh.payload_len > sizes[oh.msg_seq] ||
+            std::memcmp(out.data() + optireduce::kHeaderBytes, src[oh.msg_seq].data() + oh.offset,
+                        oh.payload_len) != 0) {
+          __builtin_trap();
+        }
       }
       from_tx->q.pop_front();
     }
