@@ -786,6 +786,17 @@ int refusing_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
   return ibv_symbols()->modify_qp(qp, attr, mask);
 }
 
+// `like` opened again, alone, over `table` (libibverbs with some calls replaced); null where
+// it cannot be. `table` must outlive the device.
+std::unique_ptr<Device> open_over(const IbvSymbols& table, const Device* like) {
+  Config cfg;
+  cfg.datapath = DatapathChoice::kVerbs;
+  cfg.ib_hca = like->info().name;
+  std::vector<std::unique_ptr<Device>> d;
+  if (!open_verbs_devices_with(table, cfg, &d).is_ok() || d.size() != 1) return nullptr;
+  return std::move(d[0]);
+}
+
 // `like` opened again over libibverbs with refusing_modify_qp; null where it cannot be.
 std::unique_ptr<Device> open_refusing(const Device* like) {
   static IbvSymbols table = [] {
@@ -793,12 +804,7 @@ std::unique_ptr<Device> open_refusing(const Device* like) {
     t.modify_qp = refusing_modify_qp;
     return t;
   }();
-  Config cfg;
-  cfg.datapath = DatapathChoice::kVerbs;
-  cfg.ib_hca = like->info().name;
-  std::vector<std::unique_ptr<Device>> d;
-  if (!open_verbs_devices_with(table, cfg, &d).is_ok() || d.size() != 1) return nullptr;
-  return std::move(d[0]);
+  return open_over(table, like);
 }
 
 // The smallest ring: a lane gets 256 requests, 224 posted at once.
@@ -1157,13 +1163,9 @@ TEST_F(RxeTest, AProviderWithoutCompletionChannelsStillServesAnEndpoint) {
     t.create_cq = channel_refusing_create_cq;
     return t;
   }();
-  Config cfg;
-  cfg.datapath = DatapathChoice::kVerbs;
-  cfg.ib_hca = dev_b()->info().name;
-  std::vector<std::unique_ptr<Device>> d;
-  ASSERT_TRUE(open_verbs_devices_with(table, cfg, &d).is_ok());
-  ASSERT_EQ(d.size(), 1u);
-  auto a = open(dev_a()), b = open(d[0].get());
+  const std::unique_ptr<Device> refusing = open_over(table, dev_b());
+  ASSERT_NE(refusing, nullptr);
+  auto a = open(dev_a()), b = open(refusing.get());
   ASSERT_TRUE(a && b);
   EXPECT_EQ(b->readable_fd(), -1);
   EXPECT_TRUE(b->prepare_wait());  // nothing to arm, nothing kept
