@@ -39,11 +39,15 @@ export RXE_SHARE=$SHARE
 PASS=$(env | sed -n 's/^\(OPTIREDUCE_[A-Za-z0-9_]*\|NCCL_[A-Za-z0-9_]*\|RXE_TEST_[A-Za-z0-9_]*\|GTEST_[A-Za-z0-9_]*\)=.*/\1/p' | tr '\n' ' ')
 export RXE_PASS_ENV="${RXE_PASS_ENV:-} $PASS"
 
-# Extra read-only shares: one virtio-9p device each, mounted by a prologue of the guest command
-# (the guest's /init, and with it the cached image, stays as it is). A symlinked folder (e.g.
-# /usr/local/cuda -> cuda-13.0) is mounted at its real path and linked from the given one.
+# What the guest runs before the command (the guest's /init, and with it the cached image, stays
+# as it is): mounts of extra shares, the library path.
+pro=
+
+# Extra read-only shares: one virtio-9p device each, mounted by the prologue. A symlinked
+# folder (e.g. /usr/local/cuda -> cuda-13.0) is mounted at its real path and linked from the
+# given one.
 if [ -n "${RXE_HOST_DIRS:-}" ]; then
-  pro= i=0
+  i=0
   IFS=: read -r -a dirs <<< "$RXE_HOST_DIRS"
   for d in "${dirs[@]}"; do
     [ -d "$d" ] || continue
@@ -54,16 +58,16 @@ if [ -n "${RXE_HOST_DIRS:-}" ]; then
     i=$((i + 1))
   done
   export RXE_QEMU_ARGS
-  if [ -n "$pro" ]; then
-    if [ $# -eq 1 ]; then set -- "$pro$1"; else set -- "$pro exec $(printf '%q ' "$@")"; fi
-  fi
 fi
 
 # Libraries the guest lacks (a sanitizer's runtime: .ci/run stages libtsan for its TSan build),
 # on the library path of whatever the command runs. The folder must be inside the share.
 if [ -n "${RXE_TEST_LIBS:-}" ]; then
-  libs="export LD_LIBRARY_PATH=$(printf %q "$RXE_TEST_LIBS")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}; "
-  if [ $# -eq 1 ]; then set -- "$libs$1"; else set -- "$libs exec $(printf '%q ' "$@")"; fi
+  pro+="export LD_LIBRARY_PATH=$(printf %q "$RXE_TEST_LIBS")\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}; "
+fi
+
+if [ -n "$pro" ]; then
+  if [ $# -eq 1 ]; then set -- "$pro$1"; else set -- "$pro exec $(printf '%q ' "$@")"; fi
 fi
 
 if [ ! -f "$RXE_LAB/initrd.img" ] && [ "$(id -u)" != 0 ]; then
