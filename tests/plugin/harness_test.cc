@@ -51,7 +51,9 @@ int thread_count() {
     char comm[64] = {};
     const std::string path = std::string("/proc/self/task/") + e->d_name + "/comm";
     if (FILE* f = fopen(path.c_str(), "r")) {
-      if (fgets(comm, sizeof comm, f) != nullptr && strncmp(comm, "optireduce-", 11) == 0) ++n;
+      constexpr char kPrefix[] = "optireduce-";
+      if (fgets(comm, sizeof comm, f) != nullptr && strncmp(comm, kPrefix, sizeof kPrefix - 1) == 0)
+        ++n;
       fclose(f);
     }
   }
