@@ -108,8 +108,11 @@ class MuxPort final : public Endpoint {
   int rx_into(RxHandler& own, int max) override {
     (void)max;  // a drain is bounded by itself (kMaxBursts)
     forget_handed();
+    // Copies first, oldest first: here for a drain that another caller holds (then none of
+    // ours arrives meanwhile but into the backlog), and again inside the drain for copies kept
+    // between here and there.
     int got = backlog_.take(own, mux_->clock_.now_ns());
-    const int r = mux_->drain(this, &own);
+    const int r = mux_->drain(this, &own, /*copies_first=*/true);
     if (r < 0) return r;
     got += r;
     own_.rx_datagrams += static_cast<uint64_t>(got);
@@ -128,7 +131,7 @@ class MuxPort final : public Endpoint {
     keep.b = &backlog_;
     keep.now = mux_->clock_.now_ns();
     forget_handed();
-    const int r = mux_->drain(this, &keep);
+    const int r = mux_->drain(this, &keep, /*copies_first=*/false);  // keep: they queue behind
     if (r < 0) return r;
     handed_ = backlog_.peek(pkts, max, keep.now);
     own_.rx_datagrams += static_cast<uint64_t>(handed_);
@@ -300,14 +303,17 @@ void EndpointMux::serve() {
   const uint64_t placed = last_placed_ns_.load(std::memory_order_relaxed);
   const bool places = placed != 0 && now - placed < kOwnerServesNs;
   if (owned != 0 && now - owned < (places ? kOwnerServesNs : kOwnerPollsNs)) return;
-  (void)drain(nullptr, nullptr);
+  (void)drain(nullptr, nullptr, false);
 }
 
-int EndpointMux::drain(MuxPort* self, RxHandler* own) {
+int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {
   std::unique_lock<std::mutex> rx(rx_mu_, std::try_to_lock);
   if (!rx.owns_lock()) return 0;  // another caller is draining; it hands ours over
   if (fatal_ != 0) return -fatal_;
   const uint64_t now = clock_.now_ns();
+  // Copies are kept only under rx_mu_: once these are taken, none is kept for us until the
+  // drain ends, and ours go to `own` in arrival order.
+  int mine = copies_first && own != nullptr ? self->backlog_.take(*own, now) : 0;
   if (own != nullptr) last_owned_drain_ns_.store(now, std::memory_order_relaxed);
   if (!t_progress_thread) last_caller_drain_ns_.store(now, std::memory_order_relaxed);
   // A caller woke because the endpoint polled readable (note_readable): look, whatever the
@@ -317,11 +323,10 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own) {
     --quiet_calls_;
     if (now - last_look_ns_ < kQuietNs) {
       ++quiet_skips_;
-      return 0;
+      return mine;
     }
   }
   last_look_ns_ = now;
-  int mine = 0;
   RxPacket pkts[kBurst];
   RxGuesses guesses;
   for (int b = 0; b < kMaxBursts; ++b) {
@@ -455,7 +460,11 @@ void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, Rx
     if (p == self) {
       if (own != nullptr) own->on_rx(group, k);
       *mine += k;
-    } else if (p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
+    } else if (p->backlog_.pending() || p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
+      // Copies already kept go first: these queue behind them, since a connection handed
+      // these first would see its datagrams out of order (a sender takes a long-kept burst
+      // for a lost one once later packets are acknowledged). Only a drain keeps copies, and
+      // this one holds rx_mu_, so a backlog seen empty stays empty through try_deliver.
       counters_.rx_backlog_full +=
           static_cast<uint64_t>(p->backlog_.push(group, k, clock_.now_ns()));
       if (p->sink_ != nullptr) p->sink_->on_kept();  // after the push: see registry.h

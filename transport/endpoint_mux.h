@@ -8,7 +8,9 @@
 // ever waits for another's drain). It handles its own datagrams in place, and hands each other
 // connection's to that connection's RxSink while the burst's buffers are valid; a sink whose lock
 // is held right now gets copies in its port's RxBacklog instead, which its next call takes
-// first. The progress thread drains too (serve()), so datagrams reach connections nobody polls.
+// first; while copies wait, that connection's later datagrams queue behind them, so that each
+// connection sees its datagrams in arrival order. The progress thread drains too (serve()), so
+// datagrams reach connections nobody polls.
 //
 // A port that closes leaves its connection's CLOSE behind (Endpoint::set_last_words), and the
 // mux answers the peer with it whenever that peer is still heard on the closed token: the
@@ -86,9 +88,11 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   friend class MuxPort;
 
   // Drains up to kMaxBursts bursts. Datagrams for `self` go to `own` (both may be null), the
-  // rest to their ports. Returns how many went to `own`, 0 if another caller holds the receive
-  // side, or a negative errno (sticky: every port fails with it).
-  int drain(MuxPort* self, RxHandler* own);
+  // rest to their ports. copies_first: `self`'s backlog goes to `own` first (a connection's
+  // receive; not the handshake's, whose `own` keeps into that backlog). Returns how many went
+  // to `own`, 0 if another caller holds the receive side, or a negative errno (sticky: every
+  // port fails with it).
+  int drain(MuxPort* self, RxHandler* own, bool copies_first);
   void dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own, int* mine);
   void check_guesses(RxPacket* pkts, int n, uint64_t own_token, const RxGuesses& g);
   void attribute_unreachable_locked();

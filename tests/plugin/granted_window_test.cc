@@ -262,12 +262,17 @@ void receiver(Channel& ch) {
   }
   const UdpSocketLine after = udp_socket(r.recv_port);
   const UdpSocketLine peer = udp_socket(after.remote_port);  // the sender's socket (its ACKs)
+  // Duplicates are resends of datagrams that had arrived: a sender that saw holes where there
+  // were none (the receiver took its datagrams out of order, say), not a loss.
+  optireduceNetStats st{};
+  HCHECK(r.net->get_stats(kCommId, &st) == 0, "no statistics for the communicator");
   std::fprintf(stderr,
                "[receiver] %d MiB in %.3f s (%.0f MiB/s); drops at the receiving socket %llu, at "
-               "the sending socket %llu\n",
+               "the sending socket %llu; duplicates received %llu\n",
                static_cast<int>(kMessages * kMessageBytes / kMiB), seconds,
                kMessages * kMessageBytes / kMiB / seconds, after.drops - before.drops,
-               peer.found ? peer.drops : 0ull);
+               peer.found ? peer.drops : 0ull,
+               static_cast<unsigned long long>(st.recv.dropDuplicate));
   HCHECK(after.found && after.drops == before.drops,
          "the receiving socket dropped %llu datagrams: the advertised window overstates its "
          "buffer",
