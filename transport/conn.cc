@@ -207,6 +207,7 @@ bool Conn::try_deliver(const RxPacket* pkts, int n) {
   if (!lock.owns_lock()) return false;
   const uint64_t now = clock_.now_ns();
   rx_now_ = now;
+  ep_->rx_take_kept(*this);  // first: they arrived before these (RxSink)
   on_rx(pkts, n);
   // The rest of a pass, for what the datagrams changed (a CTS lets a send go, an ACK frees
   // window); draining again here would re-enter the shared endpoint this drain holds.

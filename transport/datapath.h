@@ -188,7 +188,10 @@ struct AimTarget {
 
 // A connection's door for datagrams that another caller received on a shared endpoint
 // (transport/endpoint_mux.h), valid during the call only. Returns false, taking none, when the
-// connection is busy right now: the endpoint then keeps copies for its next rx_into.
+// connection is busy right now: the endpoint then keeps copies for its next rx_into. A sink
+// that takes them takes the copies kept before them first (Endpoint::rx_take_kept), so that a
+// connection sees its datagrams in arrival order: a receiver that acknowledged a later burst
+// before a kept one would have its sender resend the kept one as lost.
 class RxSink {
  public:
   virtual bool try_deliver(const RxPacket* pkts, int n) = 0;
@@ -315,6 +318,13 @@ class Endpoint {
   }
   // Where another caller of a shared endpoint hands this one's datagrams (nullptr: nowhere).
   virtual void set_rx_sink(RxSink* sink) { (void)sink; }
+  // Hands `own` the copies a shared endpoint kept for this one while its sink was busy, oldest
+  // first, and returns how many: for the sink, inside try_deliver, before what it is handed
+  // there (RxSink). Never blocks.
+  virtual int rx_take_kept(RxHandler& own) {
+    (void)own;
+    return 0;
+  }
   // The datagram the owning connection leaves behind as it closes (its CLOSE). A shared
   // endpoint outlives the connection and keeps it, to send again whenever the peer is heard
   // on the closed connection's token (EndpointMux). An endpoint of its own closes with the

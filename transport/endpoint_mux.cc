@@ -138,6 +138,8 @@ class MuxPort final : public Endpoint {
     return handed_;
   }
 
+  int rx_take_kept(RxHandler& own) override { return backlog_.take(own, mux_->clock_.now_ns()); }
+
   void set_rx_sink(RxSink* sink) override {
     // A connection takes the port over from the handshake, which is done with what rx_burst
     // handed it: forgotten now, or an idle connection would keep the copies (and their ring)
@@ -460,11 +462,9 @@ void EndpointMux::dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, Rx
     if (p == self) {
       if (own != nullptr) own->on_rx(group, k);
       *mine += k;
-    } else if (p->backlog_.pending() || p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
-      // Copies already kept go first: these queue behind them, since a connection handed
-      // these first would see its datagrams out of order (a sender takes a long-kept burst
-      // for a lost one once later packets are acknowledged). Only a drain keeps copies, and
-      // this one holds rx_mu_, so a backlog seen empty stays empty through try_deliver.
+    } else if (p->sink_ == nullptr || !p->sink_->try_deliver(group, k)) {
+      // The sink takes its earlier copies first (rx_take_kept); no copy is kept meanwhile,
+      // since only a drain keeps them and this one holds rx_mu_.
       counters_.rx_backlog_full +=
           static_cast<uint64_t>(p->backlog_.push(group, k, clock_.now_ns()));
       if (p->sink_ != nullptr) p->sink_->on_kept();  // after the push: see registry.h

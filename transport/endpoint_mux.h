@@ -8,9 +8,9 @@
 // ever waits for another's drain). It handles its own datagrams in place, and hands each other
 // connection's to that connection's RxSink while the burst's buffers are valid; a sink whose lock
 // is held right now gets copies in its port's RxBacklog instead, which its next call takes
-// first; while copies wait, that connection's later datagrams queue behind them, so that each
-// connection sees its datagrams in arrival order. The progress thread drains too (serve()), so
-// datagrams reach connections nobody polls.
+// first, as does a sink that takes later ones (RxSink), so that each connection sees its
+// datagrams in arrival order. The progress thread drains too (serve()), so datagrams reach
+// connections nobody polls.
 //
 // A port that closes leaves its connection's CLOSE behind (Endpoint::set_last_words), and the
 // mux answers the peer with it whenever that peer is still heard on the closed token: the

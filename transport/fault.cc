@@ -149,6 +149,7 @@ class FaultyEndpoint final : public Endpoint {
     return inner_->rx_into(own, max);
   }
   void set_rx_sink(RxSink* sink) override { inner_->set_rx_sink(sink); }
+  int rx_take_kept(RxHandler& own) override { return inner_->rx_take_kept(own); }
   void set_last_words(const uint8_t* dgram, uint32_t len) override {
     inner_->set_last_words(dgram, len);
   }
