@@ -93,20 +93,15 @@ Args parse(int argc, char** argv) {
       argc, argv,
       {list_flag<int>("--ranks", &a.ranks, rank_count), bench::number_flag("--min", &a.min_bytes),
        bench::number_flag("--max", &a.max_bytes), bench::number_flag("--iters", &a.iters),
-       list_flag<std::string>("--modes", &a.modes, mode)});
-  const char* why = nullptr;
-  if (rc == 0 && (a.min_bytes < 4 || a.min_bytes % 4 != 0))
-    why = "--min: a multiple of 4 bytes, at least 4";
-  else if (rc == 0 && a.max_bytes < a.min_bytes)
-    why = "--max: at least --min";
-  else if (rc == 0 && a.iters < 0)
-    why = "--iters: 0 (by size) or more";
-  if (why != nullptr)
-    std::fprintf(stderr,
-                 "%s\nusage: allreduce_bench [--ranks 2,4] [--min BYTES] [--max BYTES] "
-                 "[--iters N] [--modes bounded,exact,gloo]\n",
-                 why);
-  if (rc != 0 || why != nullptr) std::exit(2);
+       list_flag<std::string>("--modes", &a.modes, mode)},
+      [&a]() -> const char* {
+        if (a.min_bytes < 4 || a.min_bytes % 4 != 0)
+          return "--min: a multiple of 4 bytes, at least 4";
+        if (a.max_bytes < a.min_bytes) return "--max: at least --min";
+        if (a.iters < 0) return "--iters: 0 (by size) or more";
+        return nullptr;
+      });
+  if (rc != 0) std::exit(rc);
   return a;
 }
 

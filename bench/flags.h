@@ -60,9 +60,15 @@ inline void print_usage(FILE* to, const char* prog, std::initializer_list<Flag> 
   std::fprintf(to, "\n");
 }
 
-// 0 when every argument was a known flag with a valid value; else 2, after saying why and
-// printing the usage. --help (or -h) prints the usage and exits with 0.
-inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags) {
+// The rules between flags, checked once every flag is set: why the combination is invalid
+// ("--max: at least --min"), or nullptr when it is valid.
+using FlagCheck = std::function<const char*()>;
+
+// 0 when every argument was a known flag with a valid value and `check` (if any) accepts the
+// combination; else 2, after saying why and printing the usage. --help (or -h) prints the usage
+// and exits with 0.
+inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags,
+                       const FlagCheck& check = nullptr) {
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
     if (k == "--help" || k == "-h") {
@@ -70,24 +76,23 @@ inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags)
       std::exit(0);
     }
   }
+  const auto refuse = [&](const char* fmt, const char* a, const char* b) {
+    std::fprintf(stderr, fmt, a, b);
+    std::fprintf(stderr, "\n");
+    print_usage(stderr, argv[0], flags);
+    return 2;
+  };
   for (int i = 1; i < argc; i += 2) {
     const std::string k = argv[i];
     const Flag* f = nullptr;
     for (const Flag& c : flags)
       if (k == c.name) f = &c;
-    if (f == nullptr) {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      print_usage(stderr, argv[0], flags);
-      return 2;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s needs a value\n", k.c_str());
-      return 2;
-    }
-    if (!f->set(argv[i + 1])) {
-      std::fprintf(stderr, "invalid value for %s: %s\n", k.c_str(), argv[i + 1]);
-      return 2;
-    }
+    if (f == nullptr) return refuse("unknown option %s%s", k.c_str(), "");
+    if (i + 1 >= argc) return refuse("%s needs a value%s", k.c_str(), "");
+    if (!f->set(argv[i + 1])) return refuse("invalid value for %s: %s", k.c_str(), argv[i + 1]);
+  }
+  if (check) {
+    if (const char* why = check(); why != nullptr) return refuse("%s%s", why, "");
   }
   return 0;
 }

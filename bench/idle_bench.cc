@@ -170,13 +170,15 @@ int run(int argc, char** argv) {
           argc, argv,
           {bench::text_flag("--plugin", &o.plugin), bench::number_flag("--idle", &o.idle),
            bench::number_flag("--size", &o.size), bench::number_flag("--bytes", &o.bytes),
-           bench::number_flag("--repeat", &o.repeat)});
+           bench::number_flag("--repeat", &o.repeat)},
+          [&o]() -> const char* {
+            if (o.idle < 2) return "need --idle >= 2";
+            if (o.size == 0) return "need --size > 0";
+            if (o.repeat < 1) return "need --repeat >= 1";
+            return nullptr;
+          });
       rc != 0)
     return rc;
-  if (o.idle < 2 || o.size == 0 || o.repeat < 1) {
-    std::fprintf(stderr, "need --idle >= 2, --size > 0, --repeat >= 1\n");
-    return 2;
-  }
   std::printf(
       "1 active connection (proxy pattern, %zu-byte slots, median of %d) alone and beside "
       "%d idle ones on the same communicator, loopback\n",

@@ -398,16 +398,17 @@ int run(int argc, char** argv) {
                                    {"--mode", mode},
                                    bench::number_flag("--proxy-min", &o.proxy_min),
                                    bench::number_flag("--proxy-max", &o.proxy_max),
-                                   bench::number_flag("--proxy-rounds", &o.proxy_rounds)});
+                                   bench::number_flag("--proxy-rounds", &o.proxy_rounds)},
+                                  [&o]() -> const char* {
+                                    if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
+                                      return "need 0 < --min <= --max";
+                                    if (o.proxy_min == 0 || o.proxy_min > o.proxy_max)
+                                      return "need 0 < --proxy-min <= --proxy-max";
+                                    if (o.proxy_rounds < 1) return "need --proxy-rounds >= 1";
+                                    return nullptr;
+                                  });
       rc != 0)
     return rc;
-  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes || o.proxy_min == 0 ||
-      o.proxy_min > o.proxy_max || o.proxy_rounds < 1) {
-    std::fprintf(stderr,
-                 "need 0 < --min <= --max, 0 < --proxy-min <= --proxy-max and --proxy-rounds "
-                 ">= 1\n");
-    return 2;
-  }
   std::printf("p2p through %s (ABI v%d) vs TCP, loopback\n", o.plugin.c_str(), o.version);
   std::fflush(stdout);
   const std::string failure = run_pair([&](Channel& ch) { rank_main(0, o, ch); },
