@@ -199,12 +199,22 @@ uint32_t seq_of(const std::vector<uint8_t>& d) {
   return h.msg_seq;
 }
 
+// One shared endpoint (host 1) with two ports, tokens 11 and 22, both for the peer at host 7.
+struct TwoPorts {
+  std::shared_ptr<Hub> hub = std::make_shared<Hub>();
+  std::shared_ptr<EndpointMux> mux = make_mux(hub, 1);
+  HubEndpoint peer{hub, 7};
+  std::unique_ptr<Endpoint> p1 = port(*mux, 11, hub_address(7));
+  std::unique_ptr<Endpoint> p2 = port(*mux, 22, hub_address(7));
+  // Bare datagrams for `token`, sequences [from, to), from the peer.
+  void send(uint64_t token, uint32_t from, uint32_t to) {
+    for (uint32_t i = from; i < to; ++i) send_raw(peer, 1, datagram(token, i));
+  }
+};
+
 TEST(Mux, ABusyConnectionGetsCopiesInOrderAndAFreeOneInPlace) {
-  auto hub = std::make_shared<Hub>();
-  auto mux = make_mux(hub, 1);
-  HubEndpoint peer(hub, 7);
-  auto p1 = port(*mux, 11, hub_address(7));
-  auto p2 = port(*mux, 22, hub_address(7));
+  TwoPorts t;
+  auto& [hub, mux, peer, p1, p2] = t;
   Recorder own, sink2;
   p2->set_rx_sink(&sink2);
   sink2.busy = true;
@@ -240,21 +250,18 @@ TEST(Mux, ABusyConnectionGetsCopiesInOrderAndAFreeOneInPlace) {
 // acknowledged a later burst first would have its sender resend the kept one as lost
 // (plugin_granted_window under TSan: 29 resends, and no datagram dropped anywhere).
 TEST(Mux, AFreedConnectionTakesItsCopiesBeforeNewerDatagrams) {
-  auto hub = std::make_shared<Hub>();
-  auto mux = make_mux(hub, 1);
-  HubEndpoint peer(hub, 7);
-  auto p1 = port(*mux, 11, hub_address(7));
-  auto p2 = port(*mux, 22, hub_address(7));
+  TwoPorts t;
+  auto& [hub, mux, peer, p1, p2] = t;
   Recorder own1, sink2;
   sink2.port = p2.get();
   p2->set_rx_sink(&sink2);
   sink2.busy = true;
-  for (uint32_t i = 0; i < 3; ++i) send_raw(peer, 1, datagram(22, i));
+  t.send(22, 0, 3);
   EXPECT_EQ(p1->rx_into(own1, 32), 0);
   EXPECT_EQ(sink2.kept, 1);
   EXPECT_TRUE(p2->rx_pending());
   sink2.busy = false;  // free now, with 0-2 still kept
-  for (uint32_t i = 3; i < 5; ++i) send_raw(peer, 1, datagram(22, i));
+  t.send(22, 3, 5);
   EXPECT_EQ(p1->rx_into(own1, 32), 0);
   ASSERT_EQ(sink2.got.size(), 5u);
   for (uint32_t i = 0; i < 5; ++i) EXPECT_EQ(seq_of(sink2.got[i]), i) << "at " << i;
@@ -267,11 +274,8 @@ TEST(Mux, AFreedConnectionTakesItsCopiesBeforeNewerDatagrams) {
 // receive took the copies it found) go to it before the datagrams that receive itself drains.
 // The other thread is played here by the handler: handed the first copies, it has p1 drain.
 TEST(Mux, CopiesKeptDuringAReceiveGoFirstInIt) {
-  auto hub = std::make_shared<Hub>();
-  auto mux = make_mux(hub, 1);
-  HubEndpoint peer(hub, 7);
-  auto p1 = port(*mux, 11, hub_address(7));
-  auto p2 = port(*mux, 22, hub_address(7));
+  TwoPorts t;
+  auto& [hub, mux, peer, p1, p2] = t;
   struct Interleaver final : RxHandler, RxSink {
     Recorder rec;
     std::function<void()> meanwhile;
@@ -283,13 +287,13 @@ TEST(Mux, CopiesKeptDuringAReceiveGoFirstInIt) {
     void on_kept() override {}
   } sink2;
   p2->set_rx_sink(&sink2);
-  for (uint32_t i = 0; i < 2; ++i) send_raw(peer, 1, datagram(22, i));
+  t.send(22, 0, 2);
   Recorder own1;
   EXPECT_EQ(p1->rx_into(own1, 32), 0);  // 0-1 kept
-  for (uint32_t i = 2; i < 4; ++i) send_raw(peer, 1, datagram(22, i));
+  t.send(22, 2, 4);
   sink2.meanwhile = [&] {
     EXPECT_EQ(p1->rx_into(own1, 32), 0);  // 2-3 kept, while p2's receive is under way
-    for (uint32_t i = 4; i < 6; ++i) send_raw(peer, 1, datagram(22, i));
+    t.send(22, 4, 6);
   };
   EXPECT_EQ(p2->rx_into(sink2, 32), 6);
   ASSERT_EQ(sink2.rec.got.size(), 6u);
