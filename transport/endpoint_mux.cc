@@ -108,15 +108,10 @@ class MuxPort final : public Endpoint {
   int rx_into(RxHandler& own, int max) override {
     (void)max;  // a drain is bounded by itself (kMaxBursts)
     forget_handed();
-    // Copies first, oldest first: here for a drain that another caller holds (then none of
-    // ours arrives meanwhile but into the backlog), and again inside the drain for copies kept
-    // between here and there.
-    int got = backlog_.take(own, mux_->clock_.now_ns());
     const int r = mux_->drain(this, &own, /*copies_first=*/true);
     if (r < 0) return r;
-    got += r;
-    own_.rx_datagrams += static_cast<uint64_t>(got);
-    return got;
+    own_.rx_datagrams += static_cast<uint64_t>(r);
+    return r;
   }
 
   // The copying receive, for callers that want datagrams back rather than handed over (the
@@ -309,13 +304,17 @@ void EndpointMux::serve() {
 }
 
 int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {
+  // Copies first, oldest first. They are kept only under rx_mu_: held, none is kept for us
+  // until the drain ends, and ours then go to `own` in arrival order; held by another caller,
+  // whatever it keeps for us meanwhile is newer than these and waits for our next call.
+  const auto take_copies = [&](uint64_t now) {
+    return copies_first && own != nullptr ? self->backlog_.take(*own, now) : 0;
+  };
   std::unique_lock<std::mutex> rx(rx_mu_, std::try_to_lock);
-  if (!rx.owns_lock()) return 0;  // another caller is draining; it hands ours over
+  if (!rx.owns_lock()) return take_copies(clock_.now_ns());  // the other caller hands ours over
   if (fatal_ != 0) return -fatal_;
   const uint64_t now = clock_.now_ns();
-  // Copies are kept only under rx_mu_: once these are taken, none is kept for us until the
-  // drain ends, and ours go to `own` in arrival order.
-  int mine = copies_first && own != nullptr ? self->backlog_.take(*own, now) : 0;
+  int mine = take_copies(now);
   if (own != nullptr) last_owned_drain_ns_.store(now, std::memory_order_relaxed);
   if (!t_progress_thread) last_caller_drain_ns_.store(now, std::memory_order_relaxed);
   // A caller woke because the endpoint polled readable (note_readable): look, whatever the

@@ -88,10 +88,10 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   friend class MuxPort;
 
   // Drains up to kMaxBursts bursts. Datagrams for `self` go to `own` (both may be null), the
-  // rest to their ports. copies_first: `self`'s backlog goes to `own` first (a connection's
-  // receive; not the handshake's, whose `own` keeps into that backlog). Returns how many went
-  // to `own`, 0 if another caller holds the receive side, or a negative errno (sticky: every
-  // port fails with it).
+  // rest to their ports. copies_first: `self`'s backlog goes to `own` first, even when another
+  // caller holds the receive side (a connection's receive; not the handshake's, whose `own`
+  // keeps into that backlog). Returns how many went to `own` (copies only, if another caller
+  // holds the receive side), or a negative errno (sticky: every port fails with it).
   int drain(MuxPort* self, RxHandler* own, bool copies_first);
   void dispatch_locked(const RxPacket* pkts, int n, MuxPort* self, RxHandler* own, int* mine);
   void check_guesses(RxPacket* pkts, int n, uint64_t own_token, const RxGuesses& g);
