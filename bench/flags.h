@@ -76,9 +76,8 @@ inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags,
       std::exit(0);
     }
   }
-  const auto refuse = [&](const char* fmt, const char* a, const char* b) {
-    std::fprintf(stderr, fmt, a, b);
-    std::fprintf(stderr, "\n");
+  const auto refuse = [&](const std::string& why) {
+    std::fprintf(stderr, "%s\n", why.c_str());
     print_usage(stderr, argv[0], flags);
     return 2;
   };
@@ -87,12 +86,12 @@ inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags,
     const Flag* f = nullptr;
     for (const Flag& c : flags)
       if (k == c.name) f = &c;
-    if (f == nullptr) return refuse("unknown option %s%s", k.c_str(), "");
-    if (i + 1 >= argc) return refuse("%s needs a value%s", k.c_str(), "");
-    if (!f->set(argv[i + 1])) return refuse("invalid value for %s: %s", k.c_str(), argv[i + 1]);
+    if (f == nullptr) return refuse("unknown option " + k);
+    if (i + 1 >= argc) return refuse(k + " needs a value");
+    if (!f->set(argv[i + 1])) return refuse("invalid value for " + k + ": " + argv[i + 1]);
   }
   if (check) {
-    if (const char* why = check(); why != nullptr) return refuse("%s%s", why, "");
+    if (const char* why = check(); why != nullptr) return refuse(why);
   }
   return 0;
 }
