@@ -8,6 +8,7 @@
 #include <string>
 
 #include "transport/log.h"
+#include "transport/progress_thread.h"
 
 namespace optireduce {
 
@@ -80,6 +81,7 @@ void Conn::background_progress(uint64_t now, uint64_t idle_ns) {
 
 void Conn::progress_locked(uint64_t now, bool drain) {
   last_progress_ns_.store(now, std::memory_order_relaxed);
+  if (!on_progress_thread()) owner_pass_ns_.store(now, std::memory_order_relaxed);
   if (fatal_.is_ok()) {
     if (drain) drain_rx_locked(now);
     check_liveness_locked(now);
@@ -351,7 +353,7 @@ uint64_t Conn::wake_ns(uint64_t now) const {
     if (!clocked) timer = timer == 0 ? pace : std::min(timer, pace);
   }
   if (timer == 0) return 0;
-  return std::max(timer, last_progress_ns_.load(std::memory_order_relaxed) + kOwnerGraceNs);
+  return std::max(timer, owner_pass_ns_.load(std::memory_order_relaxed) + kCallerActiveNs);
 }
 
 const RecvOutcome& request_outcome(const Request* req) {

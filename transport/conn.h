@@ -85,10 +85,15 @@ class Conn : private RxHandler, private RxSink {
   // then rather than a whole OPTIREDUCE_PROGRESS_US period. Read without the lock.
   uint64_t next_timer_ns() const { return next_timer_ns_.load(std::memory_order_relaxed); }
   // When the progress thread should visit for that timer, as of `now`: not before
-  // kOwnerGraceNs after the owner's last pass, since an owner that polls (NCCL's test() loop)
-  // fires its own timers; so a busy connection, whose probe moves ahead with every ACK, does
-  // not wake the thread every few RTTs, while one whose owner moved on is served within the
-  // grace of its timer.
+  // kCallerActiveNs after the owner's last pass (a pass on any thread but the progress
+  // thread), since an owner that polls (NCCL's test() loop, a host exchange between its
+  // blocking waits) fires its own timers; the thread is the backstop for an owner that stopped
+  // polling, and serves such a connection's timers when they fall due. A busy connection's
+  // probe and timeout move ahead with every ACK, and with a grace of 50 us the thread woke
+  // every 50-120 us beside an owner that served them anyway: on 2 cores, each wake-up took a
+  // core from a polling caller and the endpoint's lock from its drain, and p2p_bench's 4 KiB
+  // round trip took 85-100 us against TCP's 28-33 (27-36 with this grace), its stream of
+  // 8 in flight 0.13 GB/s against TCP's 0.4-0.6 (0.25-0.29).
   // A packet the pacer held back while others are in flight (pace_retry_locked) wakes it only
   // if no caller has received on the endpoint for kCallerActiveNs: while callers do, the next
   // ACK reaches this connection within their polling and its pass sends what the pacer then
@@ -96,8 +101,7 @@ class Conn : private RxHandler, private RxSink {
   // bench/lab (4 ranks, 1 Gbit/s, 4 MiB) the thread woke for nearly every paced packet, about
   // 390 times per call and rank, and those wake-ups were a sixth of the ranks' CPU.
   uint64_t wake_ns(uint64_t now) const;
-  static constexpr uint64_t kOwnerGraceNs = 50'000;
-  // Callers that received within a millisecond are taken to be polling still: a host exchange
+  // Callers that passed within a millisecond are taken to be polling still: a host exchange
   // naps 20 us between tests, but on a loaded host its naps stretch to hundreds; the progress
   // thread's own period is a millisecond too (OPTIREDUCE_PROGRESS_US).
   static constexpr uint64_t kCallerActiveNs = 1'000'000;
@@ -239,7 +243,8 @@ class Conn : private RxHandler, private RxSink {
   PeerLiveness liveness_;
   uint64_t unreachable_seen_ = 0;  // the endpoint's peer_unreachable already counted
   uint64_t rx_now_ = 0;            // the pass's time, for on_rx (mu_)
-  std::atomic<uint64_t> last_progress_ns_{0};
+  std::atomic<uint64_t> last_progress_ns_{0};  // the last pass, on any thread
+  std::atomic<uint64_t> owner_pass_ns_{0};     // the last pass not on the progress thread
   std::atomic<uint64_t> next_timer_ns_{0};
   std::atomic<uint64_t> next_pace_ns_{0};  // pace_retry_locked() as of the last pass
   // One burst: ctrl_n_ control packets first (they unblock the peer), then batch_n_ DATA.

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "transport/log.h"
+#include "transport/progress_thread.h"
 #include "transport/rx_backlog.h"
 #include "transport/wire.h"
 
@@ -54,13 +55,7 @@ constexpr uint64_t kOwnerServesNs = 1'000'000;
 // sleeps longer leaves its peers' ACKs and data to the progress thread.
 constexpr uint64_t kOwnerPollsNs = 20'000;
 constexpr uint64_t kMaxQuietNs = 16'000;
-// Set on the progress thread (mark_progress_thread): its drains are not a caller's.
-thread_local bool t_progress_thread = false;
 }  // namespace
-
-void mark_progress_thread() {
-  t_progress_thread = true;
-}
 
 class MuxPort final : public Endpoint {
  public:
@@ -316,7 +311,7 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {
   const uint64_t now = clock_.now_ns();
   int mine = take_copies(now);
   if (own != nullptr) last_owned_drain_ns_.store(now, std::memory_order_relaxed);
-  if (!t_progress_thread) last_caller_drain_ns_.store(now, std::memory_order_relaxed);
+  if (!on_progress_thread()) last_caller_drain_ns_.store(now, std::memory_order_relaxed);
   // A caller woke because the endpoint polled readable (note_readable): look, whatever the
   // streak of empty drains before it says.
   if (quiet_calls_ > 0 && readable_.exchange(false, std::memory_order_relaxed)) quiet_calls_ = 0;

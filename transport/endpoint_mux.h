@@ -152,8 +152,4 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   std::atomic<uint64_t> last_caller_drain_ns_{0};
 };
 
-// Marks the calling thread, for the rest of its life, as the transport's progress thread: its
-// drains are not a caller's (EndpointMux::last_caller_drain_ns_).
-void mark_progress_thread();
-
 }  // namespace optireduce

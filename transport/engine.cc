@@ -10,6 +10,7 @@
 
 #include "transport/fault.h"
 #include "transport/log.h"
+#include "transport/progress_thread.h"
 
 namespace optireduce {
 

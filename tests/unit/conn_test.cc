@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <iterator>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
 #include "transport/congestion.h"
 #include "transport/handshake.h"
+#include "transport/progress_thread.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
@@ -1624,6 +1626,52 @@ TEST(SharedPath, ASendTheWindowHeldBackGoesOnByItsTimer) {
   ASSERT_TRUE(drb) << "B's message never arrived; its timers served it " << visits << " times";
   EXPECT_EQ(dst_a, src_a);
   EXPECT_EQ(dst_b, src_b);
+}
+
+// The progress thread stands in for an owner that stopped polling, not for one that polls. A
+// message in flight on a 10 us fabric keeps a probe armed a few tens of microseconds ahead,
+// moved on by every ACK; an owner that polls serves it, and the thread is not woken for it
+// until a millisecond after the owner's last pass (with a 50 us grace it woke every 50-120 us,
+// which on 2 cores tripled p2p_bench's 4 KiB round trip). Once the owner has stopped for that
+// long, the thread serves the timer when it falls due, and its own passes do not push it out
+// as an owner's would.
+TEST(ProgressThread, StandsInForAnOwnerThatStoppedNotForOneThatPolls) {
+  Rig rig(Delivery::kExact, Fill::kZero, Config().peer_timeout_ms, kFastOneWayNs);
+  warm_up(rig);
+  const auto src = pattern(3000, 9);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr = nullptr, *rr = nullptr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  ASSERT_TRUE(rig.s->isend(src.data(), src.size(), &sr).is_ok());
+  rig.clock.advance_ns(kFastRttNs);  // the CTS has come
+  bool done = false;
+  size_t size = 0;
+  ASSERT_TRUE(rig.s->test(sr, &done, &size).is_ok());  // the owner's pass: the packets leave
+  ASSERT_FALSE(done);
+  const uint64_t owner_pass = rig.clock.now_ns();
+  const uint64_t timer = rig.s->next_timer_ns();
+  ASSERT_NE(timer, 0u);
+  ASSERT_LT(timer, owner_pass + 200'000) << "a probe within a few RTTs";
+  EXPECT_EQ(rig.s->wake_ns(owner_pass), owner_pass + Conn::kCallerActiveNs)
+      << "woken for a timer its polling owner serves";
+
+  // The owner stops. Nothing is acknowledged (the receiver's owner stopped too), so the probe
+  // falls due; the thread is woken a millisecond after the owner's last pass.
+  rig.clock.advance_ns(Conn::kCallerActiveNs);
+  const uint64_t now = rig.clock.now_ns();
+  EXPECT_EQ(rig.s->wake_ns(now), now);
+  const uint64_t probes = rig.s->stats().probes;
+  std::thread progress([&] {
+    mark_progress_thread();
+    rig.s->background_progress(now, 500'000);
+  });
+  progress.join();
+  EXPECT_EQ(rig.s->stats().probes, probes + 1) << "the thread served the due probe";
+  const uint64_t next = rig.s->next_timer_ns();
+  ASSERT_GT(next, now);
+  EXPECT_EQ(rig.s->wake_ns(now), next) << "the thread's pass is not an owner's";
+  ASSERT_TRUE(rig.run(sr, rr, &size, 20000, 1));
+  EXPECT_EQ(src, dst);
 }
 
 // The state machines accept exactly the edges send.h, recv.h and handshake.h list, and nothing

@@ -16,6 +16,7 @@
 
 #include "tests/unit/pattern.h"
 #include "transport/endpoint_mux.h"
+#include "transport/progress_thread.h"
 #include "transport/recv.h"
 #include "transport/rx_backlog.h"
 #include "transport/send.h"
