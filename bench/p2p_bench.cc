@@ -147,20 +147,20 @@ double plugin_stream(NetApi& net, void* comm, bool sending, std::vector<std::vec
   return mono_s();
 }
 
-std::vector<std::vector<uint8_t>> make_buffers(size_t size) {
+// The sender's buffers hold the same pattern (any may be checked); the receiver's start zeroed.
+std::vector<std::vector<uint8_t>> make_buffers(int rank, size_t size) {
   const size_t n = std::clamp<size_t>(kBufferBudget / size, 1, kWindow);
   std::vector<std::vector<uint8_t>> bufs(n, std::vector<uint8_t>(size));
-  for (auto& b : bufs) fill_pattern(b.data(), size, 1, 0);  // identical: any may be checked
+  if (rank == 0) {
+    for (auto& b : bufs) fill_pattern(b.data(), size, 1, 0);
+  }
   return bufs;
 }
 
 // rank 0 sends, rank 1 receives and reports GB/s; then rank 0 measures round trips.
 void plugin_size(int rank, const Options& o, PluginLink& l, Channel& ch, size_t size, Row* row) {
   NetApi& net = *l.net;
-  auto bufs = make_buffers(size);
-  if (rank == 1) {
-    for (auto& b : bufs) std::fill(b.begin(), b.end(), 0);
-  }
+  auto bufs = make_buffers(rank, size);
   const int n = iterations(o, size);
   // Untimed, once through every buffer first (proxy::run_plugin says why); TCP's side alike.
   (void)plugin_stream(net, rank == 0 ? l.send : l.recv, rank == 0, bufs, size,
@@ -252,10 +252,7 @@ void tcp_all(int fd, void* p, size_t n, bool sending) {
 void tcp_size(int rank, const Options& o, int fd, Channel& ch, size_t size, Row* row) {
   // As many buffers as the plugin's side, each used once untimed: a single reused buffer was
   // warm after its first message while the plugin's eight each paid their first use.
-  auto bufs = make_buffers(size);
-  if (rank == 1) {
-    for (auto& b : bufs) std::fill(b.begin(), b.end(), 0);
-  }
+  auto bufs = make_buffers(rank, size);
   for (auto& b : bufs) tcp_all(fd, b.data(), size, rank == 0);
   const int n = iterations(o, size);
   ch.barrier();

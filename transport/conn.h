@@ -92,8 +92,8 @@ class Conn : private RxHandler, private RxSink {
   // probe and timeout move ahead with every ACK, and with a grace of 50 us the thread woke
   // every 50-120 us beside an owner that served them anyway: on 2 cores, each wake-up took a
   // core from a polling caller and the endpoint's lock from its drain, and p2p_bench's 4 KiB
-  // round trip took 85-100 us against TCP's 28-33 (27-36 with this grace), its stream of
-  // 8 in flight 0.13 GB/s against TCP's 0.4-0.6 (0.25-0.29).
+  // round trip took 80-118 us against TCP's 28-37 (24-36 with this grace), its stream of
+  // 8 in flight 0.13 GB/s against TCP's 0.4-0.6 (0.25-0.34).
   // A packet the pacer held back while others are in flight (pace_retry_locked) wakes it only
   // if no caller has received on the endpoint for kCallerActiveNs: while callers do, the next
   // ACK reaches this connection within their polling and its pass sends what the pacer then
