@@ -15,8 +15,9 @@ extern "C" {
 #define OPTIREDUCE_NET_NAME "OptiReduce"
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
-/* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts; 5: resteers */
-#define OPTIREDUCE_NET_STATS_VERSION 5
+/* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts; 5: resteers;
+ * 6: spuriousProbes */
+#define OPTIREDUCE_NET_STATS_VERSION 6
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
@@ -54,6 +55,8 @@ struct optireduceNetCounters {
   uint64_t resteers;       /* aimed messages whose place stopped taking their DATA in
                             * mid-message (verbs: a lane's QP recreated, or nothing arrived
                             * for 4 x OPTIREDUCE_RTO_MAX_US), sent on elsewhere */
+  uint64_t spuriousProbes; /* of probes, those whose packet the receiver already had (it said
+                            * so in its ACK); each delays later probes on the connection */
 };
 
 struct optireduceNetStats {

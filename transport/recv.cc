@@ -120,6 +120,7 @@ Status RecvConn::irecv(void* data, size_t capacity, MsgDelivery how, const Memor
   m.pipelined = false;
   m.burst_head = starts_burst(m.req.seq == floor_, last_complete_ns_, now);
   m.pkts_since_ack = 0;
+  m.dup_seen = false;
   m.cts_backoff_ns = cts_resend_ns_locked();
   m.steer = 0;
   m.resteered = false;
@@ -339,7 +340,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
       }
     } else {
       ++stats_.drop_stale;
-      send_final_for_locked(s, false);
+      send_final_for_locked(s, false, /*dup=*/true);
     }
     return;
   }
@@ -403,6 +404,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   if (!m.got.set(static_cast<uint32_t>(idx))) {
     ++stats_.drop_duplicate;
+    m.dup_seen = true;
     // A retransmission of something we hold means our ACK was lost: acknowledge again.
     dirty_ |= 1u << (s % kMaxRequests);
     return;

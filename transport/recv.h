@@ -102,6 +102,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
     uint32_t pkts_since_ack = 0;
+    bool dup_seen = false;  // a packet arrived twice since the last ACK (kFlagDup)
 
     bool whole() const { return until_started && first_data_ns != 0; }
   };
@@ -120,7 +121,8 @@ class RecvConn final : public Conn, public RecvComm {
   void send_ack_locked(Msg& m, bool final_ack);
   // An ACK's hold_ns (wire.h): from the newest DATA's arrival at this host to now.
   uint32_t hold_ns_locked() const;
-  void send_final_for_locked(uint32_t seq, bool bounded);
+  // dup: answers a packet of a message complete here (kFlagDup).
+  void send_final_for_locked(uint32_t seq, bool bounded, bool dup = false);
   // The floor as it stands once the messages completed so far are counted: what a FINAL
   // carries, sent between a completion and the floor's advance (advance_floor_locked).
   uint32_t settled_floor_locked() const;

@@ -50,8 +50,10 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   h.hold_ns = hold_ns_locked();
   h.msg_seq = m.req.seq;
   h.msg_floor = final_ack ? settled_floor_locked() : floor_;
+  if (m.dup_seen) h.flags |= kFlagDup;
+  m.dup_seen = false;
   if (final_ack) {
-    h.flags = kFlagFinal;
+    h.flags |= kFlagFinal;
     h.msg_size = m.npkts;
     h.offset = m.npkts;
     send_ctrl_locked(h);
@@ -66,10 +68,10 @@ void RecvConn::send_ack_locked(Msg& m, bool final_ack) {
   m.pkts_since_ack = 0;
 }
 
-void RecvConn::send_final_for_locked(uint32_t seq, bool bounded) {
+void RecvConn::send_final_for_locked(uint32_t seq, bool bounded, bool dup) {
   PacketHeader h;
   h.type = PacketType::kAck;
-  h.flags = kFlagFinal | (bounded ? kFlagBounded : 0);
+  h.flags = kFlagFinal | (bounded ? kFlagBounded : 0) | (dup ? kFlagDup : 0);
   h.msg_seq = seq;
   // Past this message where it was the oldest: a sender still to post it (a straggler that
   // reads only this FINAL) then knows it ended and sends none of it (SendConn::isend).

@@ -202,6 +202,9 @@ class SendConn final : public Conn, public SendComm {
   void on_timeout_verdict_locked(const AckTally& t, uint64_t now);
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
+  // The receiver got a packet of message `seq` twice (kFlagDup): if it was our last probe's,
+  // the probe came too early, and later ones wait longer (probe_srtts_).
+  void on_dup_report_locked(uint32_t seq);
   // Takes a message's unacknowledged packets out of flight (it will send none of them again).
   void forget_outstanding_locked(Msg& m);
 
@@ -267,6 +270,16 @@ class SendConn final : public Conn, public SendComm {
     return std::clamp<uint64_t>(rtt_.srtt_ns() / 4, 20'000, 1'000'000);
   }
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
+  // The probe's delay in smoothed RTTs: 2 as TCP's, one more for each probe the receiver shows
+  // was not needed (its packet had arrived: a receiver that pauses between passes, an ACK
+  // delayed by its host), up to kMaxProbeSrtts; one less after kProbesPerStep probes with no
+  // such report. So it settles where about one probe in kProbesPerStep is spurious (RACK's
+  // reordering window adapts to D-SACKs the same way, RFC 8985).
+  static constexpr uint32_t kMinProbeSrtts = 2, kMaxProbeSrtts = 8, kProbesPerStep = 16;
+  uint32_t probe_srtts_ = kMinProbeSrtts;
+  uint32_t probes_unrefuted_ = 0;  // probes since probe_srtts_ last moved
+  uint32_t probe_seq_ = 0;         // the last probe's message
+  uint32_t probes_open_ = 0;       // probes of it that no ACK has called spurious yet
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
   // tells us its budget; a posted send that waits longer than that for its CTS expires (before
   // any budget is known, after the fallback of give_up_ns_locked()).

@@ -44,6 +44,7 @@ void SendConn::ack_packet_locked(Msg& m, uint32_t i, AckTally* t) {
 }
 
 void SendConn::on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now) {
+  if (h.flags & kFlagDup) on_dup_report_locked(h.msg_seq);
   // The message first: a FINAL's floor may cover its own message, which the FINAL ends with
   // more to tell than the floor does (what arrived, a round-trip sample).
   on_ack_msg_locked(h, sack, now);
@@ -317,22 +318,41 @@ void SendConn::send_probe_locked(uint64_t now) {
     if (m.sent_ns[last] != kQueued && retx_.size() < kRetxCap) {
       mark_lost_locked(m, last, false, now);
       ++stats_.probes;
+      if (probe_seq_ != s) probes_open_ = 0;
+      probe_seq_ = s;
+      ++probes_open_;
+      if (++probes_unrefuted_ == kProbesPerStep) {
+        probes_unrefuted_ = 0;
+        probe_srtts_ = std::max(kMinProbeSrtts, probe_srtts_ - 1);
+      }
     }
     break;
   }
 }
 
+void SendConn::on_dup_report_locked(uint32_t seq) {
+  // Duplicates of other messages' retransmissions (a timeout's, whose verdict is F-RTO's, or a
+  // packet declared lost by SACK) say nothing about the probe's delay. One report covers every
+  // probe of the message since the last: a pause long enough for two saw the packet thrice.
+  if (probes_open_ == 0 || seq != probe_seq_) return;
+  stats_.spurious_probes += probes_open_;
+  probes_open_ = 0;
+  probes_unrefuted_ = 0;
+  probe_srtts_ = std::min(kMaxProbeSrtts, probe_srtts_ + 1);
+}
+
 void SendConn::arm_probe_locked(uint64_t now) {
   const uint64_t srtt = rtt_.has_sample() ? rtt_.srtt_ns() : rtt_.rto_ns() / 2;
-  // Twice the smoothed RTT, as TCP's tail-loss probe, and always before the RTO would fire, so
-  // that a lost tail costs a probe, not a window collapse. Not also past the RTT's variation
-  // and the largest recent sample, as it once was: behind a background burst's queue those
-  // put the probe 10-20 ms after the last ACK, and the slow phases of TAR exact in bench/lab
+  // Twice the smoothed RTT (probe_srtts_), as TCP's tail-loss probe, and always before the RTO
+  // would fire, so that a lost tail costs a probe, not a window collapse. Not also past the RTT's
+  // variation and the largest recent sample, as it once was: behind a background burst's queue
+  // those put the probe 10-20 ms after the last ACK, and the slow phases of TAR exact in bench/lab
   // had about 1.4 probes per send (docs/lab.md, "Findings"); at twice the smoothed RTT its
   // P99 / Gloo ring's went from a median of 1.10 to 0.97 over seeds 5-14, lower in 8, higher
-  // in 1. A probe that a receiver's pause makes spurious costs one packet sent twice; the
-  // timeout, which cuts the window, keeps its margin for pauses (RttEstimator).
-  const uint64_t pto = 2 * srtt;
+  // in 1. A probe that a receiver's pause makes spurious costs one packet sent twice, and the
+  // receiver's reports of such probes stretch the two RTTs for a receiver that pauses often
+  // (probe_srtts_); the timeout, which cuts the window, keeps its margin (RttEstimator).
+  const uint64_t pto = probe_srtts_ * srtt;
   probe_deadline_ = now + std::max(kMinProbeNs, std::min(pto, rtt_.rto_ns() * 3 / 4));
 }
 

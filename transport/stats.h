@@ -44,7 +44,8 @@
   COUNTER(spurious_rtos, spuriousRtos) /* of rto_events, those an ACK then showed were no loss */  \
   COUNTER(aimed_msgs, aimedMsgs)       /* receives whose datapath posted into their buffer */      \
   COUNTER(placed_pkts, placedPkts)     /* DATA that arrived in place: no copy (UDP, verbs) */      \
-  COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: place lost or stalled */
+  COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: place lost or stalled */   \
+  COUNTER(spurious_probes, spuriousProbes) /* of probes, those the receiver had already got */
 
 namespace optireduce {
 

@@ -14,7 +14,7 @@ namespace optireduce {
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
 // 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs; 5: the WHOLE flag;
 // 6: steer in CTS
-inline constexpr uint8_t kWireVersion = 6;
+inline constexpr uint8_t kWireVersion = 7;
 inline constexpr uint32_t kHeaderBytes = 48;
 
 enum class PacketType : uint8_t {
@@ -58,8 +58,12 @@ enum : uint16_t {
                            // sender has not started it; from its first DATA on, the receiver
                            // waits for every byte, so a started send is never cut at its budget
                            // (MsgDelivery::kUntilStarted)
+  kFlagDup = 1u << 7,      // ACK: a packet of this message arrived again since the last ACK
+                           // (or, on a FINAL, after the message was complete): a retransmission
+                           // that was not needed, which tells the sender its loss probe fires
+                           // too early for this receiver (SendConn::on_dup_report_locked)
 };
-inline constexpr uint16_t kKnownFlags = 0x7F;
+inline constexpr uint16_t kKnownFlags = 0xFF;
 
 // The decoded header. Field meanings per type:
 //   token       random 64-bit connection identifier from the listen handle, with kReplyTokenBit
