@@ -340,7 +340,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
       }
     } else {
       ++stats_.drop_stale;
-      send_final_for_locked(s, false, /*dup=*/true);
+      send_final_for_locked(s, false, /*dup=*/(h.flags & kFlagRetx) != 0);
     }
     return;
   }
@@ -404,7 +404,9 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   }
   if (!m.got.set(static_cast<uint32_t>(idx))) {
     ++stats_.drop_duplicate;
-    m.dup_seen = true;
+    // Only a retransmission is reported: a copy the network made, or an original that a
+    // reordering made arrive after its probe, says nothing about the sender's probe.
+    if (h.flags & kFlagRetx) m.dup_seen = true;
     // A retransmission of something we hold means our ACK was lost: acknowledge again.
     dirty_ |= 1u << (s % kMaxRequests);
     return;

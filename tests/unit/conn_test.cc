@@ -1213,6 +1213,55 @@ TEST(ControlBatch, APassSendsItsAcksInOneBurst) {
   }
 }
 
+// The receiver's DUP flag reports a retransmission it already had, and only that: a copy the
+// network made (no RETX flag) would make a sender's probe wait longer for nothing (the main
+// demonstration's injected 1% duplication did).
+TEST(ReceiverBounds, OnlyARetransmissionThatWasHereAlreadyIsReportedAsADuplicate) {
+  Rig rig;
+  std::vector<uint8_t> dst(2000);
+  Request* rr;
+  ASSERT_TRUE(rig.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  auto deliver = [&](uint64_t offset, uint16_t flags) {
+    PacketHeader h;
+    h.type = PacketType::kData;
+    h.token = 0xABCDEF;
+    h.flags = flags;
+    h.msg_size = 2000;  // two packets
+    h.offset = offset;
+    h.payload_len = 1000;
+    std::vector<uint8_t> d(kHeaderBytes + 1000, 0x5C);
+    encode(h, d.data());
+    rig.to_rx->q.push_back(d);
+    rig.to_tx->q.clear();
+    rig.r->poll();
+    // What the receiver answered: the ACK or FINAL for this message.
+    std::vector<uint16_t> acks;
+    for (const auto& a : rig.to_tx->q) {
+      PacketHeader ah;
+      if (decode(a.data(), a.size(), &ah) == DecodeError::kNone && ah.type == PacketType::kAck)
+        acks.push_back(ah.flags);
+    }
+    return acks;
+  };
+  auto dup = [](const std::vector<uint16_t>& acks) {
+    return acks.size() == 1 && (acks[0] & kFlagDup) != 0;
+  };
+  ASSERT_EQ(deliver(0, 0).size(), 1u);
+  EXPECT_FALSE(dup(deliver(0, 0))) << "the network's copy";
+  EXPECT_TRUE(dup(deliver(0, kFlagRetx))) << "a retransmission it had already";
+  const auto final_acks = deliver(1000, 0);
+  ASSERT_EQ(final_acks.size(), 1u);
+  EXPECT_TRUE(final_acks[0] & kFlagFinal);
+  EXPECT_FALSE(final_acks[0] & kFlagDup);
+  // The message is complete: a late copy is answered with FINAL again.
+  EXPECT_FALSE(dup(deliver(1000, 0)));
+  EXPECT_TRUE(dup(deliver(1000, kFlagRetx)));
+  bool done = false;
+  size_t sz;
+  ASSERT_TRUE(rig.r->test(rr, &done, &sz).is_ok());
+  EXPECT_TRUE(done);
+}
+
 TEST(ControlBatch, AFullQueueIsFlushedEarlyAndNothingIsLost) {
   Rig rig;
   auto src = pattern(900, 1);
