@@ -12,13 +12,9 @@ optireduce_build() {
   # must be allowed undefined (sanitizer) symbols. The libFuzzer targets are built by clang with
   # their own sanitizers whatever the configuration: the same binaries in every build directory,
   # and 50 s of one core each to build, so only the plain configuration builds (and runs) them.
-  if [ "$sanitize" != none ]; then
-    opts+=(-Db_lundef=false -Dfuzz=disabled)
-  else
-    opts+=(-Db_lundef=true -Dfuzz=auto)
-  fi
-  local fuzz=auto
-  if [ "$sanitize" != none ]; then fuzz=disabled; fi
+  local fuzz=auto lundef=true
+  if [ "$sanitize" != none ]; then fuzz=disabled lundef=false; fi
+  opts+=(-Db_lundef="$lundef" -Dfuzz="$fuzz")
   if [ ! -f "$dir/build.ninja" ]; then
     meson setup "$dir" "${opts[@]}"
   elif ! optireduce_build_matches "$dir" "$buildtype" "$sanitize" "$fuzz"; then

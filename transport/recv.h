@@ -102,7 +102,7 @@ class RecvConn final : public Conn, public RecvComm {
     uint64_t deadline_ns = 0;   // 0 = not yet armed
     uint64_t early_ns = 0;      // early-timeout instant, once the tail arrived
     uint32_t pkts_since_ack = 0;
-    bool dup_seen = false;  // a packet arrived twice since the last ACK (kFlagDup)
+    bool dup_seen = false;  // a retransmission of a packet held here came since the last ACK
 
     bool whole() const { return until_started && first_data_ns != 0; }
   };

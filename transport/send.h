@@ -202,8 +202,9 @@ class SendConn final : public Conn, public SendComm {
   void on_timeout_verdict_locked(const AckTally& t, uint64_t now);
   void send_probe_locked(uint64_t now);
   void arm_probe_locked(uint64_t now);
-  // The receiver got a packet of message `seq` twice (kFlagDup): if it was our last probe's,
-  // the probe came too early, and later ones wait longer (probe_srtts_).
+  // The receiver got a retransmission of message `seq` that it already had (kFlagDup): if our
+  // last probe was of that message, it came too early, and later ones wait longer
+  // (probe_srtts_).
   void on_dup_report_locked(uint32_t seq);
   // Takes a message's unacknowledged packets out of flight (it will send none of them again).
   void forget_outstanding_locked(Msg& m);

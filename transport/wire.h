@@ -13,7 +13,7 @@ namespace optireduce {
 
 inline constexpr uint16_t kWireMagic = 0x4F52;  // "OR"
 // 2: credit (was reserved, zero); 3: reply tokens; 4: hold_ns in ACKs; 5: the WHOLE flag;
-// 6: steer in CTS
+// 6: steer in CTS; 7: the DUP flag in ACKs
 inline constexpr uint8_t kWireVersion = 7;
 inline constexpr uint32_t kHeaderBytes = 48;
 

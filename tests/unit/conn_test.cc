@@ -90,6 +90,16 @@ struct Rig {
   }
 };
 
+// Queues a hand-built datagram at the receiver: `h` with `payload` bytes of filler, cut to
+// `truncate_to` bytes if that is shorter.
+void push_to_receiver(Rig& rig, PacketHeader h, size_t payload, size_t truncate_to = SIZE_MAX) {
+  std::vector<uint8_t> d(kHeaderBytes + payload, 0xC3);
+  h.payload_len = static_cast<uint32_t>(payload);
+  encode(h, d.data());
+  if (truncate_to < d.size()) d.resize(truncate_to);
+  rig.to_rx->q.push_back(d);
+}
+
 // The window a connection offers is the endpoint's buffering in that connection's packets:
 // device-sized ones, or larger ones where the route to the peer allows them (a peer on this
 // host), which fill the same buffer in fewer packets and must not be counted as many.
@@ -297,12 +307,8 @@ TEST(ReceiverBounds, HostileDatagramsAreDroppedAndCounted) {
   uint8_t* buf = guard.data() + 1000;  // the posted buffer is the middle 1000 bytes
   Request* rr;
   ASSERT_TRUE(rig.r->irecv(buf, 1000, &rr).is_ok());
-  auto push = [&](PacketHeader h, size_t payload, size_t truncate_to = SIZE_MAX) {
-    std::vector<uint8_t> d(kHeaderBytes + payload, 0xC3);
-    h.payload_len = static_cast<uint32_t>(payload);
-    encode(h, d.data());
-    if (truncate_to < d.size()) d.resize(truncate_to);
-    rig.to_rx->q.push_back(d);
+  auto push = [&](const PacketHeader& h, size_t payload, size_t truncate_to = SIZE_MAX) {
+    push_to_receiver(rig, h, payload, truncate_to);
   };
   PacketHeader h;
   h.type = PacketType::kData;
@@ -1228,10 +1234,7 @@ TEST(ReceiverBounds, OnlyARetransmissionThatWasHereAlreadyIsReportedAsADuplicate
     h.flags = flags;
     h.msg_size = 2000;  // two packets
     h.offset = offset;
-    h.payload_len = 1000;
-    std::vector<uint8_t> d(kHeaderBytes + 1000, 0x5C);
-    encode(h, d.data());
-    rig.to_rx->q.push_back(d);
+    push_to_receiver(rig, h, 1000);
     rig.to_tx->q.clear();
     rig.r->poll();
     // What the receiver answered: the ACK or FINAL for this message.
