@@ -309,10 +309,10 @@ proxy::Figure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t 
 void print_counters(const char* who, const optireduceNetCounters& c) {
   std::printf("  %-14s msgs %" PRIu64 "  bytes %" PRIu64 "  data pkts %" PRIu64 "  retx %" PRIu64
               "  rto %" PRIu64 " (spurious %" PRIu64 ")  probes %" PRIu64 " (spurious %" PRIu64
-              ")"
-              "  drops dup/stale/bounds %" PRIu64 "/%" PRIu64 "/%" PRIu64 "\n",
+              ")  reordered msgs %" PRIu64 "  drops dup/stale/bounds %" PRIu64 "/%" PRIu64
+              "/%" PRIu64 "\n",
               who, c.msgs, c.bytes, c.dataPkts, c.retxPkts, c.rtoEvents, c.spuriousRtos, c.probes,
-              c.spuriousProbes, c.dropDuplicate, c.dropStale, c.dropBounds);
+              c.spuriousProbes, c.reorderedLosses, c.dropDuplicate, c.dropStale, c.dropBounds);
 }
 
 void rank_main(int rank, const Options& o, Channel& ch) {

@@ -16,8 +16,8 @@ extern "C" {
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
 /* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts; 5: resteers;
- * 6: spuriousProbes */
-#define OPTIREDUCE_NET_STATS_VERSION 6
+ * 6: spuriousProbes; 7: reorderedLosses */
+#define OPTIREDUCE_NET_STATS_VERSION 7
 
 /* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
  * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
@@ -57,6 +57,9 @@ struct optireduceNetCounters {
                             * for 4 x OPTIREDUCE_RTO_MAX_US), sent on elsewhere */
   uint64_t spuriousProbes; /* of probes, those whose packet the receiver already had (it said
                             * so in its ACK); each delays later probes on the connection */
+  uint64_t reorderedLosses; /* messages of which a packet that SACK declared lost had only been
+                             * reordered (the receiver had it when the copy came); each widens
+                             * the connection's reordering window */
 };
 
 struct optireduceNetStats {

@@ -64,7 +64,7 @@ static_assert(sizeof(optireduceNetCounters) == kCounterCount * sizeof(uint64_t),
 
 // How many counters each OPTIREDUCE_NET_STATS_VERSION has: a counter appended to the list must
 // come with a new version, so that callers can tell whether the library fills it.
-inline constexpr size_t kCountersOfVersion[] = {0, 22, 24, 25, 27, 28, 29};
+inline constexpr size_t kCountersOfVersion[] = {0, 22, 24, 25, 27, 28, 29, 30};
 static_assert(OPTIREDUCE_NET_STATS_VERSION + 1 == std::size(kCountersOfVersion) &&
                   kCountersOfVersion[OPTIREDUCE_NET_STATS_VERSION] == kCounterCount,
               "counters added: bump OPTIREDUCE_NET_STATS_VERSION and extend kCountersOfVersion");

@@ -340,7 +340,8 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
       }
     } else {
       ++stats_.drop_stale;
-      send_final_for_locked(s, false, /*dup=*/(h.flags & kFlagRetx) != 0);
+      send_final_for_locked(s, false,
+                            /*dup=*/(h.flags & kFlagRetx) && needless_retx_locked(s, h.offset));
     }
     return;
   }
@@ -387,6 +388,7 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
     m.size = h.msg_size;
     m.npkts = static_cast<uint32_t>(npkts);
     m.got.reset(m.npkts);
+    m.by_retx.reset(m.npkts);
   } else if (h.msg_size != m.size) {
     ++stats_.drop_bounds;
     return;
@@ -405,12 +407,13 @@ void RecvConn::on_data_locked(const PacketHeader& h, const uint8_t* payload, uin
   if (!m.got.set(static_cast<uint32_t>(idx))) {
     ++stats_.drop_duplicate;
     // Only a retransmission is reported: a copy the network made, or an original that a
-    // reordering made arrive after its probe, says nothing about the sender's probe.
-    if (h.flags & kFlagRetx) m.dup_seen = true;
+    // reordering made arrive after its probe, says nothing about the sender's guesses.
+    if ((h.flags & kFlagRetx) && needless_retx_locked(s, h.offset)) m.dup_seen = true;
     // A retransmission of something we hold means our ACK was lost: acknowledge again.
     dirty_ |= 1u << (s % kMaxRequests);
     return;
   }
+  if (h.flags & kFlagRetx) m.by_retx.set(static_cast<uint32_t>(idx));
   // Every field has been checked against the posted buffer: offset + len <= size <= capacity.
   // A payload received into its place (rx_guesses) is there already.
   if (h.payload_len && payload != m.buf + h.offset)

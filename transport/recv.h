@@ -88,6 +88,9 @@ class RecvConn final : public Conn, public RecvComm {
     uint32_t cum = 0;  // packets below it have all arrived
     uint32_t high = 0; // one past the highest packet that arrived
     PacketBitmap got;
+    // Packets that came first as a retransmission: a later copy of one is the network's (a
+    // duplicated datagram), not a retransmission the sender did not need (needless_retx).
+    PacketBitmap by_retx;
     uint64_t bytes_got = 0;
     uint64_t posted_ns = 0;
     uint64_t cts_ns = 0;        // last CTS sent
@@ -123,6 +126,10 @@ class RecvConn final : public Conn, public RecvComm {
   uint32_t hold_ns_locked() const;
   // dup: answers a packet of a message complete here (kFlagDup).
   void send_final_for_locked(uint32_t seq, bool bounded, bool dup = false);
+  // A retransmitted packet of message `seq` at `offset` arrived that was here already: true
+  // when the sender did not need to send it (what is held came as an original, or the message
+  // is no longer known here), false when the copy held came as a retransmission too.
+  bool needless_retx_locked(uint32_t seq, uint64_t offset);
   // The floor as it stands once the messages completed so far are counted: what a FINAL
   // carries, sent between a completion and the floor's advance (advance_floor_locked).
   uint32_t settled_floor_locked() const;

@@ -199,6 +199,7 @@ Status SendConn::post_locked(const void* data, size_t size, MsgDelivery how, con
                   ? group_->start_allowance_ns(size)
                   : 0;
   m.started_ns = m.progress_ns = 0;
+  m.sack_resent = m.reorder_reported = false;
   expired_mask_ &= ~(uint64_t{1} << (next_seq_ % 64));  // the bit now belongs to this message
   ++next_seq_;
   CtsRecord& c = cts_[m.req.seq % kCtsRing];

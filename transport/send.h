@@ -37,6 +37,7 @@
 
 #include "transport/congestion.h"
 #include "transport/conn.h"
+#include "transport/learned_wait.h"
 #include "transport/rtt.h"
 #include "transport/sack.h"
 
@@ -108,6 +109,8 @@ class SendConn final : public Conn, public SendComm {
     uint64_t wait_ns = 0;      // bounded: how long the group would wait for a late CTS (0: none)
     uint64_t started_ns = 0;   // CTS arrived
     uint64_t progress_ns = 0;  // last acknowledgement progress
+    bool sack_resent = false;  // SACK declared a packet of it lost
+    bool reorder_reported = false;  // the receiver called one of those needless
   };
   struct CtsRecord {  // CTS may arrive before the matching isend
     uint32_t seq = 0;
@@ -204,7 +207,8 @@ class SendConn final : public Conn, public SendComm {
   void arm_probe_locked(uint64_t now);
   // The receiver got a retransmission of message `seq` that it already had (kFlagDup): if our
   // last probe was of that message, it came too early, and later ones wait longer
-  // (probe_srtts_).
+  // (probe_srtts_); else, if SACK declared packets of it lost, one was reordered, not lost
+  // (counted: reordered_losses).
   void on_dup_report_locked(uint32_t seq);
   // Takes a message's unacknowledged packets out of flight (it will send none of them again).
   void forget_outstanding_locked(Msg& m);
@@ -273,14 +277,10 @@ class SendConn final : public Conn, public SendComm {
   uint64_t probe_deadline_ = 0;  // tail loss probe; 0 = disarmed
   // The probe's delay in smoothed RTTs: 2 as TCP's, one more for each probe the receiver shows
   // was not needed (its packet had arrived: a receiver that pauses between passes, an ACK
-  // delayed by its host), up to kMaxProbeSrtts; one less after kProbesPerStep probes with no
-  // such report. So it settles where about one probe in kProbesPerStep is spurious (RACK's
-  // reordering window adapts to D-SACKs the same way, RFC 8985).
-  static constexpr uint32_t kMinProbeSrtts = 2, kMaxProbeSrtts = 8, kProbesPerStep = 16;
-  uint32_t probe_srtts_ = kMinProbeSrtts;
-  uint32_t probes_unrefuted_ = 0;  // probes since probe_srtts_ last moved
-  uint32_t probe_seq_ = 0;         // the last probe's message
-  uint32_t probes_open_ = 0;       // probes of it that no ACK has called spurious yet
+  // delayed by its host), up to 8; one less after 16 probes with no such report.
+  LearnedWait probe_srtts_{2, 8, 16};
+  uint32_t probe_seq_ = 0;    // the last probe's message
+  uint32_t probes_open_ = 0;  // probes of it that no ACK has called spurious yet
   // Bounded mode. The receiver decides per message whether it is bounded (its CTS says so) and
   // tells us its budget; a posted send that waits longer than that for its CTS expires (before
   // any budget is known, after the fallback of give_up_ns_locked()).

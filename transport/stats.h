@@ -45,7 +45,8 @@
   COUNTER(aimed_msgs, aimedMsgs)       /* receives whose datapath posted into their buffer */      \
   COUNTER(placed_pkts, placedPkts)     /* DATA that arrived in place: no copy (UDP, verbs) */      \
   COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: place lost or stalled */   \
-  COUNTER(spurious_probes, spuriousProbes) /* of probes, those the receiver had already got */
+  COUNTER(spurious_probes, spuriousProbes)   /* of probes, those the receiver had already got */   \
+  COUNTER(reordered_losses, reorderedLosses) /* messages whose SACK-declared losses were late */
 
 namespace optireduce {
 

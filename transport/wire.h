@@ -58,11 +58,11 @@ enum : uint16_t {
                            // sender has not started it; from its first DATA on, the receiver
                            // waits for every byte, so a started send is never cut at its budget
                            // (MsgDelivery::kUntilStarted)
-  kFlagDup = 1u << 7,      // ACK: a retransmitted packet of this message arrived that was
-                           // here already (since the last ACK, or, on a FINAL, after the
-                           // message was complete): a retransmission that was not needed, which
-                           // tells the sender its loss probe fires too early for this receiver
-                           // (SendConn::on_dup_report_locked)
+  kFlagDup = 1u << 7,      // ACK: a retransmitted packet of this message arrived whose
+                           // original was here already (since the last ACK, or, on a FINAL,
+                           // after the message was complete): a retransmission that was not
+                           // needed, which tells the sender its loss probe fires too early for
+                           // this receiver, or the network reorders (on_dup_report_locked)
 };
 inline constexpr uint16_t kKnownFlags = 0xFF;
 

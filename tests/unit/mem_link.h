@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -29,13 +30,18 @@ struct MemQueue {
   // behind q, and its datagrams then have no age.
   std::deque<uint64_t> arrived_ns;
 
-  void push(std::vector<uint8_t> d) {
-    if (clock == nullptr || delay_ns == 0) {
+  // extra_ns: this datagram's own delay beyond the link's (reordering: later datagrams
+  // overtake it), kept in arrival order on the wire.
+  void push(std::vector<uint8_t> d, uint64_t extra_ns = 0) {
+    if (clock == nullptr || delay_ns + extra_ns == 0) {
       q.push_back(std::move(d));
       if (clock != nullptr) arrived_ns.push_back(clock->now_ns());
       return;
     }
-    wire.emplace_back(clock->now_ns() + delay_ns, std::move(d));
+    const uint64_t at = clock->now_ns() + delay_ns + extra_ns;
+    auto pos = wire.end();
+    while (pos != wire.begin() && std::prev(pos)->first > at) --pos;
+    wire.emplace(pos, at, std::move(d));
   }
   // Moves what has arrived by now from the wire into q.
   void arrive() {
@@ -99,7 +105,8 @@ class MemEndpoint final : public Endpoint {
       if (pkts[taken].payload_len)
         std::memcpy(d.data() + pkts[taken].hdr_len, pkts[taken].payload, pkts[taken].payload_len);
       const int copies = policy ? policy(d) : 1;
-      for (int c = 0; c < copies; ++c) tx_->push(d);
+      const uint64_t extra = copies > 0 && late ? late(d) : 0;
+      for (int c = 0; c < copies; ++c) tx_->push(d, extra);
       ++counters_.tx_datagrams;
     }
     return taken;
@@ -138,6 +145,9 @@ class MemEndpoint final : public Endpoint {
   void report_unreachable(uint64_t n) { counters_.peer_unreachable += n; }
 
   LinkPolicy policy;  // applied to what this endpoint sends
+  // What this endpoint sends: nanoseconds a datagram arrives after the link's delay (0: none).
+  // Needs the pair's clock and one-way delay.
+  std::function<uint64_t(const std::vector<uint8_t>&)> late;
 
  private:
   std::shared_ptr<MemQueue> tx_, rx_;

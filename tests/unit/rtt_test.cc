@@ -1,8 +1,10 @@
 // RttEstimator: smoothing, clamping, backoff and its end on progress, the 2 x srtt floor, the
 // recent largest sample, upper bounds from packets sent twice.
 // MinRttFilter: windowed minimum.
+// LearnedWait: the waits that the receiver's reports of needless retransmissions teach.
 #include <gtest/gtest.h>
 
+#include "transport/learned_wait.h"
 #include "transport/rtt.h"
 
 namespace optireduce {
@@ -114,6 +116,35 @@ TEST(MinRttFilter, KeepsTheSmallestRecentSampleAndForgetsOldOnes) {
   EXPECT_EQ(f.min_ns(), 40'000u + MinRttFilter::kWindow - 3);
   f.sample(0);  // below the clock's resolution: counted as 1 ns, never "no sample"
   EXPECT_EQ(f.min_ns(), 1u);
+}
+
+// A report lengthens the wait by one step at once, up to the most; only a whole run of quiet
+// recoveries takes one off, and a report within the run starts the count again.
+TEST(LearnedWait, ReportsLengthenAtOnceAndQuietRunsShortenOneStepEach) {
+  LearnedWait w(2, 4, 3);
+  EXPECT_EQ(w.steps(), 2u);
+  w.on_quiet();
+  EXPECT_EQ(w.steps(), 2u) << "never below the least";
+  for (int i = 0; i < 5; ++i) w.on_needless();
+  EXPECT_EQ(w.steps(), 4u) << "never above the most";
+  w.on_quiet();
+  w.on_quiet();
+  w.on_needless();  // the run of quiet ones starts again
+  w.on_quiet();
+  w.on_quiet();
+  EXPECT_EQ(w.steps(), 4u);
+  w.on_quiet();
+  EXPECT_EQ(w.steps(), 3u);
+  for (int i = 0; i < 3; ++i) w.on_quiet();
+  EXPECT_EQ(w.steps(), 2u);
+
+  LearnedWait from_zero(0, 4, 2);  // none until taught: never below zero
+  for (int i = 0; i < 4; ++i) from_zero.on_quiet();
+  EXPECT_EQ(from_zero.steps(), 0u);
+  from_zero.on_needless();
+  EXPECT_EQ(from_zero.steps(), 1u);
+  for (int i = 0; i < 6; ++i) from_zero.on_quiet();
+  EXPECT_EQ(from_zero.steps(), 0u);
 }
 
 }  // namespace
