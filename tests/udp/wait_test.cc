@@ -77,8 +77,19 @@ TEST(WaitForWork, TheClearToSendWakesABlockedSender) {
   posted = true;
   Request* reqs[] = {sr};
   const auto t0 = Steady::now();
-  EXPECT_TRUE(wait_for_work(reqs, kLongNs));
-  const double woke = seconds_since(t0);
+  // A late answer of the handshake (a HELLO_ACK for a HELLO sent again while connect() was
+  // retried) may end a wait before the receiver posts: a wake-up for a datagram, as it should
+  // be (one fresh clone's CI saw it after 1.5 ms). A handful of those is not a wait that spins.
+  double woke = 0;
+  int early_wakes = 0;
+  for (;;) {
+    EXPECT_TRUE(wait_for_work(reqs, kLongNs));
+    woke = seconds_since(t0);
+    if (woke > 0.2 || ++early_wakes > 3) break;
+    ASSERT_TRUE(send->test(sr, &done, &sent));  // takes what woke it
+    ASSERT_FALSE(done);
+  }
+  EXPECT_LE(early_wakes, 3) << "it blocked until the receiver posted";
   EXPECT_GT(woke, 0.2);  // it blocked until the receiver posted
   EXPECT_LT(woke, 5.0);  // and woke when its CTS came, not after its 10 s
   while (!done && Steady::now() < until) {
