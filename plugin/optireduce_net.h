@@ -58,8 +58,8 @@ struct optireduceNetCounters {
   uint64_t spuriousProbes; /* of probes, those whose packet the receiver already had (it said
                             * so in its ACK); each delays later probes on the connection */
   uint64_t reorderedLosses; /* messages of which a packet that SACK declared lost had only been
-                             * reordered (the receiver had it when the copy came); each widens
-                             * the connection's reordering window */
+                             * reordered (the receiver had it when the copy came): how often the
+                             * network reorders beyond what loss detection waits for */
 };
 
 struct optireduceNetStats {

@@ -82,9 +82,9 @@ void RecvConn::send_final_for_locked(uint32_t seq, bool bounded, bool dup) {
 
 bool RecvConn::needless_retx_locked(uint32_t seq, uint64_t offset) {
   // The fault injector's 1% duplication copied about one retransmission in a hundred, and each
-  // copy, reported, widened the sender's reordering window for nothing: 570-600 of the lossy
-  // demonstration's 804 messages, where the network reordered little that the window could
-  // cover. What came as a retransmission and arrives again is such a copy.
+  // copy, reported, counted its message as reordered (570-600 of the lossy demonstration's 804)
+  // and, for a probe, stretched the probe's delay for nothing. What came as a retransmission
+  // and arrives again is such a copy.
   const Msg& m = slot(seq);
   const uint64_t idx = offset / params_.pkt_payload;
   if (m.req.seq != seq || !m.started || idx >= m.by_retx.size()) return true;
