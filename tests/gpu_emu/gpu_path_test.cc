@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,21 @@ namespace {
 
 using optireduce::testing::Env;
 using optireduce::testing::Mesh;
-using optireduce::testing::run_ranks;
 namespace emu = optireduce::gpu_emu;
+
+// The library reads its environment once per process, as NCCL reads its own. A test that asks
+// for the defaults in this process (PhaseTwoLosesOnlyWholeChunksByDefault) would hand what it
+// read to every rank forked after it, whatever their test sets: each rank reads its own again.
+std::string run_ranks(int n, const std::function<void(Mesh&)>& fn, const Env& env,
+                      unsigned timeout_s) {
+  return optireduce::testing::run_ranks(
+      n,
+      [&fn](Mesh& m) {
+        optireduce::reload_global_config();
+        fn(m);
+      },
+      env, timeout_s);
+}
 
 constexpr int kEmuFault = 90;  // device_memory.cc's exit code
 
