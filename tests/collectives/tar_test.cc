@@ -13,6 +13,7 @@
 
 #include "collectives/host_kernels.h"
 #include "tests/collectives/sim_exchange.h"
+#include "tests/sanitized.h"
 
 namespace optireduce::coll {
 namespace {
@@ -136,6 +137,10 @@ TEST(TarExact, EveryTypeRanksCountsInAndOutOfPlace) {
                            size_t(1000), size_t(65537)})
         for (bool in_place : {false, true})
           for (RedOp op : {RedOp::kSum, RedOp::kAvg}) {
+            // Under a sanitizer the two operations take turns: they differ in arithmetic, not
+            // in what memory they touch (tests/sanitized.h).
+            if (optireduce::testing::kSanitized && (op == RedOp::kAvg) != ((count + n) % 2 == 1))
+              continue;
             check_exact(c, count, t, op, in_place, o);
             if (HasFatalFailure()) return;
           }
