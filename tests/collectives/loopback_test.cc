@@ -52,11 +52,7 @@ using optireduce::testing::value;
 // cases give ThreadSanitizer every interleaving of caller, progress thread and peers that they
 // do) or measure a cost: 3 of the 5 minutes this file took under TSan on 2 cores. They run in
 // the release and ASan builds.
-#if defined(__SANITIZE_THREAD__)
-#define SKIP_UNDER_TSAN() GTEST_SKIP() << "volume or a measurement: run in release and ASan"
-#else
-#define SKIP_UNDER_TSAN() (void)0
-#endif
+#define SKIP_UNDER_TSAN() OR_SKIP_UNDER_TSAN("volume or a measurement: run in release and ASan")
 
 // --- Exact mode: bit-exact against an exact reference ---------------------------------------
 //

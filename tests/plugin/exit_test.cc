@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/sanitized.h"
+
 extern char** environ;
 
 namespace {
@@ -97,12 +99,8 @@ std::string describe(int status) {
 // jump into unmapped memory at exit (a 10-line library and main do it too;
 // github.com/google/sanitizers/issues/318). So the dlclose cases say nothing about the plugin
 // there. They run in the release and ASan builds.
-#if defined(__SANITIZE_THREAD__)
 #define SKIP_DLCLOSE_UNDER_TSAN() \
-  GTEST_SKIP() << "dlclose then exit: unsupported by ThreadSanitizer"
-#else
-#define SKIP_DLCLOSE_UNDER_TSAN() (void)0
-#endif
+  OR_SKIP_UNDER_TSAN("dlclose then exit: unsupported by ThreadSanitizer")
 
 void expect_clean_exit(const std::string& name) {
   const Outcome o = run_driver(name);

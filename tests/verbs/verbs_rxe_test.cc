@@ -20,6 +20,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include "tests/sanitized.h"
 #include "transport/params.h"
 #include "transport/wire.h"
 #include "verbs/device.h"
@@ -34,11 +35,7 @@ using Clock = std::chrono::steady_clock;
 // Bounds every wait: TCG emulation makes rxe 10-50x slower than native, and a lost datagram
 // must fail a test, not hang it. ThreadSanitizer slows the lane worker's flush several times
 // more: 3 s ran out once there on a busy host (ALaneClosedWithRequestsPosted...).
-#if defined(__SANITIZE_THREAD__)
-constexpr auto kQuiet = std::chrono::seconds(9);
-#else
-constexpr auto kQuiet = std::chrono::seconds(3);
-#endif
+constexpr auto kQuiet = std::chrono::seconds(optireduce::testing::kThreadSanitizer ? 9 : 3);
 
 // Every test datagram starts with this header: sequence number and total length.
 constexpr uint32_t kTestHdrBytes = 12;
