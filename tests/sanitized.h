@@ -8,28 +8,23 @@
 // The release build runs every point.
 #pragma once
 
+// GCC defines __SANITIZE_*__; clang answers __has_feature, which GCC 12 does not know.
+#if defined(__has_feature)
+#define OR_HAS_FEATURE(x) __has_feature(x)
+#else
+#define OR_HAS_FEATURE(x) 0
+#endif
+
 namespace optireduce::testing {
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_THREAD__) || OR_HAS_FEATURE(thread_sanitizer)
 inline constexpr bool kThreadSanitizer = true;
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-inline constexpr bool kThreadSanitizer = true;
-#else
-inline constexpr bool kThreadSanitizer = false;
-#endif
 #else
 inline constexpr bool kThreadSanitizer = false;
 #endif
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) || OR_HAS_FEATURE(address_sanitizer)
 inline constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-inline constexpr bool kSanitized = true;
-#else
-inline constexpr bool kSanitized = kThreadSanitizer;
-#endif
 #else
 inline constexpr bool kSanitized = kThreadSanitizer;
 #endif
