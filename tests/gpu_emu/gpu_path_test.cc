@@ -49,8 +49,8 @@ constexpr int kEmuFault = 90;  // device_memory.cc's exit code
 
 // Cases about what a result means (a statistic, a verdict, an account) or how long a step
 // takes, over the same threads as GpuPath.* and the cases ThreadSanitizer keeps (two buckets
-// on two streams, the safeguard's redo, the application's communicator beside TAR's): 2 of the
-// 4 minutes this binary took under TSan on 2 cores. They run in the release and ASan builds.
+// on two streams, the safeguard's redo, the application's communicator beside TAR's): about 2
+// of the 3.5 minutes this binary took under TSan on 2 cores. They run in release and ASan.
 #define SKIP_UNDER_TSAN() \
   OR_SKIP_UNDER_TSAN("what a result means or how long it takes: run in release and ASan")
 
