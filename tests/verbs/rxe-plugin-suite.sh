@@ -9,7 +9,10 @@
 # limit is tripled (HARNESS_TIME_SCALE, tests/plugin/two_procs.h) and the longest test moves a
 # quarter of its bytes (HARNESS_VOLUME_DIVISOR).
 # Then the dead-peer tests over verbs, where no ICMP reports a dead process: only the
-# keepalive finds it (bound and slack raised for the emulated guest).
+# keepalive finds it (bound and slack raised for the emulated guest). Not PeerAlive (a live
+# peer idle or briefly stopped is never declared dead): no datapath reports a live peer, so it
+# runs the same keepalive code over UDP on the host as here, and at the guest's 3 s bound its
+# two cases took about 25 of the suite's 130 s.
 # Usage (host): run-in-rxe-vm.sh rxe-plugin-suite.sh PLUGIN_HARNESS PLUGIN_PEER_DEATH
 set -eu
 H=$1
@@ -20,4 +23,4 @@ OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 HARNESS_TIME_SCALE=3 HARNESS_VO
   "$H" --gtest_brief=1 --gtest_filter="$FILTER"
 echo "== dead peers over verbs (rxe0)"
 OPTIREDUCE_DATAPATH=verbs OPTIREDUCE_IB_HCA=rxe0 PEER_DEATH_TEST_TIMEOUT_MS=3000 \
-  PEER_DEATH_TEST_SLACK_MS=5000 "$D" --gtest_brief=1
+  PEER_DEATH_TEST_SLACK_MS=5000 "$D" --gtest_brief=1 --gtest_filter='-*/PeerAlive.*'
