@@ -4,7 +4,7 @@ losses, drifted replicas are made the same bits again, every bucket dtype is ave
 failure on one rank raises on every rank.
 
     ddp_test.py LIB                 the tests (LIB: liboptireduce.so)
-    ddp_test.py worker SCENARIO LIB OUTDIR    one rank (launched by the tests)
+    ddp_test.py worker SCENARIO[+SCENARIO...] LIB OUTDIR    one rank (launched by the tests)
 """
 
 import os
@@ -19,17 +19,31 @@ N = 4
 
 
 # ---------------------------------------------------------------- rank side
-def _train(scenario, lib, outdir):
+def _train(scenarios, lib, outdir):
+    """Runs each of the '+'-joined scenarios in turn, in one process group (torch's import and
+    the group's set-up, about 5 s of 4 processes on 2 cores, once per launch)."""
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
 
     import optireduce
-    import optireduce.torch as ort
 
     optireduce.load_library(lib)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://")
+    names = scenarios.split("+")
+    for scenario in names:
+        sub = scenario if len(names) > 1 else None
+        ranks.report(outdir, dist.get_rank(), _scenario(scenario, torch, dist, outdir, sub), sub)
+    dist.destroy_process_group()
+
+
+def _scenario(scenario, torch, dist, outdir, sub):
+    """One scenario's result; a training that raises reports where report(outdir, rank, result,
+    sub) would, and ends the process (its peers are gone)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import optireduce.torch as ort
+
     rank, world = dist.get_rank(), dist.get_world_size()
     result = {"rank": rank}
 
@@ -37,15 +51,12 @@ def _train(scenario, lib, outdir):
         state = ort.OptiReduceState(mode="exact")
         result.update(ranks.dtype_averages(torch, state, rank, world, 5000, "cpu"))
         state.close()
-        ranks.report(outdir, rank, result)
-        return
+        return result
 
     if scenario in ("resync", "no_resync"):
         result.update(ranks.drift_and_resync(torch, ort, DDP, dist, scenario == "resync", rank,
                                              "cpu"))
-        ranks.report(outdir, rank, result)
-        dist.destroy_process_group()
-        return
+        return result
 
     model = ranks.ddp_model(torch)
     ddp = DDP(model, bucket_cap_mb=0.1)
@@ -64,7 +75,7 @@ def _train(scenario, lib, outdir):
     except Exception as e:  # noqa: BLE001 - the scenario reports what surfaced
         result["error"] = f"{type(e).__name__}: {e}"
         result["error_after_s"] = time.monotonic() - t0
-        ranks.report(outdir, rank, result)
+        ranks.report(outdir, rank, result, sub)
         os._exit(0)  # peers are gone; no collective teardown
     result["losses"] = losses
     result["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
@@ -73,8 +84,7 @@ def _train(scenario, lib, outdir):
         result["last_stats"] = state.last_stats.as_dict()
         result["total"] = state.total_stats().as_dict()
         state.close()
-    ranks.report(outdir, rank, result)
-    dist.destroy_process_group()
+    return result
 
 
 # ---------------------------------------------------------------- tests
@@ -82,12 +92,21 @@ LIB = None
 
 
 class DdpHook(unittest.TestCase):
+    # Scenarios that need no environment of their own share a launch: each launch starts 4
+    # torch processes, about 5 s on 2 cores. A group runs once, for the first test that asks.
+    _groups = {}
+
     def run_ranks(self, scenario, env=None):
         return ranks.run_checked(self, __file__, scenario, N, LIB, env=env)
 
+    def group(self, *scenarios):
+        if scenarios not in DdpHook._groups:
+            DdpHook._groups[scenarios] = self.run_ranks("+".join(scenarios))
+        return DdpHook._groups[scenarios]
+
     def test_exact_mode_matches_ddps_own_allreduce(self):
-        ref = self.run_ranks("default")
-        got = self.run_ranks("exact")
+        g = self.group("default", "exact", "dtypes")
+        ref, got = g["default"], g["exact"]
         ranks.assert_same_training(self, got, ref)
         for r in got:
             self.assertGreater(r["total"]["calls"], 2 * 12)  # several buckets per step
@@ -108,10 +127,11 @@ class DdpHook(unittest.TestCase):
             self.assertEqual(r["last_stats"]["elements_expected"] > 0, True)
 
     def test_drifted_replicas_are_made_the_same_bits_again(self):
-        ranks.assert_resynced(self, self.run_ranks("resync"), self.run_ranks("no_resync"))
+        g = self.group("resync", "no_resync")
+        ranks.assert_resynced(self, g["resync"], g["no_resync"])
 
     def test_every_bucket_dtype_is_averaged(self):
-        for r in self.run_ranks("dtypes"):
+        for r in self.group("default", "exact", "dtypes")["dtypes"]:
             for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
                 self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
 

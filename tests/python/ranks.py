@@ -36,7 +36,9 @@ def free_port():
 
 def launch(script, scenario, nranks, lib, env=None, timeout=240):
     """Runs `script worker SCENARIO LIB OUTDIR` as ranks 0..nranks-1 (torch.distributed env://
-    on loopback). Returns (per-rank JSON results or None, per-rank exit codes, outputs)."""
+    on loopback). Returns (per-rank JSON results or None, per-rank exit codes, outputs).
+    SCENARIO may name several, joined by '+', that each rank runs in turn in one process (each
+    reports under OUTDIR/<scenario>/, report()); the results are then {scenario: per-rank}."""
     outdir = tempfile.mkdtemp(prefix=f"optireduce-py-{scenario}-")
     port = free_port()
     procs = []
@@ -59,6 +61,13 @@ def launch(script, scenario, nranks, lib, env=None, timeout=240):
             out += f"\n[rank killed after {timeout} s: a hang]"
         outputs.append(out)
         codes.append(p.returncode)
+    if "+" not in scenario:
+        return _read_results(outdir, nranks), codes, outputs
+    return ({s: _read_results(os.path.join(outdir, s), nranks) for s in scenario.split("+")},
+            codes, outputs)
+
+
+def _read_results(outdir, nranks):
     results = []
     for r in range(nranks):
         path = os.path.join(outdir, f"rank{r}.json")
@@ -67,10 +76,14 @@ def launch(script, scenario, nranks, lib, env=None, timeout=240):
                 results.append(json.load(f))
         else:
             results.append(None)
-    return results, codes, outputs
+    return results
 
 
-def report(outdir, rank, result):
+def report(outdir, rank, result, scenario=None):
+    """A rank's result; `scenario`: one of several that the same launch runs (launch())."""
+    if scenario is not None:
+        outdir = os.path.join(outdir, scenario)
+        os.makedirs(outdir, exist_ok=True)
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -84,9 +97,11 @@ def run_checked(test, script, scenario, nranks, lib, env=None, timeout=240):
     """launch() inside a unittest.TestCase: every rank must report and exit 0 (their output is
     printed otherwise). Returns the per-rank results."""
     results, codes, outputs = launch(script, scenario, nranks, lib, env=env, timeout=timeout)
-    if any(r is None for r in results) or any(c != 0 for c in codes):
+    per = results if isinstance(results, dict) else {scenario: results}
+    missing = [s for s, res in per.items() if any(r is None for r in res)]
+    if missing or any(c != 0 for c in codes):
         dump(outputs)
-    test.assertTrue(all(r is not None for r in results), f"{scenario}: a rank reported nothing")
+    test.assertEqual(missing, [], "a rank reported nothing for these scenarios")
     test.assertEqual(codes, [0] * nranks, f"{scenario}: exit codes")
     return results
 
