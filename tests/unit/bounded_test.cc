@@ -521,6 +521,10 @@ struct Rig {
     r->set_deadline_policy(group.get());
     s->set_group(group.get());
   }
+  // The sender sends as it closes; a test's policy may capture locals declared after the rig.
+  ~Rig() {
+    if (s) tx_ep->policy = nullptr;  // the endpoint lives as long as the connection
+  }
 };
 
 // Tests both requests (and serves the sender) until both are done, advancing the clock by

@@ -68,6 +68,13 @@ struct Rig {
     s = std::make_unique<SendConn>(cfg, clock, std::move(p.a), cp, nullptr, std::move(path));
     r = std::make_unique<RecvConn>(cfg, clock, std::move(p.b), cp, nullptr);
   }
+  // The connections send as they close; a test's policy may capture its locals by reference,
+  // declared after the rig and so already gone (clang's ASan saw a generator's stack slot used
+  // after its scope).
+  ~Rig() {
+    if (s) tx_ep->policy = nullptr;  // each endpoint lives as long as its connection
+    if (r) rx_ep->policy = nullptr;
+  }
 
   // Tests both requests until both are done, advancing time by `step_us` per round.
   bool run(Request* sr, Request* rr, size_t* rsize, int rounds = 20000, uint64_t step_us = 100) {
