@@ -14,13 +14,23 @@ extern "C" {
 #define OPTIREDUCE_VERSION_MAJOR 0
 #define OPTIREDUCE_VERSION_MINOR 1
 
+/* The enums below are ints in both languages. In C++ their underlying type is fixed as well, so
+ * that any int a C caller passes is a value of the type, and the library can refuse a bad one
+ * (without it, a value outside the enumerators' range is undefined behaviour in C++ before any
+ * check can run). */
+#ifdef __cplusplus
+#define OPTI_ENUM_INT : int
+#else
+#define OPTI_ENUM_INT
+#endif
+
 /* Opaque handles. The NCCL and CUDA types are declared, not included, so that this header needs
  * neither nccl.h nor the CUDA toolkit: ncclComm_t and cudaStream_t convert implicitly. */
 struct ncclComm;
 struct CUstream_st;
 typedef struct optiComm* optiComm_t;
 
-typedef enum {
+typedef enum OPTI_ENUM_INT {
   optiSuccess = 0,
   optiInvalidArgument = 1, /* a null pointer, an unknown type or op, a bad option value */
   optiInvalidUsage = 2,    /* the configuration is wrong (bad OPTIREDUCE_* value, env missing) */
@@ -32,23 +42,28 @@ typedef enum {
   optiNcclError = 8        /* an NCCL call failed */
 } optiResult_t;
 
-typedef enum { optiFloat32 = 0, optiFloat16 = 1, optiBfloat16 = 2, optiFloat64 = 3 } optiDataType_t;
-typedef enum { optiSum = 0, optiAvg = 1 } optiRedOp_t;
+typedef enum OPTI_ENUM_INT {
+  optiFloat32 = 0,
+  optiFloat16 = 1,
+  optiBfloat16 = 2,
+  optiFloat64 = 3
+} optiDataType_t;
+typedef enum OPTI_ENUM_INT { optiSum = 0, optiAvg = 1 } optiRedOp_t;
 
 /* What becomes of elements lost under the deadline (bounded mode). */
-typedef enum {
+typedef enum OPTI_ENUM_INT {
   optiErasureRescale = 0, /* unbiased: phase 1 rescales per element, phase 2 estimates */
   optiErasureZero = 1     /* lost contributions count as zero (the published release's phase 1) */
 } optiErasure_t;
 
 /* What a bounded call gives an element a rank lost in phase 2 (see optiOptions_t.gatherFill). */
-typedef enum {
+typedef enum OPTI_ENUM_INT {
   optiGatherFillZero = 0, /* this rank skips the element's update this step */
   optiGatherFillOwn = 1   /* its own contribution x N (unbiased, noisy) */
 } optiGatherFill_t;
 
 /* Delivery of a communicator's exchanges. */
-typedef enum {
+typedef enum OPTI_ENUM_INT {
   optiExact = 0,
   optiBounded = 1,
   optiUntilStarted = 2 /* allgatherMode only: bounded until each peer's shard starts to arrive,
