@@ -9,6 +9,10 @@
 #include <algorithm>
 #include <atomic>
 
+#ifdef OR_HAVE_AVX2_KERNELS
+#include <cpuid.h>
+#endif
+
 namespace optireduce::coll {
 
 #ifdef OR_HAVE_AVX2_KERNELS
@@ -36,10 +40,15 @@ const char* host_simd_name(HostSimd s) {
 HostSimd best_host_simd() {
   // Read once: the CPU does not change under a running process.
 #ifdef OR_HAVE_AVX2_KERNELS
-  static const HostSimd best = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                                       __builtin_cpu_supports("f16c")
-                                   ? HostSimd::kAvx2
-                                   : HostSimd::kNone;
+  // F16C through CPUID (leaf 1, ECX): clang before 15 does not know it as a
+  // __builtin_cpu_supports name. AVX2's check covers the OS's saving of the AVX registers.
+  static const HostSimd best = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c
+               ? HostSimd::kAvx2
+               : HostSimd::kNone;
+  }();
   return best;
 #else
   return HostSimd::kNone;

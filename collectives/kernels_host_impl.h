@@ -23,26 +23,26 @@ namespace optireduce::coll::OR_KERNEL_NS {
 namespace {
 
 // Element conversions: the shared branch-free ones, except fp16 where F16C has an instruction
-// (vcvtph2ps / vcvtps2ph, round to nearest even like f32_to_f16) that the compiler emits for
-// _Float16 conversions.
+// (vcvtph2ps / vcvtps2ph, round to nearest even like f32_to_f16). Through its intrinsics, not
+// _Float16 casts: clang before 15 has no _Float16 on x86.
 template <DType T>
 inline typename Elem<T>::A ld(typename Elem<T>::S s) {
 #ifdef OR_KERNEL_F16C
-  if constexpr (T == DType::kF16) return static_cast<float>(__builtin_bit_cast(_Float16, s));
+  if constexpr (T == DType::kF16) return _cvtsh_ss(s);
 #endif
   return Elem<T>::load(s);
 }
 template <DType T>
 inline typename Elem<T>::S st(typename Elem<T>::A a) {
 #ifdef OR_KERNEL_F16C
-  if constexpr (T == DType::kF16) return __builtin_bit_cast(uint16_t, static_cast<_Float16>(a));
+  if constexpr (T == DType::kF16) return _cvtss_sh(a, _MM_FROUND_TO_NEAREST_INT);
 #endif
   return Elem<T>::store(a);
 }
 
 // Runs of conversions with a per-element step f(value, l) on the fp32/fp64 side:
 // load_run: out[l] = f(ld(in[l]), l); store_run: out[l] = st(f(in[l], l)), l < m. GCC 12 does
-// not vectorise the _Float16 conversions above (one vcvtph2ps per element), so with F16C the
+// not vectorise the scalar conversions above (one vcvtph2ps per element), so with F16C the
 // fp16 runs convert 8 elements per instruction (the same instructions, hence the same bits) in
 // a loop of their own, and f runs in a second loop over the run, still in L1.
 template <DType T, class F>

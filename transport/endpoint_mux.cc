@@ -54,7 +54,6 @@ constexpr uint64_t kOwnerServesNs = 1'000'000;
 // proxy comes back within a few microseconds, a host exchange between its naps too; one that
 // sleeps longer leaves its peers' ACKs and data to the progress thread.
 constexpr uint64_t kOwnerPollsNs = 20'000;
-constexpr uint64_t kMaxQuietNs = 16'000;
 }  // namespace
 
 class MuxPort final : public Endpoint {

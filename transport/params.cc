@@ -39,8 +39,6 @@ struct ParamSpec {
   const int64_t* named = nullptr;  // integers with `choices`: the value of each name
 };
 
-constexpr double kInf = 1e300;
-
 std::string check_ifname(const char* value) {
   IfnameFilter filter;
   std::string why;

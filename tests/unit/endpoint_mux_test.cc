@@ -292,8 +292,10 @@ TEST(Mux, CopiesKeptDuringAReceiveGoFirstInIt) {
   Recorder own1;
   EXPECT_EQ(p1->rx_into(own1, 32), 0);  // 0-1 kept
   t.send(22, 2, 4);
+  // clang before 16 lets no lambda capture a structured binding (C++20's P1091).
+  Endpoint* const port1 = p1.get();
   sink2.meanwhile = [&] {
-    EXPECT_EQ(p1->rx_into(own1, 32), 0);  // 2-3 kept, while p2's receive is under way
+    EXPECT_EQ(port1->rx_into(own1, 32), 0);  // 2-3 kept, while p2's receive is under way
     t.send(22, 4, 6);
   };
   EXPECT_EQ(p2->rx_into(sink2, 32), 6);
