@@ -22,7 +22,8 @@ struct FaultPlan {
   double delay_prob = 0;     // probability that a datagram is delayed
   double delay_us = 0;       // Pareto scale: the shortest delay, in microseconds
   double delay_alpha = 1.5;  // Pareto shape: smaller is heavier-tailed
-  uint32_t pool_slots = 0;   // datagrams held at once (delayed or reordered); 0: derived
+  uint32_t pool_slots = 0;   // datagrams held at once (delayed or reordered); 0: derived;
+                             // no pool when the plan neither delays nor reorders
 
   static FaultPlan from_config(const Config& cfg);
   bool enabled() const { return drop > 0 || dup > 0 || reorder > 0 || delay_prob > 0; }
