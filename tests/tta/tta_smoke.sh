@@ -24,9 +24,7 @@ cleanup() {
 trap cleanup EXIT
 
 exchanges=(ddp-gloo)
-if [[ -n ${TTA_SKIP_OPTI:-} ]]; then
-  echo "opti-exact skipped: $TTA_SKIP_OPTI"
-elif [[ -d $SRC/python/optireduce && -n $LIB && -f $LIB ]]; then
+if [[ -d $SRC/python/optireduce && -n $LIB && -f $LIB ]]; then
   exchanges+=(opti-exact)
 else
   echo "opti-exact skipped: no python/optireduce or no liboptireduce"
