@@ -416,6 +416,31 @@ TEST_F(KernelsEmu, ShufflesAreExactAndAMaskBeyondTheBlockIsReported) {
   emu::clear_error();
 }
 
+// Recursion a kilobyte a level, touching each frame: it walks down its fiber's stack a page at
+// a time, so it meets the guard page below the stack before anything else.
+__device__ unsigned deep(unsigned depth) {
+  volatile unsigned char frame[1024];
+  frame[0] = static_cast<unsigned char>(depth);
+  frame[sizeof(frame) - 1] = static_cast<unsigned char>(depth);
+  return depth == 0 ? frame[0] : deep(depth - 1) + frame[sizeof(frame) - 1];
+}
+__global__ void overflow_stack(unsigned* out, unsigned depth) {
+  *out = deep(depth);
+}
+
+// A thread that overflows its 64 KiB stack (96 levels: about 100 KiB) faults at the guard page
+// below it, rather than writing into the next thread's stack and failing somewhere else, or not at
+// all.
+TEST_F(KernelsEmu, AStackOverflowFaultsAtTheGuardPage) {
+  Device dev;
+  auto* out = static_cast<unsigned*>(dev.alloc(sizeof(unsigned)));
+  emu::set_schedules(1);
+  OR_LAUNCH(overflow_stack, 1, 2, 0, nullptr)(out, 8);  // 8 KiB deep: fits
+  ASSERT_EQ(emu::last_error_text(), "");
+  EXPECT_EQ(*out, 8u * 9u / 2u);
+  EXPECT_DEATH(OR_LAUNCH(overflow_stack, 1, 2, 0, nullptr)(out, 96), "");
+}
+
 TEST_F(KernelsEmu, ALaunchBeyondTheLimitsFails) {
   Device dev;
   float* d = static_cast<float*>(dev.alloc(4));
