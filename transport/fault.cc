@@ -13,11 +13,14 @@
 //    next few successors"; longer displacements are the delay fault's job.
 #include "transport/fault.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 #include <vector>
 
 #include "transport/log.h"
@@ -106,15 +109,43 @@ struct OutRef {
   int index;
 };
 
+// The held datagrams' slots: anonymous pages, mapped rather than allocated, so that they cost
+// nothing until a datagram is held in them. malloc under glibc's MALLOC_PERTURB_ (which meson's
+// test runner sets) filled all 16 MiB on every endpoint: at 8 ranks, 112 endpoints spent 12 s
+// there; calloc zeroes from the heap once glibc's mmap threshold has grown past the size.
+class Pool {
+ public:
+  Pool() = default;
+  Pool(const Pool&) = delete;
+  Pool& operator=(const Pool&) = delete;
+  Pool(Pool&& o) noexcept : mem_(std::exchange(o.mem_, nullptr)), bytes_(o.bytes_) {}
+  ~Pool() {
+    if (mem_ != nullptr) munmap(mem_, bytes_);
+  }
+  // False when the system refuses the mapping.
+  bool map(size_t bytes) {
+    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return false;
+    mem_ = static_cast<uint8_t*>(m);
+    bytes_ = bytes;
+    return true;
+  }
+  uint8_t* data() const { return mem_; }
+
+ private:
+  uint8_t* mem_ = nullptr;  // nullptr: no pool (the plan holds nothing)
+  size_t bytes_ = 0;
+};
+
 class FaultyEndpoint final : public Endpoint {
  public:
   FaultyEndpoint(std::unique_ptr<Endpoint> inner, const FaultPlan& plan, const Clock& clock,
-                 uint32_t slots, uint32_t slot_bytes, uint8_t* pool)
+                 uint32_t slots, uint32_t slot_bytes, Pool pool)
       : inner_(std::move(inner)),
         plan_(plan),
         clock_(clock),
         slot_bytes_(slot_bytes),
-        pool_(pool),
+        pool_(std::move(pool)),
         drop_rng_(stream_seed(plan.seed, 1)),
         dup_rng_(stream_seed(plan.seed, 2)),
         delay_rng_(stream_seed(plan.seed, 3)),
@@ -125,7 +156,6 @@ class FaultyEndpoint final : public Endpoint {
     for (uint32_t s = slots; s > 0; --s) free_.push_back(s - 1);
     heap_.reserve(slots);
   }
-  ~FaultyEndpoint() override { std::free(pool_); }
 
   const PeerAddress& local_address() const override { return inner_->local_address(); }
   Status set_peer(const PeerAddress& peer) override { return inner_->set_peer(peer); }
@@ -176,7 +206,9 @@ class FaultyEndpoint final : public Endpoint {
   void append_reorder_release();
   int flush(int* taken);
   int release_due(uint64_t now);
-  uint8_t* slot_ptr(uint32_t slot) const { return pool_ + static_cast<size_t>(slot) * slot_bytes_; }
+  uint8_t* slot_ptr(uint32_t slot) const {
+    return pool_.data() + static_cast<size_t>(slot) * slot_bytes_;
+  }
   TxPacket slot_packet(const Held& h) const {
     TxPacket p{slot_ptr(h.slot), h.len, 0, nullptr};
     p.steer = h.steer;
@@ -187,7 +219,7 @@ class FaultyEndpoint final : public Endpoint {
   const FaultPlan plan_;
   const Clock& clock_;
   const uint32_t slot_bytes_;
-  uint8_t* const pool_;  // slots of slot_bytes_ each, owned; nullptr when nothing is held
+  const Pool pool_;  // slots of slot_bytes_ each; none when nothing is held
   Prng drop_rng_, dup_rng_, delay_rng_, reorder_rng_;
   double burst_continue_ = 0;  // probability that a loss burst goes on to the next datagram
   double delay_scale_ns_ = 0;
@@ -425,25 +457,19 @@ std::unique_ptr<Endpoint> make_faulty_endpoint(std::unique_ptr<Endpoint> inner,
     const uint64_t fit = kPoolBudgetBytes / slot_bytes;
     slots = static_cast<uint32_t>(std::clamp<uint64_t>(fit, kMinDerivedSlots, kMaxDerivedSlots));
   }
-  // calloc, not malloc: a pool this size comes as fresh zero pages that cost nothing until a
-  // datagram is held in them. malloc under glibc's MALLOC_PERTURB_ (which meson's test runner
-  // sets) fills all 16 MiB of it on every connection: 8 ranks' 112 endpoints spent 12 s there.
-  uint8_t* pool = nullptr;
-  if (slots > 0) {
-    pool = static_cast<uint8_t*>(std::calloc(slots, slot_bytes));
-    if (pool == nullptr) {
-      OR_WARN("fault injector: no memory for %u held datagrams; faults are off", slots);
-      return inner;
-    }
+  Pool pool;
+  if (slots > 0 && !pool.map(static_cast<size_t>(slots) * slot_bytes)) {
+    OR_WARN("fault injector: no memory for %u held datagrams; faults are off", slots);
+    return inner;
   }
   FaultPlan checked = plan;
   // A shape of 0 would divide by zero; the parameter table's floor is 0.1.
   checked.delay_alpha = std::max(plan.delay_alpha, 0.1);
-  std::unique_ptr<Endpoint> ep(
-      new (std::nothrow) FaultyEndpoint(std::move(inner), checked, clock, slots, slot_bytes, pool));
+  std::unique_ptr<Endpoint> ep(new (std::nothrow) FaultyEndpoint(
+      std::move(inner), checked, clock, slots, slot_bytes, std::move(pool)));
   if (!ep) {
-    // The allocation failed before `inner` was moved from: hand it back unwrapped.
-    std::free(pool);
+    // The allocation failed before `inner` (or the pool) was moved from: `inner` goes back
+    // unwrapped, and the pool is unmapped on return.
     OR_WARN("fault injector: out of memory; faults are off");
     return inner;
   }
