@@ -13,8 +13,6 @@
 //    next few successors"; longer displacements are the delay fault's job.
 #include "transport/fault.h"
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -23,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "transport/anon_mapping.h"
 #include "transport/log.h"
 
 namespace optireduce {
@@ -109,38 +108,10 @@ struct OutRef {
   int index;
 };
 
-// The held datagrams' slots: anonymous pages, mapped rather than allocated, so that they cost
-// nothing until a datagram is held in them. malloc under glibc's MALLOC_PERTURB_ (which meson's
-// test runner sets) filled all 16 MiB on every endpoint: at 8 ranks, 112 endpoints spent 12 s
-// there; calloc zeroes from the heap once glibc's mmap threshold has grown past the size.
-class Pool {
- public:
-  Pool() = default;
-  Pool(const Pool&) = delete;
-  Pool& operator=(const Pool&) = delete;
-  Pool(Pool&& o) noexcept : mem_(std::exchange(o.mem_, nullptr)), bytes_(o.bytes_) {}
-  ~Pool() {
-    if (mem_ != nullptr) munmap(mem_, bytes_);
-  }
-  // False when the system refuses the mapping.
-  bool map(size_t bytes) {
-    void* m = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return false;
-    mem_ = static_cast<uint8_t*>(m);
-    bytes_ = bytes;
-    return true;
-  }
-  uint8_t* data() const { return mem_; }
-
- private:
-  uint8_t* mem_ = nullptr;  // nullptr: no pool (the plan holds nothing)
-  size_t bytes_ = 0;
-};
-
 class FaultyEndpoint final : public Endpoint {
  public:
   FaultyEndpoint(std::unique_ptr<Endpoint> inner, const FaultPlan& plan, const Clock& clock,
-                 uint32_t slots, uint32_t slot_bytes, Pool pool)
+                 uint32_t slots, uint32_t slot_bytes, AnonMapping pool)
       : inner_(std::move(inner)),
         plan_(plan),
         clock_(clock),
@@ -219,7 +190,9 @@ class FaultyEndpoint final : public Endpoint {
   const FaultPlan plan_;
   const Clock& clock_;
   const uint32_t slot_bytes_;
-  const Pool pool_;  // slots of slot_bytes_ each; none when nothing is held
+  // Slots of slot_bytes_ each; none when nothing is held. Mapped (anon_mapping.h): malloc under
+  // meson's MALLOC_PERTURB_ filled all 16 MiB on every endpoint, 12 s at 8 ranks' 112.
+  const AnonMapping pool_;
   Prng drop_rng_, dup_rng_, delay_rng_, reorder_rng_;
   double burst_continue_ = 0;  // probability that a loss burst goes on to the next datagram
   double delay_scale_ns_ = 0;
@@ -457,7 +430,7 @@ std::unique_ptr<Endpoint> make_faulty_endpoint(std::unique_ptr<Endpoint> inner,
     const uint64_t fit = kPoolBudgetBytes / slot_bytes;
     slots = static_cast<uint32_t>(std::clamp<uint64_t>(fit, kMinDerivedSlots, kMaxDerivedSlots));
   }
-  Pool pool;
+  AnonMapping pool;
   if (slots > 0 && !pool.map(static_cast<size_t>(slots) * slot_bytes)) {
     OR_WARN("fault injector: no memory for %u held datagrams; faults are off", slots);
     return inner;

@@ -6,9 +6,7 @@
 #include "kernels_emu/cuda_emu.h"
 
 #include <setjmp.h>
-#include <sys/mman.h>
 #include <ucontext.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -18,6 +16,8 @@
 #include <random>
 #include <utility>
 #include <vector>
+
+#include "transport/anon_mapping.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <dlfcn.h>
@@ -36,43 +36,6 @@ constexpr size_t kStackBytes = 64 << 10;
 
 enum class Wait : uint8_t { kRunnable, kBarrier, kShuffle, kDone };
 
-// A fiber's stack: kStackBytes mapped above one inaccessible page, so that a kernel body that
-// overflows it faults instead of writing into its neighbour's. Mapped rather than allocated:
-// the pages cost nothing until touched, where new[] under glibc's MALLOC_PERTURB_ (which meson's
-// test runner sets) filled 64 KiB per fiber, up to 64 MiB per thread that launches a kernel.
-class FiberStack {
- public:
-  FiberStack() = default;
-  FiberStack(const FiberStack&) = delete;
-  FiberStack& operator=(const FiberStack&) = delete;
-  FiberStack(FiberStack&& o) noexcept : map_(std::exchange(o.map_, nullptr)) {}
-  FiberStack& operator=(FiberStack&& o) noexcept {
-    std::swap(map_, o.map_);
-    return *this;
-  }
-  ~FiberStack() {
-    if (map_ != nullptr) munmap(map_, guard() + kStackBytes);
-  }
-  // Maps the stack; false when the system refuses.
-  bool map() {
-    void* m = mmap(nullptr, guard() + kStackBytes, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (m == MAP_FAILED) return false;
-    if (mprotect(m, guard(), PROT_NONE) != 0) {
-      munmap(m, guard() + kStackBytes);
-      return false;
-    }
-    map_ = static_cast<char*>(m);
-    return true;
-  }
-  char* get() const { return map_ == nullptr ? nullptr : map_ + guard(); }
-  explicit operator bool() const { return map_ != nullptr; }
-
- private:
-  static size_t guard() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
-  char* map_ = nullptr;  // the guard page, then the stack
-};
-
 // A fiber is made once (makecontext, entered with setcontext) and then runs the kernel body of
 // every block and launch in a loop, switching with _setjmp/_longjmp: swapcontext saves and
 // restores the signal mask with a system call on every switch, which made the emulation spend
@@ -82,7 +45,9 @@ struct Fiber {
   jmp_buf jb;
   bool live = false;     // its loop runs (it is parked in a switch)
   bool in_body = false;  // parked inside a kernel body (not between two)
-  FiberStack stack;
+  // Mapped above a guard page (transport/anon_mapping.h): an overflowing kernel body faults
+  // instead of writing into its neighbour's stack, and untouched pages cost nothing.
+  AnonMapping stack;
   ThreadCoords coords;
   Wait wait = Wait::kRunnable;
   // The shuffle it waits at: mask, delta, and its value (result written back on release).
@@ -185,13 +150,13 @@ void fiber_entry();
 OR_SWITCH_POINT void resume(Fiber& f) {
   State& s = st();
 #if defined(OR_EMU_ASAN)
-  __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack.get(), kStackBytes);
+  __sanitizer_start_switch_fiber(&s.main_fake_stack, f.stack.data(), kStackBytes);
 #endif
   if (_setjmp(s.main_jb) == 0) {
     if (!f.live) {
       f.live = true;
       getcontext(&f.ctx);
-      f.ctx.uc_stack.ss_sp = f.stack.get();
+      f.ctx.uc_stack.ss_sp = f.stack.data();
       f.ctx.uc_stack.ss_size = kStackBytes;
       f.ctx.uc_link = nullptr;
       makecontext(&f.ctx, fiber_entry, 0);
@@ -482,7 +447,7 @@ bool run_grid(dim3 grid, dim3 block, size_t shmem, const std::function<void()>& 
   if (s.fibers.size() < threads) {
     s.fibers.resize(threads);
     for (auto& f : s.fibers) {
-      if (!f.stack && !f.stack.map()) {
+      if (!f.stack && !f.stack.map(kStackBytes, 1)) {
         fail("no memory for the stacks of a block of " + std::to_string(threads) + " threads");
         return false;
       }
