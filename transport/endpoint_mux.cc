@@ -143,9 +143,11 @@ class MuxPort final : public Endpoint {
     std::lock_guard<std::mutex> lock(mux_->ep_mu_);  // as every receive on the endpoint
     return mux_->ep_->prepare_wait();
   }
-  void note_readable() override { mux_->readable_.store(true, std::memory_order_relaxed); }
+  void note_readable() override { mux_->note_readable(); }
   void set_blocked_waiter(bool on) override {
-    mux_->blocked_waiters_.fetch_add(on ? 1 : -1, std::memory_order_relaxed);
+    mux_->blocked_waiters_.fetch_add(on ? 1 : -1);
+    // An idle sleep may have left the endpoint to this caller (kCovered), who may now go away.
+    if (!on && mux_->waker_) mux_->waker_->wake();
   }
   void set_last_words(const uint8_t* dgram, uint32_t len) override {
     // A CLOSE is a bare header. close_port reads the words under the same lock.
@@ -201,8 +203,12 @@ class MuxPort final : public Endpoint {
 
 // ---------------------------------------------------------------------------------------------
 
-EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock)
-    : ep_(std::move(ep)), clock_(clock), portless_since_ns_(clock.now_ns()) {}
+EndpointMux::EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock,
+                         std::shared_ptr<ProgressWaker> waker)
+    : ep_(std::move(ep)),
+      clock_(clock),
+      waker_(std::move(waker)),
+      portless_since_ns_(clock.now_ns()) {}
 
 EndpointMux::~EndpointMux() = default;  // every port holds the mux: none is left
 
@@ -295,6 +301,24 @@ void EndpointMux::serve() {
   const bool places = placed != 0 && now - placed < kOwnerServesNs;
   if (owned != 0 && now - owned < (places ? kOwnerServesNs : kOwnerPollsNs)) return;
   (void)drain(nullptr, nullptr, false);
+}
+
+EndpointMux::IdleWait EndpointMux::prepare_idle_wait(uint64_t now, int* fd) {
+  *fd = -1;
+  if (blocked_waiters_.load() > 0) return IdleWait::kCovered;
+  // The same window as a timed sleep's: a caller that received within it likely polls still,
+  // and the descriptor would wake the thread for every datagram that caller takes anyway.
+  const uint64_t caller = last_caller_drain_ns_.load(std::memory_order_relaxed);
+  if (caller != 0 && now - std::min(now, caller) < kOwnerServesNs) return IdleWait::kBusy;
+  const int d = ep_->readable_fd();
+  if (d < 0) return IdleWait::kBusy;
+  std::lock_guard<std::mutex> lock(ep_mu_);  // as every receive on the endpoint
+  if (!ep_->prepare_wait()) {
+    note_readable();
+    return IdleWait::kWork;
+  }
+  *fd = d;
+  return IdleWait::kBlock;
 }
 
 int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {

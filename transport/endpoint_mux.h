@@ -34,6 +34,7 @@
 
 #include "transport/clock.h"
 #include "transport/datapath.h"
+#include "transport/progress_thread.h"
 #include "transport/wire.h"
 
 namespace optireduce {
@@ -61,8 +62,10 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
  public:
   // `ep` must have been opened unbound (EndpointOptions::unbound). `clock` times the copies a
   // busy connection is kept (their age, RxPacket::age_ns, counts the wait); it must outlive
-  // the mux.
-  explicit EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock = SteadyClock::instance());
+  // the mux. `waker`: the progress thread's (idle_sleep.h), told when a caller stops blocking
+  // on the endpoint; null where no progress thread sleeps on it.
+  explicit EndpointMux(std::unique_ptr<Endpoint> ep, const Clock& clock = SteadyClock::instance(),
+                       std::shared_ptr<ProgressWaker> waker = nullptr);
   ~EndpointMux();
   EndpointMux(const EndpointMux&) = delete;
   EndpointMux& operator=(const EndpointMux&) = delete;
@@ -75,6 +78,21 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   // One receive pass for nobody in particular (the progress thread): everything waiting goes to
   // its ports' sinks or backlogs.
   void serve();
+
+  // For the progress thread's idle sleep (idle_sleep.h), under which condition it may block
+  // until a datagram comes for this endpoint:
+  enum class IdleWait {
+    kBlock,    // on *fd: nobody receives here, and the descriptor shows what comes
+    kCovered,  // not at all: a caller blocks on it (wait_for_work) and takes what comes
+    kBusy,     // no sleep: a caller received here within a millisecond (it likely polls still,
+               // and serve() would leave what comes to it), or the endpoint has no descriptor
+               // (verbs with receive lanes)
+    kWork,     // no sleep: something waits that the descriptor will not show (verbs:
+               // completions before the arm; taken by the next drain)
+  };
+  IdleWait prepare_idle_wait(uint64_t now, int* fd);
+  // The endpoint polled readable: the next drain looks whatever its streak of empty ones says.
+  void note_readable() { readable_.store(true, std::memory_order_relaxed); }
 
   const PeerAddress& local_address() const { return ep_->local_address(); }
   MuxCounters counters();
@@ -105,6 +123,7 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
 
   std::unique_ptr<Endpoint> ep_;
   const Clock& clock_;
+  const std::shared_ptr<ProgressWaker> waker_;
   // Who drains: held from a receive until its datagrams are handed out (they live in the
   // endpoint's buffers until its next receive). Only ever try_locked.
   std::mutex rx_mu_;
@@ -139,7 +158,9 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
   // yet counted (under rx_mu_; see endpoint_mux.cc on polling an idle endpoint).
   int empty_streak_ = 0;
   std::atomic<bool> readable_{false};    // a caller saw the endpoint readable (note_readable)
-  std::atomic<int> blocked_waiters_{0};  // callers blocked on its descriptor (serve() yields)
+  // Callers blocked on its descriptor (serve() yields). Sequentially consistent, as the
+  // progress thread's idle sleep reads it inside ProgressWaker::Sleep.
+  std::atomic<int> blocked_waiters_{0};
   int quiet_calls_ = 0;
   uint64_t last_look_ns_ = 0;
   uint64_t quiet_skips_ = 0;

@@ -5,10 +5,13 @@
 #include <sys/random.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <utility>
 
 #include "transport/fault.h"
+#include "transport/idle_sleep.h"
 #include "transport/log.h"
 #include "transport/progress_thread.h"
 
@@ -71,6 +74,10 @@ EngineImpl::EngineImpl(const Config& cfg, const Clock& clock,
                        std::vector<std::unique_ptr<Device>> devices)
     : cfg_(cfg), clock_(clock), devices_(std::move(devices)),
       registry_(std::make_shared<Registry>()) {
+  registry_->set_waker(waker_);
+  if (!waker_->usable())
+    OR_WARN("eventfd failed (errno %d): the progress thread wakes every %lld us even when idle",
+            errno, static_cast<long long>(cfg_.progress_us));
   thread_ = std::thread([this] { progress_loop(); });
   // Named here rather than by the thread itself, so that the name is there when init returns:
   // top -H, perf and gdb tell it from the application's threads, and the tests count the
@@ -88,6 +95,7 @@ void EngineImpl::stop_progress() {
     stop_ = true;
   }
   thread_cv_.notify_all();
+  waker_->wake();
   std::lock_guard<std::mutex> lock(join_mu_);
   if (thread_.joinable()) thread_.join();
 }
@@ -114,8 +122,9 @@ Status EngineImpl::mux_for(int dev, std::shared_ptr<EndpointMux>* out) {
   std::unique_ptr<Endpoint> ep;
   Status st = devices_[dev]->open_endpoint(opts, &ep);
   if (!st) return st;
-  *out = std::make_shared<EndpointMux>(std::move(ep), clock_);
+  *out = std::make_shared<EndpointMux>(std::move(ep), clock_, waker_);
   muxes_.push_back(MuxEntry{dev, me, *out});
+  waker_->wake();  // an idle sleep waits on the descriptors it listed, not on this one
   return Status::ok();
 }
 
@@ -229,20 +238,37 @@ void EngineImpl::progress_loop() {
   // served by that owner; waking again at once would spin.
   constexpr uint64_t kMinSleepNs = 20'000;
   mark_progress_thread();
-  std::unique_lock<std::mutex> lock(thread_mu_);
   uint64_t next = 0;  // the earliest timer as of the last pass
+  bool quick_wake = false;
   std::vector<std::shared_ptr<EndpointMux>> muxes;
   while (!stop_) {
-    // Sleep a whole period when nothing is armed (idle: no spinning), else until the earliest
-    // armed timer, so that a connection nobody polls still meets a timer of tens of
-    // microseconds (a lost CTS or tail on a fast fabric). A timer armed during the sleep waits
-    // for the next wake-up, at most one period.
-    const uint64_t now = clock_.now_ns();
-    uint64_t sleep_ns = period_ns;
-    if (next != 0) sleep_ns = std::clamp(next > now ? next - now : 0, kMinSleepNs, period_ns);
-    thread_cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns), [this] { return stop_; });
+    // Nothing armed: block on the shared endpoints until a datagram comes that nobody else
+    // takes, or someone arms a timer (idle_sleep.h), instead of waking every period. An idle
+    // sleep that ended at once is followed by a timed one: a descriptor that the pass after it
+    // did not empty (a drain cut short) would otherwise spin the thread.
+    IdleSleep idle = IdleSleep::kNotIdle;
+    if (next == 0 && !std::exchange(quick_wake, false)) {
+      ProgressWaker::Sleep sleep(*waker_);
+      live_muxes(&muxes);
+      const auto t0 = std::chrono::steady_clock::now();
+      idle = idle_sleep(muxes, *registry_, *waker_, clock_.now_ns(), kIdleSleepNs, stop_);
+      quick_wake = idle == IdleSleep::kWoke &&
+                   std::chrono::steady_clock::now() - t0 < std::chrono::nanoseconds(kMinSleepNs);
+    }
+    if (idle == IdleSleep::kNotIdle) {
+      // Else a whole period when nothing is armed (a caller polls, and the thread stands in
+      // for it within a period should it stop), or until the earliest armed timer, so that a
+      // connection nobody polls still meets a timer of tens of microseconds (a lost CTS or
+      // tail on a fast fabric). A timer armed during the sleep waits for the next wake-up, at
+      // most one period.
+      const uint64_t now = clock_.now_ns();
+      uint64_t sleep_ns = period_ns;
+      if (next != 0) sleep_ns = std::clamp(next > now ? next - now : 0, kMinSleepNs, period_ns);
+      std::unique_lock<std::mutex> lock(thread_mu_);
+      thread_cv_.wait_for(lock, std::chrono::nanoseconds(sleep_ns),
+                          [this] { return stop_.load(); });
+    }
     if (stop_) break;
-    lock.unlock();
     // Shared endpoints first: what waits there goes to its connections, so that only those
     // with a due timer (or datagrams kept while they were busy) need a visit below.
     live_muxes(&muxes);
@@ -250,7 +276,6 @@ void EngineImpl::progress_loop() {
     muxes.clear();  // the list alone holds a mux whose last port closed: live_muxes ends it
     const uint64_t t = clock_.now_ns();
     next = registry_->visit(t, [&](Conn* c) { c->background_progress(t, idle_ns); });
-    lock.lock();
   }
 }
 

@@ -13,6 +13,7 @@
 #include "transport/credit.h"
 #include "transport/endpoint_mux.h"
 #include "transport/handshake.h"
+#include "transport/progress_thread.h"
 
 namespace optireduce {
 
@@ -87,7 +88,10 @@ class EngineImpl final : public Engine {
 
   std::mutex thread_mu_;
   std::condition_variable thread_cv_;
-  bool stop_ = false;
+  // Set under thread_mu_ (the timed sleep's predicate); read by the idle sleep without it.
+  std::atomic<bool> stop_{false};
+  // Ends the thread's idle sleep (idle_sleep.h); the registry and the shared endpoints hold it.
+  const std::shared_ptr<ProgressWaker> waker_ = std::make_shared<ProgressWaker>();
   std::thread thread_;
   std::mutex join_mu_;  // a second stop_progress() waits for the first one's join
 };

@@ -81,7 +81,7 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_RATE_GBPS", &Config::rate_gbps, 0, 1000, nullptr,
    "A ceiling, in Gbit/s, on the pacing rate of each path (the connections from one device to one remote host), exact and bounded alike. 0: none; the delay-based congestion control decides alone, which is what every published figure uses."},
   {"OPTIREDUCE_PROGRESS_US", &Config::progress_us, 50, 100000, nullptr,
-   "Longest sleep of the background progress thread that serves timers and idle connections, in microseconds; it wakes sooner for the earliest timer a connection has armed."},
+   "Longest sleep of the background progress thread that serves timers and idle connections, in microseconds; it wakes sooner for the earliest timer a connection has armed. With no timer armed and no caller receiving, it sleeps on the endpoints instead, until a datagram or a timer comes."},
   {"OPTIREDUCE_PEER_TIMEOUT_MS", &Config::peer_timeout_ms, 100, 3'600'000, nullptr,
    "A peer that answers no keepalive for this long while a request waits on it, or whose host reports its port closed three times, is dead: every pending and later request on its connections fails with ncclRemoteError (bounded ones too). Also how long a thread's shared endpoint stays open after its last connection closed, to answer a peer that missed the CLOSE. At least 4 x OPTIREDUCE_RTO_MAX_US."},
   {"OPTIREDUCE_MODE", &Config::mode, 0, 0, "exact|bounded",

@@ -4,13 +4,18 @@
 #include <algorithm>
 
 #include "transport/conn.h"
+#include "transport/progress_thread.h"
 
 namespace optireduce {
 
 void Registry::add(Conn* c) {
-  std::lock_guard<std::mutex> lock(mu_);
-  conns_.push_back(c);
-  if (!c->shared_endpoint()) polled_.push_back(c);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conns_.push_back(c);
+    if (c->shared_endpoint()) return;
+    polled_.push_back(c);
+  }
+  if (waker_) waker_->wake();  // it is polled on every pass: no more idle sleep
 }
 
 void Registry::remove(Conn* c) {
@@ -24,10 +29,20 @@ void Registry::remove(Conn* c) {
 
 void Registry::arm(Conn* c) {
   if (c->armed_.load()) return;
-  std::lock_guard<std::mutex> lock(armed_mu_);
-  if (c->armed_.load()) return;
-  c->armed_.store(true);
-  armed_.push_back(c);
+  {
+    std::lock_guard<std::mutex> lock(armed_mu_);
+    if (c->armed_.load()) return;
+    c->armed_.store(true);
+    armed_.push_back(c);
+  }
+  if (waker_) waker_->wake();  // after the push: idle() sees it, or the thread is woken
+}
+
+bool Registry::idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!polled_.empty()) return false;
+  std::lock_guard<std::mutex> armed(armed_mu_);
+  return armed_.empty();
 }
 
 uint64_t Registry::prune_and_earliest(uint64_t now) {

@@ -11,19 +11,26 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 namespace optireduce {
 
 class Conn;
+class ProgressWaker;
 
 class Registry {
  public:
   void add(Conn* c);
   void remove(Conn* c);  // waits for a visit() in progress: the connection is then never touched
-  // The connection wants visits until it has neither timer nor kept datagrams.
+  // The connection wants visits until it has neither timer nor kept datagrams. Wakes the
+  // progress thread out of its idle sleep (idle_sleep.h), which no timer ends.
   void arm(Conn* c);
+  // Nothing to visit: no connection with an endpoint of its own, none armed.
+  bool idle();
+  // The progress thread's waker, set once before the first connection is added.
+  void set_waker(std::shared_ptr<ProgressWaker> w) { waker_ = std::move(w); }
 
   // The progress thread's pass: fn(conn) for every connection it must visit, under the lock
   // that keeps connections alive; then those that want no more visits are disarmed. Returns
@@ -53,6 +60,7 @@ class Registry {
   std::vector<Conn*> due_;     // visit()'s list, kept to reuse its memory
   std::mutex armed_mu_;        // a leaf: taken inside a connection's pass
   std::vector<Conn*> armed_;   // shared-endpoint connections with something to do
+  std::shared_ptr<ProgressWaker> waker_;
 };
 
 }  // namespace optireduce

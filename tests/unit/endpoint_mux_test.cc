@@ -2,6 +2,8 @@
 // one endpoint each, both ends of a connection in one process, a busy connection's copies, stray
 // datagrams, unreachable reports per peer, tokens, the handshake's copying receive, receiving
 // into place, polling an idle endpoint, and what the progress thread leaves to a caller.
+#include <poll.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -969,6 +971,54 @@ TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
   visited = 0;
   (void)pass();
   EXPECT_EQ(visited, 0);
+}
+
+// The progress thread's idle sleep (idle_sleep.h) has no timer to end it: a connection that
+// arms one wakes it, through the waker the registry holds, and only while it sleeps.
+bool signalled(const ProgressWaker& w) {
+  pollfd p{w.fd(), POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1;
+}
+
+TEST(MuxConns, ArmingATimerWakesTheIdleProgressThreadAndOnlyIt) {
+  auto hub = std::make_shared<Hub>();
+  FakeClock clock;
+  auto a = make_mux(hub, 1, nullptr, clock);
+  auto b = make_mux(hub, 2, nullptr, clock);
+  Config cfg;
+  auto registry = std::make_shared<Registry>();
+  auto waker = std::make_shared<ProgressWaker>();
+  ASSERT_TRUE(waker->usable());
+  registry->set_waker(waker);
+  Pair p = make_pair_on(cfg, clock, *a, *b, 0x3000, registry);
+  EXPECT_TRUE(registry->idle());
+  auto src = pattern(20'000, 4);
+  std::vector<uint8_t> dst(src.size());
+  Request *sr, *rr;
+  // Awake (no Sleep scope): arming costs no system call, and nothing is signalled.
+  ASSERT_TRUE(p.r->irecv(dst.data(), dst.size(), &rr).is_ok());
+  EXPECT_FALSE(registry->idle());
+  EXPECT_FALSE(signalled(*waker));
+  {
+    // Asleep: the sender's first timer (its DATA in flight) signals the eventfd, which the
+    // sleep polls.
+    ProgressWaker::Sleep sleep(*waker);
+    EXPECT_FALSE(signalled(*waker));
+    ASSERT_TRUE(p.s->isend(src.data(), src.size(), &sr).is_ok());
+    EXPECT_TRUE(signalled(*waker));
+  }
+  EXPECT_FALSE(signalled(*waker));  // read back when the sleep ended: the next one is not cut
+  // Nobody polls: the thread's passes carry the transfer, and once its timers have run out
+  // the registry is idle again.
+  for (int i = 0; i < 400; ++i) {
+    a->serve();
+    b->serve();
+    (void)registry->visit(clock.now_ns(),
+                          [&](Conn* c) { c->background_progress(clock.now_ns(), 0); });
+    clock.advance_us(1000);
+  }
+  EXPECT_EQ(dst, src);
+  EXPECT_TRUE(registry->idle());
 }
 
 }  // namespace
