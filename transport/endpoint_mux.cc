@@ -310,9 +310,9 @@ EndpointMux::IdleWait EndpointMux::prepare_idle_wait(uint64_t now, int* fd) {
   // and the descriptor would wake the thread for every datagram that caller takes anyway.
   const uint64_t caller = last_caller_drain_ns_.load(std::memory_order_relaxed);
   if (caller != 0 && now - std::min(now, caller) < kOwnerServesNs) return IdleWait::kBusy;
-  const int d = ep_->readable_fd();
-  if (d < 0) return IdleWait::kBusy;
   std::lock_guard<std::mutex> lock(ep_mu_);  // as every receive on the endpoint
+  const int d = ep_->idle_fd();
+  if (d < 0) return IdleWait::kBusy;
   if (!ep_->prepare_wait()) {
     note_readable();
     return IdleWait::kWork;

@@ -85,8 +85,8 @@ class EndpointMux : public std::enable_shared_from_this<EndpointMux> {
     kBlock,    // on *fd: nobody receives here, and the descriptor shows what comes
     kCovered,  // not at all: a caller blocks on it (wait_for_work) and takes what comes
     kBusy,     // no sleep: a caller received here within a millisecond (it likely polls still,
-               // and serve() would leave what comes to it), or the endpoint has no descriptor
-               // (verbs with receive lanes)
+               // and serve() would leave what comes to it), or the endpoint offers no
+               // descriptor (Endpoint::idle_fd: verbs while a receive lane is lent)
     kWork,     // no sleep: something waits that the descriptor will not show (verbs:
                // completions before the arm; taken by the next drain)
   };

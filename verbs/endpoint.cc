@@ -409,6 +409,12 @@ int UdEndpoint::readable_fd() const {
   return channel_->fd;
 }
 
+int UdEndpoint::idle_fd() const {
+  if (channel_ == nullptr || lanes_active_ != 0 || arm_failed_.load(std::memory_order_relaxed))
+    return -1;
+  return channel_->fd;
+}
+
 void UdEndpoint::ack_channel_events() {
   ibv_cq* cq = nullptr;
   void* ctx = nullptr;

@@ -870,6 +870,10 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
   const uint32_t steer = lend_lane(b.get(), dst, region.get(), pp, 0xA1A2, 5, &t);
   ASSERT_NE(steer, 0u) << "no lane opened in 20 s";
   EXPECT_GE(b->ud_counters().aims_declined, 1u);
+  // A lane's completions reach no channel: a caller cannot block on the endpoint any more,
+  // and the progress thread's idle sleep may not either while the lane carries a receive.
+  EXPECT_EQ(b->readable_fd(), -1);
+  EXPECT_EQ(b->idle_fd(), -1);
 
   std::vector<std::array<uint8_t, kHeaderBytes>> hdrs(kLanePkts);
   uint32_t to = steer;  // where DATA go: 0 once the lane moved (kOversizeRecreated)
@@ -966,6 +970,10 @@ void lane_message(Device* dev_a, Device* dev_b, LaneRun run, uint32_t* placed, L
   ASSERT_EQ(have, kLanePkts);
   EXPECT_EQ(b->aim_moves(), run == LaneRun::kOversizeRecreated ? 1u : 0u);
   EXPECT_TRUE(b->aim_close(steer, true));
+  // No lane lent: the idle sleep may block on the channel again (an idle lane takes only the
+  // ended receive's stragglers, which nobody waits for).
+  EXPECT_EQ(b->readable_fd(), -1);
+  EXPECT_GE(b->idle_fd(), 0);
   for (uint64_t i = 0; i < size; i++)
     ASSERT_EQ(dst[i], src[i]) << "byte " << i << " (packet " << i / pp << ")";
 }
