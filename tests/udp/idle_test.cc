@@ -146,11 +146,6 @@ TEST(IdleSleep, AnEndpointACallerBlocksOnIsLeftToItUntilTheCallerGoes) {
 
 // ---- Through the engine: a process whose connections have nothing in flight.
 
-Status open_loopback(const Config&, std::vector<std::unique_ptr<Device>>* out) {
-  out->push_back(make_udp_device(testing::loopback_at("127.0.0.1")));
-  return Status::ok();
-}
-
 // Context switches of this process's progress thread (named by the engine), -1 if not found.
 long progress_thread_switches() {
   DIR* d = ::opendir("/proc/self/task");
@@ -178,7 +173,7 @@ long progress_thread_switches() {
 
 TEST(IdleProgress, AnIdleProcessesProgressThreadSleeps) {
   std::shared_ptr<Engine> e;
-  ASSERT_TRUE(Engine::acquire(&e, nullptr, &open_loopback));
+  ASSERT_TRUE(Engine::acquire(&e, nullptr, &testing::open_loopback));
   // A connection, its receiving end on a thread of its own (a shared endpoint each), and one
   // message over it, both ends tested to the end.
   std::vector<uint8_t> out(300'000), in(out.size());

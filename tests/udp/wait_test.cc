@@ -20,18 +20,13 @@ using Steady = std::chrono::steady_clock;
 constexpr auto kPatience = std::chrono::seconds(20);
 constexpr uint64_t kLongNs = 10'000'000'000;  // a wait no datagram ended would last this
 
-Status open_loopback(const Config&, std::vector<std::unique_ptr<Device>>* out) {
-  out->push_back(make_udp_device(testing::loopback_at("127.0.0.1")));
-  return Status::ok();
-}
-
 double seconds_since(Steady::time_point t0) {
   return std::chrono::duration<double>(Steady::now() - t0).count();
 }
 
 TEST(WaitForWork, TheClearToSendWakesABlockedSender) {
   std::shared_ptr<Engine> e;
-  ASSERT_TRUE(Engine::acquire(&e, nullptr, &open_loopback));
+  ASSERT_TRUE(Engine::acquire(&e, nullptr, &testing::open_loopback));
   std::vector<uint8_t> out(200'000), in(out.size());
   for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i * 13 + 1);
   ConnectionHandle h;

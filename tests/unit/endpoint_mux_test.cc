@@ -915,44 +915,52 @@ TEST(MuxConns, APacedSendGoesOnByItsAcksWhileACallerReceives) {
   EXPECT_TRUE(rdone);
 }
 
-// The progress thread's pass visits connections with something to do, not every open one.
-TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
-  auto hub = std::make_shared<Hub>();
+// Two hosts' shared endpoints and the registry of their connections, as the engine has them.
+// On the test's clock: serve() leaves an endpoint to a caller that drained it within the last
+// millisecond (a test's posts), and that millisecond must pass on this clock.
+struct RegisteredHosts {
+  std::shared_ptr<Hub> hub = std::make_shared<Hub>();
   FakeClock clock;
-  // On the test's clock: serve() leaves an endpoint to a caller that drained it within the last
-  // millisecond (the posts below), and that millisecond must pass on this clock.
-  auto a = make_mux(hub, 1, nullptr, clock);
-  auto b = make_mux(hub, 2, nullptr, clock);
+  std::shared_ptr<EndpointMux> a = make_mux(hub, 1, nullptr, clock);
+  std::shared_ptr<EndpointMux> b = make_mux(hub, 2, nullptr, clock);
   Config cfg;
-  auto registry = std::make_shared<Registry>();
-  std::vector<Pair> pairs;
-  for (uint64_t k = 0; k < 100; ++k)
-    pairs.push_back(make_pair_on(cfg, clock, *a, *b, 0x2000 + k, registry));
-  ASSERT_EQ(registry->size(), 200u);
-  int visited = 0;
-  auto pass = [&] {
+  std::shared_ptr<Registry> registry = std::make_shared<Registry>();
+
+  Pair pair(uint64_t token) { return make_pair_on(cfg, clock, *a, *b, token, registry); }
+  // The progress thread's pass, nobody else polling: a drain of each endpoint, then a visit of
+  // the connections the registry names; returns when it would wake next.
+  uint64_t pass(int* visited = nullptr) {
+    a->serve();
+    b->serve();
     return registry->visit(clock.now_ns(), [&](Conn* c) {
-      ++visited;
+      if (visited) ++*visited;
       c->background_progress(clock.now_ns(), 0);
     });
-  };
-  (void)pass();
+  }
+};
+
+// The progress thread's pass visits connections with something to do, not every open one.
+TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
+  RegisteredHosts h;
+  std::vector<Pair> pairs;
+  for (uint64_t k = 0; k < 100; ++k) pairs.push_back(h.pair(0x2000 + k));
+  ASSERT_EQ(h.registry->size(), 200u);
+  int visited = 0;
+  (void)h.pass(&visited);
   EXPECT_EQ(visited, 0);  // idle: nothing armed, nothing polled
   // One transfer on pair 7, its receive posted first so that the receiver's CTS repeat arms.
   auto src = pattern(50'000, 3);
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
   ASSERT_TRUE(pairs[7].r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  EXPECT_GE(registry->armed(), 1u);
-  EXPECT_LE(registry->armed(), 2u);
+  EXPECT_GE(h.registry->armed(), 1u);
+  EXPECT_LE(h.registry->armed(), 2u);
   ASSERT_TRUE(pairs[7].s->isend(src.data(), src.size(), &sr).is_ok());
   // Nobody polls: the progress thread's passes alone (a drain of each endpoint, then the
   // armed connections) carry the transfer to its end.
   for (int i = 0; i < 2000 && dst != src; ++i) {
-    a->serve();
-    b->serve();
-    (void)pass();
-    clock.advance_us(100);
+    (void)h.pass();
+    h.clock.advance_us(100);
   }
   EXPECT_EQ(dst, src);
   bool done = false;
@@ -962,14 +970,12 @@ TEST(MuxConns, OnlyConnectionsWithSomethingToDoAreVisited) {
   ASSERT_TRUE(pairs[7].s->test(sr, &done, &size).is_ok());
   EXPECT_TRUE(done);
   for (int i = 0; i < 200; ++i) {  // timers run out (the last ACK's, the probe's)
-    a->serve();
-    b->serve();
-    (void)pass();
-    clock.advance_us(1000);
+    (void)h.pass();
+    h.clock.advance_us(1000);
   }
-  EXPECT_EQ(registry->armed(), 0u);
+  EXPECT_EQ(h.registry->armed(), 0u);
   visited = 0;
-  (void)pass();
+  (void)h.pass(&visited);
   EXPECT_EQ(visited, 0);
 }
 
@@ -981,23 +987,18 @@ bool signalled(const ProgressWaker& w) {
 }
 
 TEST(MuxConns, ArmingATimerWakesTheIdleProgressThreadAndOnlyIt) {
-  auto hub = std::make_shared<Hub>();
-  FakeClock clock;
-  auto a = make_mux(hub, 1, nullptr, clock);
-  auto b = make_mux(hub, 2, nullptr, clock);
-  Config cfg;
-  auto registry = std::make_shared<Registry>();
+  RegisteredHosts h;
   auto waker = std::make_shared<ProgressWaker>();
   ASSERT_TRUE(waker->usable());
-  registry->set_waker(waker);
-  Pair p = make_pair_on(cfg, clock, *a, *b, 0x3000, registry);
-  EXPECT_TRUE(registry->idle());
+  h.registry->set_waker(waker);
+  Pair p = h.pair(0x3000);
+  EXPECT_TRUE(h.registry->idle());
   auto src = pattern(20'000, 4);
   std::vector<uint8_t> dst(src.size());
   Request *sr, *rr;
   // Awake (no Sleep scope): arming costs no system call, and nothing is signalled.
   ASSERT_TRUE(p.r->irecv(dst.data(), dst.size(), &rr).is_ok());
-  EXPECT_FALSE(registry->idle());
+  EXPECT_FALSE(h.registry->idle());
   EXPECT_FALSE(signalled(*waker));
   {
     // Asleep: the sender's first timer (its DATA in flight) signals the eventfd, which the
@@ -1011,14 +1012,11 @@ TEST(MuxConns, ArmingATimerWakesTheIdleProgressThreadAndOnlyIt) {
   // Nobody polls: the thread's passes carry the transfer, and once its timers have run out
   // the registry is idle again.
   for (int i = 0; i < 400; ++i) {
-    a->serve();
-    b->serve();
-    (void)registry->visit(clock.now_ns(),
-                          [&](Conn* c) { c->background_progress(clock.now_ns(), 0); });
-    clock.advance_us(1000);
+    (void)h.pass();
+    h.clock.advance_us(1000);
   }
   EXPECT_EQ(dst, src);
-  EXPECT_TRUE(registry->idle());
+  EXPECT_TRUE(h.registry->idle());
 }
 
 }  // namespace
