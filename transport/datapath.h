@@ -342,10 +342,9 @@ class Endpoint {
   // receive lane opens or a CQ cannot be armed), never to another descriptor.
   virtual int readable_fd() const { return -1; }
   // The descriptor the progress thread's idle sleep may block on (transport/idle_sleep.h),
-  // asked under the endpoint's serialisation; -1: none. That sleep begins only when no
-  // connection has a timer armed, and every receive that a datapath carries apart from
-  // readable_fd() (verbs' receive lanes) has one, so it may offer a descriptor where
-  // readable_fd() cannot.
+  // asked under the endpoint's serialisation; -1: none. It may offer one where readable_fd()
+  // cannot: what the descriptor does not show may be left waiting as long as no receive needs
+  // it (verbs: an idle receive lane holds only the stragglers of receives that ended).
   virtual int idle_fd() const { return readable_fd(); }
   // A caller is about to block on readable_fd(), under the endpoint's serialisation: true when
   // the descriptor will show what arrives from now on and nothing arrived before that it does

@@ -48,19 +48,23 @@ class ProgressWaker {
     const uint64_t one = 1;
     // It fails only with the counter at its maximum, when the thread is woken already.
     (void)!::write(fd_, &one, sizeof one);
+    // After the write: a reader that sees the flag finds the count to clear.
+    written_.store(true);
   }
 
   // The thread's side, around everything it looks at before it sleeps and the sleep itself:
   // from the constructor on every wake() writes (both sides sequentially consistent, so a
   // change is seen by the thread's look or wakes its sleep); the destructor reads back what
-  // they wrote, so that the next sleep does not end at once.
+  // they wrote, so that the next sleep does not end at once. Most scopes end without a sleep
+  // (something armed, a caller busy) and nothing written: they make no system call. A write
+  // whose flag comes after the read ends the next sleep at once, and that scope reads it back.
   class Sleep {
    public:
     explicit Sleep(ProgressWaker& w) : w_(w) { w_.sleeping_.store(true); }
     ~Sleep() {
       w_.sleeping_.store(false);
       uint64_t count = 0;
-      if (w_.fd_ >= 0) (void)!::read(w_.fd_, &count, sizeof count);
+      if (w_.written_.exchange(false)) (void)!::read(w_.fd_, &count, sizeof count);
     }
     Sleep(const Sleep&) = delete;
     Sleep& operator=(const Sleep&) = delete;
@@ -72,6 +76,7 @@ class ProgressWaker {
  private:
   int fd_;
   std::atomic<bool> sleeping_{false};
+  std::atomic<bool> written_{false};  // a wake() wrote since the last read back
 };
 
 }  // namespace optireduce

@@ -142,8 +142,8 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // (transport/wait.cc); -1 without a channel, or once a receive lane is open: a lane's
   // completions go to a CQ of its own, which no channel reports.
   int readable_fd() const override;
-  // The channel's descriptor while no lane is lent, receive lanes open or not: a lane that
-  // carries a receive has its receive's timers armed, so the idle sleep never waits past it.
+  // The channel's descriptor while no lane is lent, receive lanes open or not: an idle lane's
+  // completions (stragglers of a receive that ended) reach no channel, and nobody waits on them.
   int idle_fd() const override;
   // Drains the channel's events, arms the receive CQ (and the send CQ while a zero-copy send
   // waits for its completion), then polls once more: completions that came before the arm
