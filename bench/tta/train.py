@@ -118,6 +118,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def stage(rank, what):
+    """One line on stderr per phase of a rank's life, so that a rank that hangs (a test's timeout
+    kills it) leaves in its log where it stood."""
+    print(f"[rank {rank}] {what}", file=sys.stderr, flush=True)
+
+
 def main(argv=None):
     a = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -138,6 +144,7 @@ def main(argv=None):
 
     from datetime import timedelta
     t_init = time.time()
+    stage(rank, "rendezvous")
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=world,
                             timeout=timedelta(seconds=a.timeout_s))
 
@@ -205,6 +212,7 @@ def main(argv=None):
             return float(d[0])
 
     dist.barrier()
+    stage(rank, "set up")
     setup_s = time.time() - t_init
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
     steps, evals = [], []
@@ -320,8 +328,10 @@ def main(argv=None):
               f"replica spread max {summary['replica_spread_max']:.2e}, resyncs {resyncs}, "
               f"CPU {summary['cpu_ms_per_step']:.0f} ms/step (all ranks)",
               flush=True)
+    stage(rank, "closing")
     dist.barrier()
     dist.destroy_process_group()
+    stage(rank, "closed")
     return 0
 
 

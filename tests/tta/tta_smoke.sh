@@ -30,10 +30,11 @@ else
   echo "opti-exact skipped: no python/optireduce or no liboptireduce"
 fi
 
-# A free port for the rendezvous, from the kernel.
-port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 for ex in "${exchanges[@]}"; do
   mkdir -p "$W/runs/smoke"
+  # A free port for each run's rendezvous, from the kernel (the one after the last run's may be
+  # any other test's by now).
+  port=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   pids=()
   for r in 0 1; do
     # --lib: this build's library (build-san/, a CI build dir), not the package's default build/.
@@ -46,14 +47,22 @@ for ex in "${exchanges[@]}"; do
     pids+=($!)
   done
   rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=1; done
+  r=0
+  for p in "${pids[@]}"; do
+    st=0
+    wait "$p" || st=$?
+    # timeout(1) exits 124 when it killed the rank; its log's last "[rank N]" line says where it
+    # stood.
+    ((st == 124)) && echo "rank $r of $ex: killed after 120 s"
+    ((st)) && rc=1
+    r=$((r + 1))
+  done
   pids=()
   if ((rc)); then
     echo "FAIL: train.py --exchange $ex"
     tail -n 30 "$W/$ex-r0.log" "$W/$ex-r1.log"
     exit 1
   fi
-  port=$((port + 1))
   "$PY" - "$W/runs/smoke/$ex-s1.json" <<'PYEOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
