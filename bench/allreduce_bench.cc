@@ -44,35 +44,6 @@ struct Args {
   std::vector<std::string> modes = {"bounded", "exact", "gloo"};
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(',', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
-}
-
-// A comma-separated list, each item converted and checked by `conv`; false for an empty list
-// or a bad item.
-template <class T, class Conv>
-bench::Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
-  return {name, [out, conv](const char* v) {
-            std::vector<T> items;
-            for (const std::string& x : split(v)) {
-              T t;
-              if (!conv(x, &t)) return false;
-              items.push_back(t);
-            }
-            if (items.empty()) return false;
-            *out = std::move(items);
-            return true;
-          }};
-}
-
 // Exits with 2 and the reason on an unknown flag or a bad value, so that a typo never runs the
 // defaults.
 Args parse(int argc, char** argv) {
@@ -91,9 +62,10 @@ Args parse(int argc, char** argv) {
   };
   const int rc = bench::parse_flags(
       argc, argv,
-      {list_flag<int>("--ranks", &a.ranks, rank_count), bench::number_flag("--min", &a.min_bytes),
-       bench::number_flag("--max", &a.max_bytes), bench::number_flag("--iters", &a.iters),
-       list_flag<std::string>("--modes", &a.modes, mode)},
+      {bench::list_flag<int>("--ranks", &a.ranks, rank_count),
+       bench::size_flag("--min", &a.min_bytes), bench::size_flag("--max", &a.max_bytes),
+       bench::number_flag("--iters", &a.iters),
+       bench::list_flag<std::string>("--modes", &a.modes, mode)},
       [&a]() -> const char* {
         if (a.min_bytes < 4 || a.min_bytes % 4 != 0)
           return "--min: a multiple of 4 bytes, at least 4";

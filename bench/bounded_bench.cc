@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench/calibration.h"
+#include "bench/flags.h"
 #include "tests/plugin/procs.h"
 
 namespace optireduce::testing {
@@ -47,53 +48,34 @@ struct Options {
   uint64_t seed = 42;
 };
 
-void usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--ranks 2..4] [--size BYTES] [--steps N] [--warmup N] [--drop P]\n"
-               "          [--delay-prob P] [--delay-us US] [--delay-alpha A] [--timeout-ms MS]\n"
-               "          [--max-datagram BYTES] [--seed N] [--plugin PATH]\n",
-               argv0);
-  std::exit(2);
-}
-
+// Exits with 2 and the reason on an unknown flag, a bad value or a bad combination.
 Options parse(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) usage(argv[0]);
-    const char* v = argv[++i];
-    if (a == "--ranks")
-      o.ranks = std::atoi(v);
-    else if (a == "--size")
-      o.size = std::strtoull(v, nullptr, 0);
-    else if (a == "--steps")
-      o.steps = std::atoi(v);
-    else if (a == "--warmup")
-      o.warmup = std::atoi(v);
-    else if (a == "--drop")
-      o.drop = std::atof(v);
-    else if (a == "--delay-prob")
-      o.delay_prob = std::atof(v);
-    else if (a == "--delay-us")
-      o.delay_us = std::atof(v);
-    else if (a == "--delay-alpha")
-      o.delay_alpha = std::atof(v);
-    else if (a == "--timeout-ms")
-      o.timeout_ms = std::atof(v);
-    else if (a == "--max-datagram")
-      o.max_datagram = std::atoi(v);
-    else if (a == "--seed")
-      o.seed = std::strtoull(v, nullptr, 0);
-    else if (a == "--plugin")
-      o.plugin = v;
-    else
-      usage(argv[0]);
-  }
-  if (o.ranks < 2 || o.ranks > 4 || o.size == 0 || o.size > (size_t{1} << 30) || o.steps < 1 ||
-      o.warmup < -1)
-    usage(argv[0]);
+  const int rc = bench::parse_flags(
+      argc, argv,
+      {bench::number_flag("--ranks", &o.ranks), bench::size_flag("--size", &o.size),
+       bench::number_flag("--steps", &o.steps), bench::number_flag("--warmup", &o.warmup),
+       bench::real_flag("--drop", &o.drop), bench::real_flag("--delay-prob", &o.delay_prob),
+       bench::real_flag("--delay-us", &o.delay_us),
+       bench::real_flag("--delay-alpha", &o.delay_alpha),
+       bench::real_flag("--timeout-ms", &o.timeout_ms),
+       bench::number_flag("--max-datagram", &o.max_datagram), bench::number_flag("--seed", &o.seed),
+       bench::text_flag("--plugin", &o.plugin)},
+      [&o]() -> const char* {
+        if (o.ranks < 2 || o.ranks > 4) return "--ranks: 2 to 4";
+        if (o.size == 0 || o.size > (size_t{1} << 30)) return "--size: 1 byte to 1 GiB";
+        if (o.steps < 1) return "--steps: at least 1";
+        if (o.warmup < -1) return "--warmup: at least 0 (-1: by the calibration)";
+        if (o.drop < 0 || o.drop > 1 || o.delay_prob < 0 || o.delay_prob > 1)
+          return "--drop, --delay-prob: probabilities, 0 to 1";
+        if (o.delay_us < 0 || o.delay_alpha <= 0 || o.timeout_ms < 0)
+          return "--delay-us, --timeout-ms: at least 0; --delay-alpha: above 0";
+        if (o.max_datagram < 0) return "--max-datagram: at least 0";
+        return nullptr;
+      });
+  if (rc != 0) std::exit(rc);
   // A step is one receive from each of the N-1 peers.
-  if (o.warmup < 0) o.warmup = std::max(50, optireduce::bench::calibration_calls(o.ranks - 1) + 10);
+  if (o.warmup < 0) o.warmup = std::max(50, bench::calibration_calls(o.ranks - 1) + 10);
   return o;
 }
 

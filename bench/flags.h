@@ -3,15 +3,21 @@
 // the flag's name instead of running with a default.
 #pragma once
 
+#include <cctype>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
+#include <vector>
 
 namespace optireduce::bench {
 
@@ -41,6 +47,100 @@ Flag number_flag(const char* name, T* out) {
                 return false;
               *out = static_cast<T>(x);
             }
+            return true;
+          }};
+}
+
+// A finite decimal number, nothing after it.
+inline Flag real_flag(const char* name, double* out) {
+  return {name, [out](const char* v) {
+            char* end = nullptr;
+            errno = 0;
+            const double x = std::strtod(v, &end);
+            if (errno != 0 || end == v || *end != '\0' || !std::isfinite(x)) return false;
+            *out = x;
+            return true;
+          }};
+}
+
+// A byte count as nccl-tests writes them: a whole number ("65536"), or a decimal one with a
+// binary multiple ("64K", "1.5M", "2G"; K, KiB, M, MiB, G, GiB in either case, and a B alone
+// is bytes). nullopt for anything else, for a negative value, or one past 2^64 - 1; the bytes
+// of a fraction are rounded down.
+inline std::optional<uint64_t> parse_bytes(std::string_view s) {
+  uint64_t whole = 0;
+  size_t i = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) {
+    const uint64_t d = uint64_t(s[i] - '0');
+    if (whole > (UINT64_MAX - d) / 10) return std::nullopt;
+    whole = whole * 10 + d;
+  }
+  if (i == 0) return std::nullopt;
+  // At most 9 decimals count (a nanobyte is as fine as anyone writes); more are refused rather
+  // than silently cut.
+  uint64_t frac = 0, scale = 1;
+  if (i < s.size() && s[i] == '.') {
+    const size_t first = ++i;
+    for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) {
+      if (i - first == 9) return std::nullopt;
+      frac = frac * 10 + uint64_t(s[i] - '0');
+      scale *= 10;
+    }
+    if (i == first) return std::nullopt;
+  }
+  std::string unit(s.substr(i));
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  int shift = 0;
+  if (unit == "K" || unit == "KIB")
+    shift = 10;
+  else if (unit == "M" || unit == "MIB")
+    shift = 20;
+  else if (unit == "G" || unit == "GIB")
+    shift = 30;
+  else if (!unit.empty() && unit != "B")
+    return std::nullopt;
+  if (whole > (UINT64_MAX >> shift)) return std::nullopt;
+  // frac / scale < 1 and scale <= 10^9 < 2^30, so frac << shift fits.
+  return (whole << shift) + ((frac << shift) / scale);
+}
+
+// A byte count (parse_bytes) within T's range.
+template <class T>
+Flag size_flag(const char* name, T* out) {
+  static_assert(std::is_integral_v<T> && std::is_unsigned_v<T>);
+  return {name, [out](const char* v) {
+            const std::optional<uint64_t> b = parse_bytes(v);
+            if (!b || *b > std::numeric_limits<T>::max()) return false;
+            *out = static_cast<T>(*b);
+            return true;
+          }};
+}
+
+// "a,b,c" as its items, empty ones kept ("a,,b" has three, "" has one), so that a caller can
+// refuse them.
+inline std::vector<std::string> split_commas(std::string_view s) {
+  std::vector<std::string> out;
+  while (true) {
+    const size_t comma = s.find(',');
+    out.emplace_back(s.substr(0, comma));
+    if (comma == std::string_view::npos) return out;
+    s.remove_prefix(comma + 1);
+  }
+}
+
+// A comma-separated list, each item converted and checked by `conv(item, T*)`; refused if it is
+// empty or an item is bad.
+template <class T, class Conv>
+Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
+  return {name, [out, conv](const char* v) {
+            std::vector<T> items;
+            for (const std::string& x : split_commas(v)) {
+              T t;
+              if (!conv(x, &t)) return false;
+              items.push_back(t);
+            }
+            if (items.empty()) return false;
+            *out = std::move(items);
             return true;
           }};
 }

@@ -169,7 +169,7 @@ int run(int argc, char** argv) {
   if (int rc = bench::parse_flags(
           argc, argv,
           {bench::text_flag("--plugin", &o.plugin), bench::number_flag("--idle", &o.idle),
-           bench::number_flag("--size", &o.size), bench::number_flag("--bytes", &o.bytes),
+           bench::size_flag("--size", &o.size), bench::size_flag("--bytes", &o.bytes),
            bench::number_flag("--repeat", &o.repeat)},
           [&o]() -> const char* {
             if (o.idle < 2) return "need --idle >= 2";
@@ -184,13 +184,7 @@ int run(int argc, char** argv) {
       "%d idle ones on the same communicator, loopback\n",
       o.size, o.repeat, o.idle);
   std::fflush(stdout);
-  const std::string failure = run_pair([&](Channel& ch) { rank_main(0, o, ch); },
-                                       [&](Channel& ch) { rank_main(1, o, ch); }, {}, 580);
-  if (!failure.empty()) {
-    std::fprintf(stderr, "benchmark failed: %s\n", failure.c_str());
-    return 1;
-  }
-  return 0;
+  return proxy::run_bench_pair([&](int rank, Channel& ch) { rank_main(rank, o, ch); });
 }
 
 }  // namespace

@@ -13,28 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
+
 namespace optireduce::lab {
 
 // Parses "64", "64K", "1M", "2G" (binary multiples, as nccl-tests does). 0 on a malformed value.
 inline uint64_t parse_size(const std::string& s) {
-  if (s.empty()) return 0;
-  char* end = nullptr;
-  const double v = std::strtod(s.c_str(), &end);
-  if (end == s.c_str() || !(v > 0)) return 0;
-  double mult = 1;
-  const std::string suffix(end);
-  if (suffix == "" || suffix == "B" || suffix == "b") {
-    mult = 1;
-  } else if (suffix == "K" || suffix == "k" || suffix == "KiB") {
-    mult = 1024.0;
-  } else if (suffix == "M" || suffix == "m" || suffix == "MiB") {
-    mult = 1024.0 * 1024;
-  } else if (suffix == "G" || suffix == "g" || suffix == "GiB") {
-    mult = 1024.0 * 1024 * 1024;
-  } else {
-    return 0;
-  }
-  return uint64_t(v * mult);
+  return bench::parse_bytes(s).value_or(0);
 }
 
 // Sizes from -b to -e, multiplied by -f each step (nccl-tests: -f 1 would never end, so treat a
@@ -56,14 +41,8 @@ inline std::vector<uint64_t> size_list(uint64_t min_bytes, uint64_t max_bytes, u
 
 // Splits "a,b,c"; empty items dropped.
 inline std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t comma = s.find(',', start);
-    if (comma == std::string::npos) comma = s.size();
-    if (comma > start) out.push_back(s.substr(start, comma - start));
-    start = comma + 1;
-  }
+  std::vector<std::string> out = bench::split_commas(s);
+  std::erase(out, std::string());
   return out;
 }
 

@@ -293,7 +293,7 @@ proxy::Figure tcp_proxy(int rank, const Options& o, int fd, Channel& ch, size_t 
     for (int k = 0; k < count; ++k) {
       const int slot = k % proxy::kSlots;
       tcp_all(fd, slots[slot].data(), size, rank == 0);
-      if (rank == 1) proxy::consume_slot(slots[slot], k, "tcp");
+      if (rank == 1) proxy::consume_slot(slots[slot].data(), size, k, "tcp");
     }
   };
   loop(proxy::kSlots);  // untimed, as the plugin's side (proxy::run_plugin)
@@ -405,12 +405,12 @@ int run(int argc, char** argv) {
   if (int rc = bench::parse_flags(argc, argv,
                                   {bench::text_flag("--plugin", &o.plugin),
                                    bench::number_flag("--version", &o.version),
-                                   bench::number_flag("--min", &o.min_bytes),
-                                   bench::number_flag("--max", &o.max_bytes),
-                                   bench::number_flag("--bytes", &o.bytes_per_size),
+                                   bench::size_flag("--min", &o.min_bytes),
+                                   bench::size_flag("--max", &o.max_bytes),
+                                   bench::size_flag("--bytes", &o.bytes_per_size),
                                    {"--mode", mode},
-                                   bench::number_flag("--proxy-min", &o.proxy_min),
-                                   bench::number_flag("--proxy-max", &o.proxy_max),
+                                   bench::size_flag("--proxy-min", &o.proxy_min),
+                                   bench::size_flag("--proxy-max", &o.proxy_max),
                                    bench::number_flag("--proxy-rounds", &o.proxy_rounds)},
                                   [&o]() -> const char* {
                                     if (o.min_bytes == 0 || o.min_bytes > o.max_bytes)
@@ -424,13 +424,7 @@ int run(int argc, char** argv) {
     return rc;
   std::printf("p2p through %s (ABI v%d) vs TCP, loopback\n", o.plugin.c_str(), o.version);
   std::fflush(stdout);
-  const std::string failure = run_pair([&](Channel& ch) { rank_main(0, o, ch); },
-                                       [&](Channel& ch) { rank_main(1, o, ch); }, {}, 580);
-  if (!failure.empty()) {
-    std::fprintf(stderr, "benchmark failed: %s\n", failure.c_str());
-    return 1;
-  }
-  return 0;
+  return proxy::run_bench_pair([&](int rank, Channel& ch) { rank_main(rank, o, ch); });
 }
 
 }  // namespace

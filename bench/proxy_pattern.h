@@ -7,8 +7,11 @@
 #ifndef OPTIREDUCE_BENCH_PROXY_PATTERN_H_
 #define OPTIREDUCE_BENCH_PROXY_PATTERN_H_
 
+#include <array>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "bench/process_usage.h"
@@ -18,6 +21,17 @@
 namespace optireduce::testing::proxy {
 
 inline constexpr int kSlots = 8;  // NCCL's steps per connection
+
+// A bench's two ranks, `rank_main(rank, channel)` each in a process of its own (run_pair, with
+// a 580 s limit): the bench's exit code, 1 after saying why when either failed.
+template <class RankMain>
+int run_bench_pair(RankMain rank_main) {
+  const std::string failure = run_pair([&](Channel& ch) { rank_main(0, ch); },
+                                       [&](Channel& ch) { rank_main(1, ch); }, {}, 580);
+  if (failure.empty()) return 0;
+  std::fprintf(stderr, "benchmark failed: %s\n", failure.c_str());
+  return 1;
+}
 
 // User + system CPU seconds of this process so far, every thread included (the plugin's
 // progress thread counts against the plugin).
@@ -48,25 +62,37 @@ inline Figure exchange_figure(int rank, Channel& ch, size_t bytes_moved, double 
   return f;
 }
 
+// Where each slot lies: in buffers of its own (make_slots) or in one registered pool.
+using SlotPtrs = std::array<uint8_t*, kSlots>;
+
 // Sender-side slots hold their patterns; receiver-side ones start zeroed.
+inline void fill_slots(int rank, const SlotPtrs& slots, size_t size) {
+  for (int i = 0; i < kSlots; ++i) {
+    if (rank == 0)
+      fill_pattern(slots[i], size, 1, static_cast<uint64_t>(i));
+    else
+      std::memset(slots[i], 0, size);
+  }
+}
+
 inline std::vector<std::vector<uint8_t>> make_slots(int rank, size_t size) {
   std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(size));
-  for (int i = 0; i < kSlots; ++i) {
-    if (rank == 0) fill_pattern(slots[i].data(), size, 1, static_cast<uint64_t>(i));
-  }
+  SlotPtrs at;
+  for (int i = 0; i < kSlots; ++i) at[i] = slots[i].data();
+  fill_slots(rank, at, size);
   return slots;
 }
 
 // The receiver's work on a completed slot: check every byte, then overwrite it.
-inline void consume_slot(std::vector<uint8_t>& slot, int message, const char* who) {
-  HCHECK(find_mismatch(slot.data(), slot.size(), 1, static_cast<uint64_t>(message % kSlots)) < 0,
+inline void consume_slot(uint8_t* slot, size_t size, int message, const char* who) {
+  HCHECK(find_mismatch(slot, size, 1, static_cast<uint64_t>(message % kSlots)) < 0,
          "%s delivered wrong bytes (message %d)", who, message);
-  std::memset(slot.data(), 0, slot.size());
+  std::memset(slot, 0, size);
 }
 
 // `n` messages of `size` bytes through the plugin's `comm` (rank 0 sends, rank 1 receives),
-// message k in slot k % kSlots.
-inline void plugin_loop(NetApi& net, void* comm, int rank, std::vector<std::vector<uint8_t>>& slots,
+// message k in slot k % kSlots, every post with `mh` (null: unregistered).
+inline void plugin_loop(NetApi& net, void* comm, void* mh, int rank, const SlotPtrs& slots,
                         size_t size, int n) {
   void* reqs[kSlots] = {};
   int posted = 0, completed = 0;
@@ -75,8 +101,8 @@ inline void plugin_loop(NetApi& net, void* comm, int rank, std::vector<std::vect
     if (posted < n && posted - completed < kSlots) {
       const int slot = posted % kSlots;
       void* req = nullptr;
-      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot].data(), size, 0, nullptr, &req)
-                          : net.irecv(comm, slots[slot].data(), size, 0, nullptr, &req));
+      HCHECK_OK(rank == 0 ? net.isend(comm, slots[slot], size, 0, mh, &req)
+                          : net.irecv(comm, slots[slot], size, 0, mh, &req));
       if (req != nullptr) {
         reqs[slot] = req;
         ++posted;
@@ -87,7 +113,7 @@ inline void plugin_loop(NetApi& net, void* comm, int rank, std::vector<std::vect
     int done = 0;
     HCHECK_OK(net.test(reqs[slot], &done, nullptr));
     if (!done) continue;
-    if (rank == 1) consume_slot(slots[slot], completed, "plugin");
+    if (rank == 1) consume_slot(slots[slot], size, completed, "plugin");
     ++completed;
   }
 }
@@ -96,15 +122,24 @@ inline void plugin_loop(NetApi& net, void* comm, int rank, std::vector<std::vect
 // of a connection, and on these VMs the first transfer into or out of fresh memory costs
 // several times a later one (a 32 MiB message 70-150 ms against 5-20 ms, over TCP alike), which
 // would otherwise be most of the figure at large sizes. The bench's other sides warm up alike.
-inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t size, int n) {
-  auto slots = make_slots(rank, size);
-  plugin_loop(net, comm, rank, slots, size, kSlots);
+inline Figure run_slots(NetApi& net, void* comm, void* mh, int rank, Channel& ch,
+                        const SlotPtrs& slots, size_t size, int n) {
+  fill_slots(rank, slots, size);
+  plugin_loop(net, comm, mh, rank, slots, size, kSlots);
   ch.barrier();
   const double c0 = cpu_s();
   const double t0 = mono_s();
-  plugin_loop(net, comm, rank, slots, size, n);
+  plugin_loop(net, comm, mh, rank, slots, size, n);
   const double t1 = mono_s();
   return exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0, cpu_s() - c0);
+}
+
+// run_slots with unregistered slots of their own.
+inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t size, int n) {
+  auto slots = make_slots(rank, size);
+  SlotPtrs at;
+  for (int i = 0; i < kSlots; ++i) at[i] = slots[i].data();
+  return run_slots(net, comm, nullptr, rank, ch, at, size, n);
 }
 
 }  // namespace optireduce::testing::proxy

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "bench/proxy_pattern.h"
 #include "tests/plugin/plugin_loader.h"
 #include "tests/plugin/two_procs.h"
@@ -70,47 +71,13 @@ Link open_link(const Options& o, int rank, Channel& ch) {
   return l;
 }
 
-// proxy::run_plugin with every slot inside one registered pool and `mh` (null: none) on every
-// post. Slot i is pool[i * stride, i * stride + size); the sender's hold pattern (1, i).
+// proxy::run_slots with every slot inside one registered pool and `mh` (null: none) on every
+// post. Slot i is pool[i * stride, i * stride + size).
 Figure run(NetApi& net, void* comm, void* mh, std::vector<uint8_t>& pool, size_t stride, int rank,
            Channel& ch, size_t size, int n) {
-  auto at = [&](int slot) { return pool.data() + static_cast<size_t>(slot) * stride; };
-  for (int i = 0; i < kSlots; ++i) {
-    if (rank == 0)
-      fill_pattern(at(i), size, 1, static_cast<uint64_t>(i));
-    else
-      std::memset(at(i), 0, size);
-  }
-  void* reqs[kSlots] = {};
-  int posted = 0, completed = 0;
-  ch.barrier();
-  const double c0 = proxy::cpu_s();
-  const double t0 = mono_s();
-  while (completed < n) {
-    if (posted < n && posted - completed < kSlots) {
-      const int slot = posted % kSlots;
-      void* req = nullptr;
-      HCHECK_OK(rank == 0 ? net.isend(comm, at(slot), size, 0, mh, &req)
-                          : net.irecv(comm, at(slot), size, 0, mh, &req));
-      if (req != nullptr) {
-        reqs[slot] = req;
-        ++posted;
-      }
-    }
-    if (posted == completed) continue;
-    const int slot = completed % kSlots;
-    int done = 0;
-    HCHECK_OK(net.test(reqs[slot], &done, nullptr));
-    if (!done) continue;
-    if (rank == 1) {  // the receiver's work on a slot, as proxy::consume_slot
-      HCHECK(find_mismatch(at(slot), size, 1, static_cast<uint64_t>(slot)) < 0,
-             "wrong bytes (message %d)", completed);
-      std::memset(at(slot), 0, size);
-    }
-    ++completed;
-  }
-  return proxy::exchange_figure(rank, ch, size * static_cast<size_t>(n), mono_s() - t0,
-                                proxy::cpu_s() - c0);
+  proxy::SlotPtrs at;
+  for (int i = 0; i < kSlots; ++i) at[i] = pool.data() + static_cast<size_t>(i) * stride;
+  return proxy::run_slots(net, comm, mh, rank, ch, at, size, n);
 }
 
 // Sums a counter over the plugin's INFO lines that hold `key` ("<number> <key>"): the verbs
@@ -188,35 +155,23 @@ void rank_main(int rank, const Options& o, Channel& ch) {
 int main(int argc, char** argv) {
   using optireduce::testing::Options;
   Options o;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string k = argv[i];
-    const char* v = argv[i + 1];
-    if (k == "--plugin") {
-      o.plugin = v;
-    } else if (k == "--min") {
-      o.min_bytes = std::strtoull(v, nullptr, 0);
-    } else if (k == "--max") {
-      o.max_bytes = std::strtoull(v, nullptr, 0);
-    } else if (k == "--bytes") {
-      o.bytes = std::strtoull(v, nullptr, 0);
-    } else {
-      std::fprintf(stderr, "unknown option %s\n", k.c_str());
-      return 2;
-    }
-  }
-  if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) {
-    std::fprintf(stderr, "need 0 < --min <= --max\n");
-    return 2;
-  }
+  namespace bench = optireduce::bench;
+  if (const int rc = bench::parse_flags(
+          argc, argv,
+          {bench::text_flag("--plugin", &o.plugin), bench::size_flag("--min", &o.min_bytes),
+           bench::size_flag("--max", &o.max_bytes), bench::size_flag("--bytes", &o.bytes)},
+          [&o]() -> const char* {
+            if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) return "need 0 < --min <= --max";
+            if (o.bytes == 0) return "need --bytes > 0";
+            return nullptr;
+          });
+      rc != 0)
+    return rc;
   std::printf("proxy pattern through %s, regMr'ed slots (reg) against none (copy)\n",
               o.plugin.c_str());
   std::fflush(stdout);
-  const std::string failure = optireduce::testing::run_pair(
-      [&](optireduce::testing::Channel& ch) { optireduce::testing::rank_main(0, o, ch); },
-      [&](optireduce::testing::Channel& ch) { optireduce::testing::rank_main(1, o, ch); }, {}, 580);
-  if (!failure.empty()) {
-    std::fprintf(stderr, "benchmark failed: %s\n", failure.c_str());
-    return 1;
-  }
-  return 0;
+  return optireduce::testing::proxy::run_bench_pair(
+      [&](int rank, optireduce::testing::Channel& ch) {
+        optireduce::testing::rank_main(rank, o, ch);
+      });
 }

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,56 @@ TEST(BenchFlags, TheCheckSeesEveryValueAndItsReasonStopsWithTheUsage) {
   p = parse({"--size", "x"}, check);
   EXPECT_EQ(calls, 0);
   EXPECT_EQ(p.rc, 2);
+}
+
+TEST(BenchFlags, ByteCountsTakeBinaryMultiples) {
+  EXPECT_EQ(parse_bytes("65536"), 65536u);
+  EXPECT_EQ(parse_bytes("0"), 0u);
+  EXPECT_EQ(parse_bytes("64K"), 65536u);
+  EXPECT_EQ(parse_bytes("64kib"), 65536u);
+  EXPECT_EQ(parse_bytes("1M"), 1u << 20);
+  EXPECT_EQ(parse_bytes("1.5MiB"), 3u << 19);
+  EXPECT_EQ(parse_bytes("2G"), uint64_t{2} << 30);
+  EXPECT_EQ(parse_bytes("100B"), 100u);
+  EXPECT_EQ(parse_bytes("0.001K"), 1u);  // 1.024 bytes, rounded down
+  // Exact where a double would not be: 2^64 - 1 itself, and 2^34 - 1 GiB.
+  EXPECT_EQ(parse_bytes("18446744073709551615"), UINT64_MAX);
+  EXPECT_EQ(parse_bytes("17179869183G"), UINT64_MAX - ((uint64_t{1} << 30) - 1));
+  for (const char* bad : {"", "K", "-1", "+1", " 1", "1 ", "1.", ".5M", "1.2.3", "3Q", "1KB", "1e6",
+                          "0x10", "18446744073709551616", "17179869184G", "1.0000000001M"})
+    EXPECT_EQ(parse_bytes(bad), std::nullopt) << bad;
+}
+
+TEST(BenchFlags, ASizeFlagRefusesWhatItsTypeCannotHold) {
+  uint32_t v = 7;
+  const Flag f = size_flag("--bytes", &v);
+  EXPECT_FALSE(f.set("4G"));
+  EXPECT_EQ(v, 7u);
+  EXPECT_TRUE(f.set("4095M"));
+  EXPECT_EQ(v, 4095u << 20);
+  EXPECT_FALSE(f.set("1x"));
+  EXPECT_EQ(v, 4095u << 20);
+}
+
+TEST(BenchFlags, ListsKeepTheirEmptyItemsForTheCallerToRefuse) {
+  EXPECT_EQ(split_commas("a,b,c"), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(split_commas("a,,b"), (std::vector<std::string>{"a", "", "b"}));
+  EXPECT_EQ(split_commas(""), (std::vector<std::string>{""}));
+  EXPECT_EQ(split_commas("a,"), (std::vector<std::string>{"a", ""}));
+
+  std::vector<int> got = {9};
+  const auto digit = [](const std::string& x, int* n) {
+    if (x.size() != 1 || x[0] < '0' || x[0] > '9') return false;
+    *n = x[0] - '0';
+    return true;
+  };
+  const Flag f = list_flag<int>("--ranks", &got, digit);
+  EXPECT_TRUE(f.set("2,4,8"));
+  EXPECT_EQ(got, (std::vector<int>{2, 4, 8}));
+  for (const char* bad : {"", "2,,4", "2,", "2,x"}) {
+    EXPECT_FALSE(f.set(bad)) << bad;
+    EXPECT_EQ(got, (std::vector<int>{2, 4, 8})) << bad;  // a refused list changes nothing
+  }
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"  // split_commas
+
 namespace optireduce::testing {
 
 // Guest under TCG emulation: a rank process may take minutes where a native one takes seconds.
@@ -24,16 +26,7 @@ inline int rxe_loss_percent() {
 // RXE_TEST_HCAS="rxe0,rxe1" (the default): the device of rank r is entry r % 2.
 inline std::vector<std::string> rxe_hcas() {
   const char* v = std::getenv("RXE_TEST_HCAS");
-  const std::string s = v != nullptr ? v : "rxe0,rxe1";
-  std::vector<std::string> out;
-  size_t b = 0;
-  while (b <= s.size()) {
-    const size_t e = s.find(',', b);
-    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
-    if (e == std::string::npos) break;
-    b = e + 1;
-  }
-  return out;
+  return bench::split_commas(v != nullptr ? v : "rxe0,rxe1");
 }
 
 // RXE_TEST_DATAPATH=udp: the same checks over UDP, on a host without the VM.
