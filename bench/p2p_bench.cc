@@ -30,6 +30,7 @@
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +40,7 @@
 #include <cstring>
 #include <deque>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench/flags.h"
@@ -72,6 +74,20 @@ int iterations(const Options& o, size_t size) {
 }
 int latency_iterations(size_t size) {
   return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / size, 10, 300));
+}
+
+// The OPTIREDUCE_FAULT_* settings in the environment ("DROP=0.05 DUP=0.01"), "" for none: they
+// act on the plugin's datagrams, not on the TCP baseline beside it, and the table must say so.
+std::string injected_faults() {
+  std::string out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    constexpr std::string_view kPrefix = "OPTIREDUCE_FAULT_";
+    const std::string_view kv = *e;
+    if (!kv.starts_with(kPrefix) || kv.starts_with("OPTIREDUCE_FAULT_SEED=")) continue;
+    if (!out.empty()) out += ' ';
+    out += kv.substr(kPrefix.size());
+  }
+  return out;
 }
 
 double p50(std::vector<double> v) {
@@ -423,6 +439,9 @@ int run(int argc, char** argv) {
       rc != 0)
     return rc;
   std::printf("p2p through %s (ABI v%d) vs TCP, loopback\n", o.plugin.c_str(), o.version);
+  if (const std::string f = injected_faults(); !f.empty())
+    std::printf("faults injected into the plugin's datagrams only (%s): TCP runs without them\n",
+                f.c_str());
   std::fflush(stdout);
   return proxy::run_bench_pair([&](int rank, Channel& ch) { rank_main(rank, o, ch); });
 }
