@@ -60,7 +60,7 @@ Options parse(int argc, char** argv) {
        bench::real_flag("--delay-alpha", &o.delay_alpha),
        bench::real_flag("--timeout-ms", &o.timeout_ms),
        bench::number_flag("--max-datagram", &o.max_datagram), bench::number_flag("--seed", &o.seed),
-       bench::text_flag("--plugin", &o.plugin)},
+       bench::text_flag("--plugin", &o.plugin, "PATH")},
       [&o]() -> const char* {
         if (o.ranks < 2 || o.ranks > 4) return "--ranks: 2 to 4";
         if (o.size == 0 || o.size > (size_t{1} << 30)) return "--size: 1 byte to 1 GiB";

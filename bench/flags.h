@@ -24,13 +24,15 @@ namespace optireduce::bench {
 struct Flag {
   const char* name;                      // with its dashes: "--size"
   std::function<bool(const char*)> set;  // false: the value is not valid for this flag
+  const char* value = "V";               // what the usage shows for the value: "BYTES"
 };
 
 // A whole decimal (or 0x hex) number, nothing after it, within T's range.
 template <class T>
 Flag number_flag(const char* name, T* out) {
   static_assert(std::is_integral_v<T>);
-  return {name, [out](const char* v) {
+  return {name,
+          [out](const char* v) {
             char* end = nullptr;
             errno = 0;
             if constexpr (std::is_signed_v<T>) {
@@ -48,19 +50,22 @@ Flag number_flag(const char* name, T* out) {
               *out = static_cast<T>(x);
             }
             return true;
-          }};
+          },
+          "N"};
 }
 
 // A finite decimal number, nothing after it.
 inline Flag real_flag(const char* name, double* out) {
-  return {name, [out](const char* v) {
+  return {name,
+          [out](const char* v) {
             char* end = nullptr;
             errno = 0;
             const double x = std::strtod(v, &end);
             if (errno != 0 || end == v || *end != '\0' || !std::isfinite(x)) return false;
             *out = x;
             return true;
-          }};
+          },
+          "X"};
 }
 
 // A byte count as nccl-tests writes them: a whole number ("65536"), or a decimal one with a
@@ -108,12 +113,14 @@ inline std::optional<uint64_t> parse_bytes(std::string_view s) {
 template <class T>
 Flag size_flag(const char* name, T* out) {
   static_assert(std::is_integral_v<T> && std::is_unsigned_v<T>);
-  return {name, [out](const char* v) {
+  return {name,
+          [out](const char* v) {
             const std::optional<uint64_t> b = parse_bytes(v);
             if (!b || *b > std::numeric_limits<T>::max()) return false;
             *out = static_cast<T>(*b);
             return true;
-          }};
+          },
+          "BYTES"};
 }
 
 // "a,b,c" as its items, empty ones kept ("a,,b" has three, "" has one), so that a caller can
@@ -132,7 +139,8 @@ inline std::vector<std::string> split_commas(std::string_view s) {
 // empty or an item is bad.
 template <class T, class Conv>
 Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
-  return {name, [out, conv](const char* v) {
+  return {name,
+          [out, conv](const char* v) {
             std::vector<T> items;
             for (const std::string& x : split_commas(v)) {
               T t;
@@ -142,22 +150,31 @@ Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
             if (items.empty()) return false;
             *out = std::move(items);
             return true;
-          }};
+          },
+          "A,B,.."};
 }
 
-inline Flag text_flag(const char* name, std::string* out) {
-  return {name, [out](const char* v) {
+// Any text; `value` names it in the usage ("PATH").
+inline Flag text_flag(const char* name, std::string* out, const char* value = "TEXT") {
+  return {name,
+          [out](const char* v) {
             *out = v;
             return true;
-          }};
+          },
+          value};
 }
 
-// "usage: prog [--a V] [--b V] ..." from the flags themselves, so that it cannot drift.
+// "usage: prog [--a N] [--b BYTES] ..." from the flags themselves, so that it cannot drift.
 inline void print_usage(FILE* to, const char* prog, std::initializer_list<Flag> flags) {
   const char* slash = std::strrchr(prog, '/');
   std::fprintf(to, "usage: %s", slash != nullptr ? slash + 1 : prog);
-  for (const Flag& c : flags) std::fprintf(to, " [%s V]", c.name);
+  bool bytes = false;
+  for (const Flag& c : flags) {
+    std::fprintf(to, " [%s %s]", c.name, c.value);
+    bytes = bytes || std::strcmp(c.value, "BYTES") == 0;
+  }
   std::fprintf(to, "\n");
+  if (bytes) std::fprintf(to, "BYTES: a count, or with a binary K, M or G: 65536, 64K, 1.5M\n");
 }
 
 // The rules between flags, checked once every flag is set: why the combination is invalid

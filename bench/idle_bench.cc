@@ -168,7 +168,7 @@ int run(int argc, char** argv) {
   Options o;
   if (int rc = bench::parse_flags(
           argc, argv,
-          {bench::text_flag("--plugin", &o.plugin), bench::number_flag("--idle", &o.idle),
+          {bench::text_flag("--plugin", &o.plugin, "PATH"), bench::number_flag("--idle", &o.idle),
            bench::size_flag("--size", &o.size), bench::size_flag("--bytes", &o.bytes),
            bench::number_flag("--repeat", &o.repeat)},
           [&o]() -> const char* {

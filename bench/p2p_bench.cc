@@ -419,12 +419,12 @@ int run(int argc, char** argv) {
     return true;
   };
   if (int rc = bench::parse_flags(argc, argv,
-                                  {bench::text_flag("--plugin", &o.plugin),
+                                  {bench::text_flag("--plugin", &o.plugin, "PATH"),
                                    bench::number_flag("--version", &o.version),
                                    bench::size_flag("--min", &o.min_bytes),
                                    bench::size_flag("--max", &o.max_bytes),
                                    bench::size_flag("--bytes", &o.bytes_per_size),
-                                   {"--mode", mode},
+                                   {"--mode", mode, "all|stream|proxy"},
                                    bench::size_flag("--proxy-min", &o.proxy_min),
                                    bench::size_flag("--proxy-max", &o.proxy_max),
                                    bench::number_flag("--proxy-rounds", &o.proxy_rounds)},

@@ -158,7 +158,7 @@ int main(int argc, char** argv) {
   namespace bench = optireduce::bench;
   if (const int rc = bench::parse_flags(
           argc, argv,
-          {bench::text_flag("--plugin", &o.plugin), bench::size_flag("--min", &o.min_bytes),
+          {bench::text_flag("--plugin", &o.plugin, "PATH"), bench::size_flag("--min", &o.min_bytes),
            bench::size_flag("--max", &o.max_bytes), bench::size_flag("--bytes", &o.bytes)},
           [&o]() -> const char* {
             if (o.min_bytes == 0 || o.min_bytes > o.max_bytes) return "need 0 < --min <= --max";

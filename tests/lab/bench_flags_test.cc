@@ -35,7 +35,7 @@ Parsed parse(std::vector<std::string> args, const FlagCheck& check = nullptr) {
   return p;
 }
 
-constexpr const char* kUsage = "usage: prog [--size V] [--small V] [--name V]\n";
+constexpr const char* kUsage = "usage: prog [--size N] [--small N] [--name TEXT]\n";
 
 TEST(BenchFlags, KnownFlagsSetTheirValues) {
   const Parsed p = parse({"--size", "0x10", "--name", "a b", "--small", "-128"});
@@ -138,6 +138,38 @@ TEST(BenchFlags, ListsKeepTheirEmptyItemsForTheCallerToRefuse) {
   for (const char* bad : {"", "2,,4", "2,", "2,x"}) {
     EXPECT_FALSE(f.set(bad)) << bad;
     EXPECT_EQ(got, (std::vector<int>{2, 4, 8})) << bad;  // a refused list changes nothing
+  }
+}
+
+TEST(BenchFlags, TheUsageNamesWhatEachValueIs) {
+  std::string path;
+  uint64_t bytes = 0;
+  double x = 0;
+  std::vector<int> list;
+  const auto any = [](const std::string&, int*) { return true; };
+  std::vector<std::string> args = {"/x/prog", "--oops", "1"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(
+      parse_flags(static_cast<int>(argv.size()), argv.data(),
+                  {size_flag("--bytes", &bytes), real_flag("--p", &x),
+                   list_flag<int>("--ranks", &list, any), text_flag("--plugin", &path, "PATH")}),
+      2);
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "unknown option --oops\n"
+            "usage: prog [--bytes BYTES] [--p X] [--ranks A,B,..] [--plugin PATH]\n"
+            "BYTES: a count, or with a binary K, M or G: 65536, 64K, 1.5M\n");
+}
+
+TEST(BenchFlags, ARealMustBeAFiniteNumber) {
+  double x = 0.5;
+  const Flag f = real_flag("--drop", &x);
+  EXPECT_TRUE(f.set("0.25"));
+  EXPECT_EQ(x, 0.25);
+  for (const char* bad : {"", "x", "0.1x", "nan", "inf", "1e999"}) {
+    EXPECT_FALSE(f.set(bad)) << bad;
+    EXPECT_EQ(x, 0.25) << bad;
   }
 }
 
