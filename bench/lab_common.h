@@ -139,6 +139,19 @@ struct Row {
   double csw = NAN;
 };
 
+// Largest relative L2 error of an exact algorithm's checked result (-c 1): fp32 rounding of a
+// sum over at most a few dozen ranks stays below 1e-6. More is a wrong result, which a timing
+// table must not hide.
+inline constexpr double kExactTolerance = 1e-5;
+
+// Whether an exact algorithm's row (its error checked) shows a wrong result; says so on stderr.
+inline bool wrong_exact_result(const Row& r) {
+  if (!(r.error_max > kExactTolerance)) return false;  // NaN: not checked
+  std::fprintf(stderr, "%s at %llu bytes: wrong result (relative L2 error %.3g)\n", r.algo.c_str(),
+               static_cast<unsigned long long>(r.bytes), r.error_max);
+  return true;
+}
+
 inline Row summarize(const std::string& env, const std::string& algo, int ranks, uint64_t bytes,
                      const std::vector<Iteration>& it) {
   Row r;

@@ -25,6 +25,22 @@ TEST(LabCommon, ParseSize) {
   EXPECT_EQ(parse_size("-1"), 0u);
 }
 
+TEST(LabCommon, AnExactRowOffByMoreThanRoundingIsAWrongResult) {
+  Row r;
+  r.algo = "gloo-ring";
+  r.bytes = 4096;
+  testing::internal::CaptureStderr();
+  EXPECT_FALSE(wrong_exact_result(r));  // NaN: not checked
+  r.error_max = 3e-7;                   // fp32 rounding
+  EXPECT_FALSE(wrong_exact_result(r));
+  EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  r.error_max = 0.02;
+  testing::internal::CaptureStderr();
+  EXPECT_TRUE(wrong_exact_result(r));
+  EXPECT_EQ(testing::internal::GetCapturedStderr(),
+            "gloo-ring at 4096 bytes: wrong result (relative L2 error 0.02)\n");
+}
+
 TEST(LabCommon, SizeList) {
   EXPECT_EQ(size_list(1 << 20, 8 << 20, 2),
             (std::vector<uint64_t>{1 << 20, 2 << 20, 4 << 20, 8 << 20}));
