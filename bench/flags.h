@@ -81,8 +81,8 @@ inline std::optional<uint64_t> parse_bytes(std::string_view s) {
     whole = whole * 10 + d;
   }
   if (i == 0) return std::nullopt;
-  // At most 9 decimals count (a nanobyte is as fine as anyone writes); more are refused rather
-  // than silently cut.
+  // At most 9 decimals (about a byte's resolution with G); more are refused rather than cut
+  // silently.
   uint64_t frac = 0, scale = 1;
   if (i < s.size() && s[i] == '.') {
     const size_t first = ++i;

@@ -30,7 +30,6 @@
 #include <netinet/tcp.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -40,7 +39,6 @@
 #include <cstring>
 #include <deque>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "bench/flags.h"
@@ -76,16 +74,16 @@ int latency_iterations(size_t size) {
   return static_cast<int>(std::clamp<size_t>((size_t{64} << 20) / size, 10, 300));
 }
 
-// The OPTIREDUCE_FAULT_* settings in the environment ("DROP=0.05 DUP=0.01"), "" for none: they
-// act on the plugin's datagrams, not on the TCP baseline beside it, and the table must say so.
+// The fault injector's probabilities that are set above 0 ("DROP=0.05 DUP=0.01"; the plugin
+// injects faults exactly when one is), "" for none: they act on the plugin's datagrams, not on
+// the TCP baseline beside it, and the table must say so.
 std::string injected_faults() {
   std::string out;
-  for (char** e = environ; *e != nullptr; ++e) {
-    constexpr std::string_view kPrefix = "OPTIREDUCE_FAULT_";
-    const std::string_view kv = *e;
-    if (!kv.starts_with(kPrefix) || kv.starts_with("OPTIREDUCE_FAULT_SEED=")) continue;
+  for (const char* name : {"DROP", "DUP", "REORDER", "DELAY_PROB"}) {
+    const char* v = std::getenv((std::string("OPTIREDUCE_FAULT_") + name).c_str());
+    if (v == nullptr || !(std::strtod(v, nullptr) > 0)) continue;
     if (!out.empty()) out += ' ';
-    out += kv.substr(kPrefix.size());
+    out += std::string(name) + "=" + v;
   }
   return out;
 }
