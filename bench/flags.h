@@ -181,17 +181,22 @@ inline void print_usage(FILE* to, const char* prog, std::initializer_list<Flag> 
 // ("--max: at least --min"), or nullptr when it is valid.
 using FlagCheck = std::function<const char*()>;
 
+// Whether the command line asks for the usage (--help or -h anywhere), for the benches whose
+// arguments are positional.
+inline bool asks_for_help(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) return true;
+  return false;
+}
+
 // 0 when every argument was a known flag with a valid value and `check` (if any) accepts the
 // combination; else 2, after saying why and printing the usage. --help (or -h) prints the usage
 // and exits with 0.
 inline int parse_flags(int argc, char** argv, std::initializer_list<Flag> flags,
                        const FlagCheck& check = nullptr) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      print_usage(stdout, argv[0], flags);
-      std::exit(0);
-    }
+  if (asks_for_help(argc, argv)) {
+    print_usage(stdout, argv[0], flags);
+    std::exit(0);
   }
   const auto refuse = [&](const std::string& why) {
     std::fprintf(stderr, "%s\n", why.c_str());

@@ -37,9 +37,18 @@ struct Options {
   bool check = false;
 };
 
-bool parse(int argc, char** argv, Options* o) {
+// False after printing the usage: to stdout for --help (*rc 0), else to stderr (*rc 2).
+bool parse(int argc, char** argv, Options* o, int* rc) {
+  const char* usage =
+      "usage: gpu_kernel_bench [--min MiB] [--max MiB] [--reps N] [--check] [--kib N]\n";
+  *rc = 2;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::fputs(usage, stdout);
+      *rc = 0;
+      return false;
+    }
     auto num = [&](auto* v) {
       if (i + 1 >= argc) return false;
       char* end = nullptr;
@@ -63,13 +72,15 @@ bool parse(int argc, char** argv, Options* o) {
       good = false;
     }
     if (!good) {
-      std::fprintf(stderr,
-                   "usage: gpu_kernel_bench [--min MiB] [--max MiB] [--reps N] [--check] "
-                   "[--kib N]\n");
+      std::fputs(usage, stderr);
       return false;
     }
   }
-  return o->min_mib <= o->max_mib;
+  if (o->min_mib > o->max_mib) {
+    std::fprintf(stderr, "--min: at most --max\n%s", usage);
+    return false;
+  }
+  return true;
 }
 
 void ok(cudaError_t e, const char* what) {
@@ -196,7 +207,7 @@ void run(const Options& o, uint64_t kib) {
 
 int main(int argc, char** argv) {
   Options o;
-  if (!parse(argc, argv, &o)) return 2;
+  if (int rc = 0; !parse(argc, argv, &o, &rc)) return rc;
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     std::printf("gpu_kernel_bench: no CUDA device\n");

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bench/flags.h"
 #include "collectives/kernels_host.h"
 
 using namespace optireduce::coll;
@@ -52,9 +53,14 @@ bool whole(const char* s, long lo, long hi, long* out) {
 
 int main(int argc, char** argv) {
   long mib_arg = 64, repeats_arg = 5;
+  const char* usage = "usage: hadamard_bench [MiB (1-4096), default 64] [repeats, default 5]\n";
+  if (optireduce::bench::asks_for_help(argc, argv)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
   if (argc > 3 || (argc > 1 && !whole(argv[1], 1, 4096, &mib_arg)) ||
       (argc > 2 && !whole(argv[2], 1, 1000000, &repeats_arg))) {
-    std::fprintf(stderr, "usage: hadamard_bench [MiB (1-4096), default 64] [repeats, default 5]\n");
+    std::fputs(usage, stderr);
     return 2;
   }
   const size_t mib = size_t(mib_arg);

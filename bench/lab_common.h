@@ -270,7 +270,35 @@ struct Options {
   // --interleave: the algorithms take turns in every iteration instead of running one after
   // another, so that each meets the same background (a paired comparison of their tails).
   bool interleave = false;
+  bool help = false;  // -h / --help: print options_usage() and run nothing
 };
+
+// The options both benchmarks take, for -h / --help and after a bad one.
+inline const char* options_usage() {
+  return "options (nccl-tests' letters where they exist; SIZE: 65536, 64K, 1.5M, 2G):\n"
+         "  -b, --minbytes SIZE       smallest size (1M)\n"
+         "  -e, --maxbytes SIZE       largest size (-b)\n"
+         "  -f, --stepfactor N        size factor from -b to -e (2)\n"
+         "  -n, --iters N             timed calls per size and algorithm (100)\n"
+         "  -w, --warmup_iters N      untimed calls first (5; bounded TAR at least its "
+         "calibration)\n"
+         "  -c, --check 0|1           check each result against the sum in double (1)\n"
+         "  -g, --algo A,B,..         algorithms to time (optireduce-bench: tar-bounded-ht,\n"
+         "                            tar-bounded, tar-exact, gloo-ring, gloo-bcube, all by\n"
+         "                            default; the MPI bench: mpi)\n"
+         "  --rank R --world N        this rank and the rank count (else RANK, WORLD_SIZE)\n"
+         "  --store DIR               rendezvous folder every rank reaches\n"
+         "  --iface ADDR              Gloo's interface address\n"
+         "  --env NAME                label of the CSV rows (none)\n"
+         "  --csv FILE --samples FILE one row per size and algorithm; every iteration\n"
+         "  --seed S                  inputs and straggler schedule (1)\n"
+         "  --straggler-rank R --straggler-ms MS --straggler-prob P\n"
+         "                            rank R sleeps MS before a call, with probability P\n"
+         "  --timeout-ms MS           Gloo's per-operation timeout (30000)\n"
+         "  --interleave              algorithms take turns in every iteration\n"
+         "  --background SECONDS      be a load generator for that long instead\n"
+         "  --duty D                  the load generator's busy fraction (1)\n";
+}
 
 // Parses argv into *o; returns "" or an error message. Unknown flags are errors.
 inline std::string parse_options(int argc, char** argv, Options* o) {
@@ -345,6 +373,9 @@ inline std::string parse_options(int argc, char** argv, Options* o) {
       o->background_s = d;
     } else if (a == "--interleave") {
       o->interleave = true;
+    } else if (a == "-h" || a == "--help") {
+      o->help = true;
+      return "";
     } else if (a == "--duty") {
       if (!num(&d) || d <= 0 || d > 1) return "bad --duty";
       o->duty = d;

@@ -18,8 +18,12 @@ namespace {
 int mpi_main(int argc, char** argv) {
   Options o;
   if (std::string err = parse_options(argc, argv, &o); !err.empty()) {
-    std::fprintf(stderr, "optireduce-mpi-bench: %s\n", err.c_str());
+    std::fprintf(stderr, "optireduce-mpi-bench: %s\n%s", err.c_str(), options_usage());
     return 2;
+  }
+  if (o.help) {
+    std::printf("usage: optireduce-mpi-bench [options]\n%s", options_usage());
+    return 0;
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &o.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &o.world);

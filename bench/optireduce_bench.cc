@@ -317,8 +317,12 @@ int background(const Options& o, Gloo* g) {
 int bench_main(int argc, char** argv) {
   Options o;
   if (std::string err = parse_options(argc, argv, &o); !err.empty()) {
-    std::fprintf(stderr, "optireduce-bench: %s\n", err.c_str());
+    std::fprintf(stderr, "optireduce-bench: %s\n%s", err.c_str(), options_usage());
     return 2;
+  }
+  if (o.help) {
+    std::printf("usage: optireduce-bench [options]\n%s", options_usage());
+    return 0;
   }
   if (o.rank < 0 || o.world < 1 || o.rank >= o.world || o.store.empty()) {
     std::fprintf(stderr,

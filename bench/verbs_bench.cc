@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/flags.h"
 #include "transport/params.h"
 #include "udp/device.h"
 #include "verbs/device_api.h"
@@ -98,7 +99,24 @@ void latency(const char* name, Pair& p) {
 
 int main(int argc, char** argv) {
   using namespace optireduce;
-  const double seconds = argc > 1 ? std::atof(argv[1]) : 2.0;
+  const char* usage =
+      "usage: verbs_bench [seconds per run (above 0, at most 3600; default 2)] [udp ifnames "
+      "(default "
+      "rxeveth0,rxeveth1)]\n";
+  if (bench::asks_for_help(argc, argv)) {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  double seconds = 2.0;
+  if (argc > 1) {
+    char* end = nullptr;
+    seconds = std::strtod(argv[1], &end);
+    if (end == argv[1] || *end != '\0' || !(seconds > 0 && seconds <= 3600)) argc = 99;
+  }
+  if (argc > 3) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
   Config cfg;
   cfg.ifname = argc > 2 ? argv[2] : "rxeveth0,rxeveth1";
   std::vector<std::unique_ptr<Device>> verbs_devs, udp_devs;

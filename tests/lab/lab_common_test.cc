@@ -8,6 +8,7 @@
 #include <cmath>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace optireduce::lab {
@@ -157,6 +158,74 @@ TEST(LabCommon, ParseOptions) {
   EXPECT_NE(parse_options(2, const_cast<char**>(bad), &o2), "");
   const char* missing[] = {"b", "-n"};
   EXPECT_NE(parse_options(2, const_cast<char**>(missing), &o2), "");
+}
+
+// --help runs nothing, and the usage it prints lists every option the parser takes: each one
+// named there is accepted (with a value where it needs one), and an option the parser does not
+// know is not in the usage.
+TEST(LabCommon, TheUsageListsEveryOptionTheParserTakes) {
+  for (const char* h : {"-h", "--help"}) {
+    const char* argv[] = {"b", "-n", "3", h, "--nope"};
+    Options o;
+    EXPECT_EQ(parse_options(int(std::size(argv)), const_cast<char**>(argv), &o), "") << h;
+    EXPECT_TRUE(o.help) << h;
+  }
+  EXPECT_FALSE(Options().help);
+  const std::string usage = options_usage();
+  const std::vector<std::pair<std::string, const char*>> taken = {{"-b", "1M"},
+                                                                  {"--minbytes", "1M"},
+                                                                  {"-e", "2M"},
+                                                                  {"--maxbytes", "2M"},
+                                                                  {"-f", "2"},
+                                                                  {"--stepfactor", "2"},
+                                                                  {"-n", "5"},
+                                                                  {"--iters", "5"},
+                                                                  {"-w", "1"},
+                                                                  {"--warmup_iters", "1"},
+                                                                  {"-c", "1"},
+                                                                  {"--check", "1"},
+                                                                  {"-g", "tar-exact"},
+                                                                  {"--algo", "tar-exact"},
+                                                                  {"--rank", "0"},
+                                                                  {"--world", "2"},
+                                                                  {"--store", "/tmp/x"},
+                                                                  {"--iface", "lo"},
+                                                                  {"--env", "idle"},
+                                                                  {"--csv", "r.csv"},
+                                                                  {"--samples", "s.csv"},
+                                                                  {"--seed", "3"},
+                                                                  {"--straggler-rank", "1"},
+                                                                  {"--straggler-ms", "5"},
+                                                                  {"--straggler-prob", "0.1"},
+                                                                  {"--timeout-ms", "100"},
+                                                                  {"--background", "2"},
+                                                                  {"--duty", "0.5"},
+                                                                  {"--interleave", nullptr}};
+  // Named as an option: after a space, before a space or a comma ("  -b, --minbytes SIZE").
+  const auto listed = [&](const std::string& flag) {
+    for (size_t at = usage.find(flag); at != std::string::npos; at = usage.find(flag, at + 1)) {
+      const size_t end = at + flag.size();
+      if (at > 0 && usage[at - 1] == ' ' && end < usage.size() &&
+          (usage[end] == ' ' || usage[end] == ','))
+        return true;
+    }
+    return false;
+  };
+  for (const auto& [flag, value] : taken) {
+    EXPECT_TRUE(listed(flag)) << flag << " is not in the usage";
+    std::vector<const char*> argv = {"b", flag.c_str()};
+    if (value != nullptr) argv.push_back(value);
+    Options o;
+    EXPECT_EQ(parse_options(int(argv.size()), const_cast<char**>(argv.data()), &o), "") << flag;
+  }
+  // Every "--name" in the usage is one of them.
+  for (size_t at = usage.find("--"); at != std::string::npos; at = usage.find("--", at + 2)) {
+    const size_t end = usage.find_first_of(" ,\n", at);
+    const std::string flag = usage.substr(at, end - at);
+    bool known = false;
+    for (const auto& t : taken) known = known || t.first == flag;
+    EXPECT_TRUE(known) << flag << " is in the usage but not in this test's list";
+  }
 }
 
 }  // namespace
