@@ -13,6 +13,10 @@
 # is taken from the system, else from the Python interpreter's PyTorch (pip's nvidia-nccl).
 # Each check's output goes to OUTDIR/<check>.log; the summary says which passed.
 set -u
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+  exit 0
+fi
 BUILD=$(realpath "${1:-build}")
 OUTDIR=$(realpath -m "${2:-gpu-checks}")
 HERE=$(cd "$(dirname "$0")/.." && pwd)

@@ -8,6 +8,8 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
+source "$HERE/script_args.sh"
+script_args "$0" "$@"
 LAB=$HERE/lab.sh
 N=${N:-4}
 SIZE=${SIZE:-}              # one bucket size (-b and -e); unset: the sweep below
