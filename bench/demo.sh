@@ -4,7 +4,16 @@
 # 5% injected loss (still byte-exact, retransmissions visible in the counters).
 #   bash bench/demo.sh [BUILD_DIR]
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then
+  source "$(dirname "$0")/script_args.sh"
+  script_header "$0"
+  exit 0
+fi
 build=${1:-build}
+[[ -x $build/bench/p2p_bench ]] || {
+  echo "demo.sh: no $build/bench/p2p_bench: build first (bash .ci/setup, or ninja -C $build)" >&2
+  exit 2
+}
 export OPTIREDUCE_IFNAME=lo
 echo "== plugin vs TCP on loopback, 4 KiB .. 64 MiB =="
 "$build/bench/p2p_bench" --bytes $((256 << 20))

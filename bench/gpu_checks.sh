@@ -14,7 +14,8 @@
 # Each check's output goes to OUTDIR/<check>.log; the summary says which passed.
 set -u
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"
+  source "$(dirname "$0")/script_args.sh"
+  script_header "$0"
   exit 0
 fi
 BUILD=$(realpath "${1:-build}")

@@ -8,7 +8,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-source "$HERE/script_args.sh"
+source "$HERE/../script_args.sh"
 script_args "$0" "$@"
 LAB=$HERE/lab.sh
 N=${N:-4}

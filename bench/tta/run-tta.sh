@@ -28,7 +28,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
-source "$HERE/../lab/script_args.sh"
+source "$HERE/../script_args.sh"
 script_args "$0" "$@"
 LAB=$ROOT/bench/lab/lab.sh
 PY=${PYTHON:-/usr/bin/python3}
