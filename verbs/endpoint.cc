@@ -402,17 +402,17 @@ void UdEndpoint::adopt_lane() {
   has_lanes_.store(true, std::memory_order_relaxed);
 }
 
-int UdEndpoint::readable_fd() const {
-  if (channel_ == nullptr || has_lanes_.load(std::memory_order_relaxed) ||
-      arm_failed_.load(std::memory_order_relaxed))
-    return -1;
+int UdEndpoint::channel_fd_unless(bool lanes_hide) const {
+  if (channel_ == nullptr || lanes_hide || arm_failed_.load(std::memory_order_relaxed)) return -1;
   return channel_->fd;
 }
 
+int UdEndpoint::readable_fd() const {
+  return channel_fd_unless(has_lanes_.load(std::memory_order_relaxed));
+}
+
 int UdEndpoint::idle_fd() const {
-  if (channel_ == nullptr || lanes_active_ != 0 || arm_failed_.load(std::memory_order_relaxed))
-    return -1;
-  return channel_->fd;
+  return channel_fd_unless(lanes_active_ != 0);
 }
 
 void UdEndpoint::ack_channel_events() {

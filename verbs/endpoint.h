@@ -155,6 +155,9 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   uint32_t recv_slots() const { return recv_slots_; }
 
  private:
+  // The channel's descriptor, or -1 without one, once arming failed, or when `lanes_hide`:
+  // readable_fd() and idle_fd() differ only in which lanes hide completions from it.
+  int channel_fd_unless(bool lanes_hide) const;
   explicit UdEndpoint(std::shared_ptr<PortContext> port) : port_(std::move(port)) {}
   Status create(const EndpointOptions& opts);
   Status bring_up();  // RESET -> INIT -> RTR -> RTS
