@@ -75,11 +75,16 @@ inline void fill_slots(int rank, const SlotPtrs& slots, size_t size) {
   }
 }
 
-inline std::vector<std::vector<uint8_t>> make_slots(int rank, size_t size) {
-  std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(size));
+inline SlotPtrs slot_ptrs(std::vector<std::vector<uint8_t>>& slots) {
   SlotPtrs at;
   for (int i = 0; i < kSlots; ++i) at[i] = slots[i].data();
-  fill_slots(rank, at, size);
+  return at;
+}
+
+// kSlots buffers of `size` bytes, filled as fill_slots does.
+inline std::vector<std::vector<uint8_t>> make_slots(int rank, size_t size) {
+  std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(size));
+  fill_slots(rank, slot_ptrs(slots), size);
   return slots;
 }
 
@@ -134,12 +139,10 @@ inline Figure run_slots(NetApi& net, void* comm, void* mh, int rank, Channel& ch
   return exchange_figure(rank, ch, size * static_cast<size_t>(n), t1 - t0, cpu_s() - c0);
 }
 
-// run_slots with unregistered slots of their own.
+// run_slots with unregistered slots of their own (which it fills).
 inline Figure run_plugin(NetApi& net, void* comm, int rank, Channel& ch, size_t size, int n) {
-  auto slots = make_slots(rank, size);
-  SlotPtrs at;
-  for (int i = 0; i < kSlots; ++i) at[i] = slots[i].data();
-  return run_slots(net, comm, nullptr, rank, ch, at, size, n);
+  std::vector<std::vector<uint8_t>> slots(kSlots, std::vector<uint8_t>(size));
+  return run_slots(net, comm, nullptr, rank, ch, slot_ptrs(slots), size, n);
 }
 
 }  // namespace optireduce::testing::proxy

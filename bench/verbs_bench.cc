@@ -100,20 +100,20 @@ void latency(const char* name, Pair& p) {
 int main(int argc, char** argv) {
   using namespace optireduce;
   const char* usage =
-      "usage: verbs_bench [seconds per run (above 0, at most 3600; default 2)] [udp ifnames "
-      "(default "
-      "rxeveth0,rxeveth1)]\n";
+      "usage: verbs_bench [seconds per run (above 0, at most 3600; default 2)]\n"
+      "                   [udp ifnames (default rxeveth0,rxeveth1)]\n";
   if (bench::asks_for_help(argc, argv)) {
     std::fputs(usage, stdout);
     return 0;
   }
   double seconds = 2.0;
+  bool bad = argc > 3;
   if (argc > 1) {
     char* end = nullptr;
     seconds = std::strtod(argv[1], &end);
-    if (end == argv[1] || *end != '\0' || !(seconds > 0 && seconds <= 3600)) argc = 99;
+    bad = bad || end == argv[1] || *end != '\0' || !(seconds > 0 && seconds <= 3600);
   }
-  if (argc > 3) {
+  if (bad) {
     std::fputs(usage, stderr);
     return 2;
   }
