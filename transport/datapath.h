@@ -396,6 +396,13 @@ class Endpoint {
     return true;
   }
 
+  // The state of the place `steer` names, in words, for a receive that warns about it
+  // (RecvConn::check_aim_locked); empty where the datapath has nothing to say.
+  virtual std::string aim_text(uint32_t steer) const {
+    (void)steer;
+    return {};
+  }
+
   // Any address of this datapath as peer_text() and peer_host() would write it.
   virtual std::string address_text(const PeerAddress&) const { return {}; }
   virtual std::string address_host(const PeerAddress&) const { return {}; }

@@ -178,6 +178,10 @@ class MuxPort final : public Endpoint {
     std::lock_guard<std::mutex> lock(mux_->ep_mu_);
     return mux_->ep_->aim_reachable(steer);
   }
+  std::string aim_text(uint32_t steer) const override {
+    std::lock_guard<std::mutex> lock(mux_->ep_mu_);
+    return mux_->ep_->aim_text(steer);
+  }
 
  private:
   friend class EndpointMux;

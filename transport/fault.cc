@@ -159,6 +159,7 @@ class FaultyEndpoint final : public Endpoint {
   bool aim_close(uint32_t steer, bool wait) override { return inner_->aim_close(steer, wait); }
   uint64_t aim_moves() const override { return inner_->aim_moves(); }
   bool aim_reachable(uint32_t steer) override { return inner_->aim_reachable(steer); }
+  std::string aim_text(uint32_t steer) const override { return inner_->aim_text(steer); }
   // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
   // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.
   std::string address_text(const PeerAddress& a) const override { return inner_->address_text(a); }

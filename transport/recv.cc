@@ -190,13 +190,15 @@ bool RecvConn::check_aim_locked(Msg& m, bool moved, uint64_t now) {
         "receive %u: its place in the datapath was lost in mid-receive (%llu of its "
         "bytes in): its sender is asked to send the rest the common way",
         m.req.seq, static_cast<unsigned long long>(m.bytes_got));
-  } else if (m.last_byte_ns != 0 && now - m.last_byte_ns >= aim_stall_ns() &&
-             resteer_locked(m, now)) {
+  } else if (m.last_byte_ns != 0 && now - m.last_byte_ns >= aim_stall_ns()) {
+    const std::string place = ep_->aim_text(m.steer);  // before the place is given back
+    if (!resteer_locked(m, now)) return true;          // asked again on the next pass
     OR_WARN(
         "receive %u: no byte arrived in place for %llu ms (%llu of %llu bytes in) while "
-        "its sender was alive: its sender is asked to send the rest the common way",
+        "its sender was alive: its sender is asked to send the rest the common way (%s)",
         m.req.seq, static_cast<unsigned long long>((now - m.last_byte_ns) / 1000000),
-        static_cast<unsigned long long>(m.bytes_got), static_cast<unsigned long long>(m.size));
+        static_cast<unsigned long long>(m.bytes_got), static_cast<unsigned long long>(m.size),
+        place.empty() ? "no datapath detail" : place.c_str());
   }
   return true;
 }

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -297,6 +298,23 @@ void AimLane::top_up() {
     }
   }
   posted_ = ok;
+}
+
+std::string AimLane::text() const {
+  static constexpr const char* kStates[] = {"idle", "lent", "recovering", "draining"};
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "lane qpn %u %s%s: requests %llu posted, %llu done (%llu aimed out, plain "
+                "%llu/%llu), packets aimed %llu of %llu, %s, %d held, %llu placed, %llu missed",
+                qpn(), kStates[static_cast<int>(state_)], resetting_ ? " (resetting)" : "",
+                static_cast<unsigned long long>(posted_), static_cast<unsigned long long>(done_),
+                static_cast<unsigned long long>(aimed_out_),
+                static_cast<unsigned long long>(pdone_), static_cast<unsigned long long>(pposted_),
+                static_cast<unsigned long long>(next_aim_), static_cast<unsigned long long>(nfull_),
+                missed_ ? "missed" : "no miss", held_n_,
+                static_cast<unsigned long long>(counters_.placed),
+                static_cast<unsigned long long>(counters_.missed));
+  return buf;
 }
 
 int AimLane::alloc_stage() {

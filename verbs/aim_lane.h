@@ -67,6 +67,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "transport/datapath.h"
@@ -162,6 +163,8 @@ class AimLane final : public Flushable {
   bool lent_as(uint32_t steer) const { return busy() && lent_qpn_ == steer; }
   // Lent, or not yet given back by the receive it was lent to: not to be lent.
   bool busy() const { return state_ != LaneState::kIdle; }
+  // Its state in words, for a receive's warning that nothing arrived in place.
+  std::string text() const;
   // When the lane last stopped, in its endpoint's count of stops: the endpoint lends the lane
   // idle longest, so that the stragglers of its last receive (a retransmission that crossed
   // the final ACK) find no request posted and are dropped by the device, instead of taking the

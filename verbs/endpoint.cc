@@ -472,6 +472,13 @@ bool UdEndpoint::aim_reachable(uint32_t steer) {
   return l != nullptr && l->qpn() == steer;  // no lane holds it: nothing takes DATA sent to it
 }
 
+std::string UdEndpoint::aim_text(uint32_t steer) const {
+  const AimLane* l = lane_lent_as(steer);
+  if (l == nullptr) return "no lane holds it";
+  return l->text() + "; " + std::to_string(ud_.rx_aim_conflict) +
+         " datagrams of places a lane owned dropped on the shared QP";
+}
+
 const UdCounters& UdEndpoint::ud_counters() const {
   ud_.lanes = LaneCounters{};
   for (const auto& l : lanes_) {

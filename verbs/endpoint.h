@@ -138,6 +138,7 @@ class UdEndpoint final : public Endpoint, private SourceCheck {
   // named, is gone, and a steer is reachable only while its lane still has it.
   uint64_t aim_moves() const override { return aim_moves_.load(std::memory_order_relaxed); }
   bool aim_reachable(uint32_t steer) override;
+  std::string aim_text(uint32_t steer) const override;
   // The completion channel's descriptor, for a caller that blocks until a datagram comes
   // (transport/wait.cc); -1 without a channel, or once a receive lane is open: a lane's
   // completions go to a CQ of its own, which no channel reports.
