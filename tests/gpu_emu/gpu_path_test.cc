@@ -399,7 +399,10 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
         const optiComm_t comm = rc.comm;
         cudaStream_t s[2] = {nullptr, nullptr};
         for (cudaStream_t& x : s) HCHECK(cudaStreamCreate(&x) == cudaSuccess, "stream");
-        const size_t count[2] = {150'000, 90'001};
+        // Under a sanitizer a third of the elements and two steps: the buckets still overlap
+        // (tests/sanitized.h).
+        constexpr bool kThin = optireduce::testing::kSanitized;
+        const size_t count[2] = {kThin ? 50'000u : 150'000u, kThin ? 30'001u : 90'001u};
         auto value = [](int b, size_t i) {
           return b == 0 ? float(1 + i % 13) : float(1000 + i % 7);
         };
@@ -414,7 +417,7 @@ TEST(GpuDefect, TwoBucketsOnTwoStreamsDoNotShareScratch) {
         a.put(in[0]);
         CHECK_OPTI(optiAllReduce(a.p, a.p, count[0], optiFloat32, optiSum, comm, s[0]));
         HCHECK(cudaStreamSynchronize(s[0]) == cudaSuccess, "sync");
-        for (int step = 0; step < 3; ++step) {
+        for (int step = 0; step < (kThin ? 2 : 3); ++step) {
           for (int k = 0; k < 2; ++k) buf[k]->put(in[k]);
           for (int k = 0; k < 2; ++k)
             CHECK_OPTI(
@@ -458,7 +461,8 @@ void safeguard(bool redo) {
         o.safeguardRedo = redo ? 1 : 0;
         RankComms rc(m, o);
         const optiComm_t comm = rc.comm;
-        const size_t count = 200'000;
+        // Under a sanitizer fewer elements: at 10% drops every call still loses some.
+        const size_t count = optireduce::testing::kSanitized ? 60'000 : 200'000;
         const int calls = 4;
         DeviceVec buf(count);
         uint64_t lossy_calls = 0;
@@ -645,7 +649,8 @@ TEST(GpuDefect, NonFiniteVerdictIsTheSameOnEveryRank) {
         o.nonfiniteAgree = 1;
         RankComms rc(m, o);
         const optiComm_t comm = rc.comm;
-        const size_t count = 100'003;
+        // Under ASan a third of the elements, every call (tests/sanitized.h).
+        const size_t count = optireduce::testing::kSanitized ? 33'331 : 100'003;
         const int calls = 8;
         DeviceVec a(count), b(count);
         for (int call = 0; call < calls; ++call) {
@@ -871,7 +876,9 @@ TEST(GpuDefect, TheApplicationsCommunicatorStaysExactBesideBoundedTar) {
         HCHECK(split.net_name == "OptiReduce" && split.split_share == 0,
                "the sibling asked for network '%s', splitShare %d", split.net_name.c_str(),
                split.split_share);
-        const optiStats_t t = bounded_audit(m, comm, 200'000, 3, 1e-5);
+        // Under a sanitizer fewer elements: the audit's paths are the same (tests/sanitized.h).
+        const optiStats_t t =
+            bounded_audit(m, comm, optireduce::testing::kSanitized ? 60'000 : 200'000, 3, 1e-5);
         const size_t count = 100'003;
         const RankInputs in(m.n, count,
                             [](size_t i, int q) { return float(std::cos(double(i * 3 + q))); });

@@ -284,14 +284,16 @@ inline unsigned harness_time_scale() {
   return k;
 }
 
-// HARNESS_VOLUME_DIVISOR=k (in [1, 8]) divides the message counts of the harness's two longest
+// HARNESS_VOLUME_DIVISOR=k (in [1, 8]) divides the message counts of the harness's three longest
 // transfers (MiniProxy.SimpleProtocolPatternEveryByteChecked,
-// Concurrency.SeveralContextsAndThreads) for the emulated guest, where they took 79 and 150 s of
-// the suite's 230 (rxe-plugin-suite.sh sets 4). What they test there (NCCL's slot pattern, threads
-// and contexts sharing a device) a quarter of the messages shows as well. Unset, it is 4 in a
+// Concurrency.SeveralContextsAndThreads, FaultInjection.MiniProxyExactAndCountersMove) for the
+// emulated guest, where the first two took 79 and 150 s of the suite's 230 whole, 26 and 50-63 s
+// at a quarter (rxe-plugin-suite.sh sets 8). What they test there (NCCL's slot pattern, threads
+// and contexts sharing a device) an eighth of the messages shows as well. Unset, it is 4 in a
 // sanitizer build too (tests/sanitized.h: there Concurrency took 28 s under TSan and 11 under
 // ASan, for threads that meet as often in a quarter of it), and 1 in release, which runs them
-// whole.
+// whole. Above 1 it also takes Lifecycle.RepeatedInitFinalizeAndReload from three cycles to two
+// (23 s of the guest's suite at three).
 inline unsigned harness_volume_divisor() {
   static const unsigned k = std::getenv("HARNESS_VOLUME_DIVISOR") != nullptr
                                 ? harness_env_factor("HARNESS_VOLUME_DIVISOR", 8)
