@@ -1,6 +1,8 @@
 #!/bin/sh
-# Runs inside the rxe VM (veth mode), in one boot: rxe_pair_test (plugin) and rxe_coll_test
-# (liboptireduce) across rxe0 and rxe1, without loss, then with netem loss on the veth.
+# Runs inside the rxe VM (veth mode), in one boot: rxe_pair_test (plugin) across rxe0 and rxe1
+# without loss, then with netem loss on the veth, and rxe_coll_test (liboptireduce) with netem
+# loss only: it asserts nothing more without loss (bounded mode repairs what it can, so a lossy
+# run may lose nothing too), and its run without loss took 26 s of the suite's 95.
 # Usage (host): run-in-rxe-vm.sh rxe-loss-suite.sh RXE_PAIR_TEST RXE_COLL_TEST
 
 # Loss: RXE_LOSS percent (default 5) of each direction. After each lossy run netem's own drop
@@ -38,7 +40,6 @@ netem_off() {  # also checks that netem dropped datagrams while it was on
 }
 
 run "plugin rxe0<->rxe1, no loss" "$P"
-run "collectives rxe0/rxe1, no loss" "$C"
 
 netem_on
 RXE_TEST_LOSS=$LOSS run "plugin rxe0<->rxe1, netem loss $LOSS% each way" "$P"
