@@ -9,10 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <map>
 #include <thread>
@@ -22,7 +20,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/udp/net_admin.h"
-#include "transport/log.h"
+#include "tests/warn_capture.h"
 
 namespace optireduce {
 namespace {
@@ -450,14 +448,6 @@ TEST(UdpEndpoint, TinyBuffersNeverFailOnLoopback) {
   }
 }
 
-// Warnings logged while a test runs (the endpoint logs through transport/log.h).
-std::atomic<int> g_rmem_warnings{0};
-void counting_sink(LogLevel level, const char*, int, const char* msg) {
-  if (level == LogLevel::kWarn && std::strstr(msg, "net.core.rmem_max") != nullptr)
-    g_rmem_warnings.fetch_add(1);
-  std::fprintf(stderr, "%s\n", msg);
-}
-
 // The buffering an endpoint reports is a quarter of what the kernel says it holds: half the size
 // asked when granted in full, half of net.core.rmem_max when an unprivileged process asks for
 // more. Said once per process however many endpoints fall short.
@@ -476,8 +466,7 @@ TEST(UdpEndpoint, ReceiveBufferFollowsTheGrant) {
   // 64x the cap (within the parameter's 1 GiB) is a grant clearly short of the request.
   const uint64_t asked = std::min<uint64_t>(64 * rmem_max, uint64_t{1} << 30);
   if (asked < 4 * rmem_max) GTEST_SKIP() << "net.core.rmem_max " << rmem_max << " is too large";
-  g_rmem_warnings = 0;
-  log_set_sink(counting_sink);
+  const testing::WarnCapture warns;
   uint64_t short_a = 0, short_b = 0;
   bool dropped = false;
   // Capabilities are per thread: only this one loses CAP_NET_ADMIN.
@@ -490,15 +479,17 @@ TEST(UdpEndpoint, ReceiveBufferFollowsTheGrant) {
     if (a) short_a = a->receive_buffer_bytes();
     if (b) short_b = b->receive_buffer_bytes();
   }).join();
-  log_set_sink(nullptr);
+  int rmem_warnings = 0;
+  for (const std::string& w : warns.warnings())
+    rmem_warnings += w.find("net.core.rmem_max") != std::string::npos ? 1 : 0;
   ASSERT_TRUE(dropped) << "could not drop CAP_NET_ADMIN";
   EXPECT_EQ(short_a, 2 * rmem_max / 4);
   EXPECT_EQ(short_b, 2 * rmem_max / 4);
   // Another test of this process may have been the first to fall short (when not run as root).
   if (privileged) {
-    EXPECT_EQ(g_rmem_warnings.load(), 1);
+    EXPECT_EQ(rmem_warnings, 1) << warns.text();
   } else {
-    EXPECT_LE(g_rmem_warnings.load(), 1);
+    EXPECT_LE(rmem_warnings, 1) << warns.text();
   }
 }
 

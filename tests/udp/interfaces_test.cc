@@ -6,13 +6,12 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
-#include "transport/log.h"
+#include "tests/warn_capture.h"
 
 namespace optireduce {
 namespace {
@@ -39,36 +38,7 @@ std::vector<std::string> names(const std::vector<UdpInterface>& v) {
 
 using Names = std::vector<std::string>;
 
-// Collects the WARN lines logged while it lives.
-class WarnCapture {
- public:
-  WarnCapture() {
-    lines().clear();
-    log_set_sink(&sink);
-  }
-  ~WarnCapture() { log_set_sink(nullptr); }
-  std::string text() const {
-    std::lock_guard<std::mutex> lock(mu());
-    std::string t;
-    for (const auto& l : lines()) t += l + "\n";
-    return t;
-  }
-
- private:
-  static std::mutex& mu() {
-    static std::mutex m;
-    return m;
-  }
-  static std::vector<std::string>& lines() {
-    static std::vector<std::string> l;
-    return l;
-  }
-  static void sink(LogLevel level, const char*, int, const char* msg) {
-    if (level != LogLevel::kWarn) return;
-    std::lock_guard<std::mutex> lock(mu());
-    lines().push_back(msg);
-  }
-};
+using testing::WarnCapture;
 
 // A host with a bit of everything: loopback, NICs in the kernel's order (not the names'),
 // unusable ones, and the virtual interfaces NCCL leaves out by default.

@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -18,7 +17,7 @@
 #include "tests/unit/drive_pair.h"
 #include "tests/unit/mem_link.h"
 #include "tests/unit/pattern.h"
-#include "transport/log.h"
+#include "tests/warn_capture.h"
 #include "transport/recv.h"
 #include "transport/send.h"
 #include "transport/wire.h"
@@ -371,17 +370,8 @@ TEST(ReceiveInPlace, TheCtsThatMovesASenderOffALostLaneIsRepeatedUntilDataFollow
 // last packet's request taken by a duplicate) would hold an exact receive for ever. One that
 // took no byte for 4 of the sender's longest timeouts (800 ms) is moved off its place all the
 // same, and the message completes, exact.
-// The warnings the core logged, for a test that reads them.
-std::mutex g_warn_mu;
-std::vector<std::string> g_warns;
-void keep_warning(LogLevel level, const char*, int, const char* msg) {
-  if (level != LogLevel::kWarn) return;
-  std::lock_guard<std::mutex> lock(g_warn_mu);
-  g_warns.emplace_back(msg);
-}
-
 TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
-  log_set_sink(keep_warning);
+  const testing::WarnCapture warns;
   Rig rig;
   rig.dev->swallow_after = 30;
   const auto src = pattern(150'000, 12);
@@ -394,12 +384,11 @@ TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
   EXPECT_EQ(rig.dev->closes, 1);
   EXPECT_EQ(rig.s->stats().resteers, 1u);
   EXPECT_EQ(rig.r->stats().resteers, 1u);
-  log_set_sink(nullptr);
   // The warning says what the datapath knew of the place.
-  std::lock_guard<std::mutex> lock(g_warn_mu);
-  ASSERT_EQ(g_warns.size(), 1u);
-  EXPECT_NE(g_warns[0].find("no byte arrived in place"), std::string::npos) << g_warns[0];
-  EXPECT_NE(g_warns[0].find("(the fake lane swallows its DATA)"), std::string::npos) << g_warns[0];
+  const std::vector<std::string> w = warns.warnings();
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_NE(w[0].find("no byte arrived in place"), std::string::npos) << w[0];
+  EXPECT_NE(w[0].find("(the fake lane swallows its DATA)"), std::string::npos) << w[0];
 }
 
 TEST(ReceiveInPlace, AConnectionClosedWithAReceivePostedClosesItsAim) {
