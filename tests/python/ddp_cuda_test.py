@@ -49,7 +49,6 @@ def _train(scenario, lib, outdir):
         result.update(ranks.drift_and_resync(torch, ort, DDP, dist, scenario == "resync", rank,
                                              dev))
         ranks.report(outdir, rank, result)
-        dist.destroy_process_group()
         return
 
     model = ranks.ddp_model(torch).to(dev)
@@ -68,7 +67,6 @@ def _train(scenario, lib, outdir):
         result["calls"] = state.last_stats.as_dict()
         state.close()
     ranks.report(outdir, rank, result)
-    dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- tests
@@ -112,7 +110,7 @@ def _cuda_or_skip():
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         _train(*sys.argv[2:5])
-        sys.exit(0)
+        ranks.leave()
     _cuda_or_skip()
     LIB = os.path.abspath(sys.argv.pop(1))
     PLUGIN = os.path.abspath(sys.argv.pop(1))

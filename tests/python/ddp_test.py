@@ -34,7 +34,6 @@ def _train(scenarios, lib, outdir):
     for scenario in names:
         sub = scenario if len(names) > 1 else None
         ranks.report(outdir, dist.get_rank(), _scenario(scenario, torch, dist, outdir, sub), sub)
-    dist.destroy_process_group()
 
 
 def _scenario(scenario, torch, dist, outdir, sub):
@@ -161,7 +160,7 @@ class DdpHook(unittest.TestCase):
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         _train(*sys.argv[2:5])
-        sys.exit(0)
+        ranks.leave()
     ranks.import_torch_or_skip()
     LIB = os.path.abspath(sys.argv.pop(1))
     unittest.main()
