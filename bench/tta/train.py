@@ -340,7 +340,7 @@ if __name__ == "__main__":
     # 12's), freeing the Gloo group (by destroy_process_group, or by DDP's reducer at exit) joins
     # Gloo's worker threads while holding the GIL, and a worker that is dropping the last
     # reference to a tensor waits for the GIL: the rank hangs after its last line
-    # (pytorch/pytorch#56297). It did so in 2 of about 30 runs of tests/tta, with ddp-gloo and
+    # (pytorch/pytorch#56297). It did so in 2 of 26 runs of tests/tta, with ddp-gloo and
     # opti-exact alike. Everything this script writes is written and closed by now.
     sys.stdout.flush()
     sys.stderr.flush()
