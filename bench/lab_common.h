@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -300,91 +301,84 @@ inline const char* options_usage() {
          "  --duty D                  the load generator's busy fraction (1)\n";
 }
 
-// Parses argv into *o; returns "" or an error message. Unknown flags are errors.
+// Parses argv into *o; returns "" or an error message. Unknown flags are errors. Values are
+// read by bench/flags.h's setters: a whole-number option refuses "1.5" and anything past its
+// type's range, a real one refuses "nan" and "inf", so that no typo runs with a value nobody
+// asked for.
 inline std::string parse_options(int argc, char** argv, Options* o) {
-  auto need = [&](int& i) -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    const char* v = nullptr;
-    auto num = [&](double* d) {
-      if ((v = need(i)) == nullptr) return false;
-      char* end = nullptr;
-      *d = std::strtod(v, &end);
-      return end != v && *end == '\0';
+    // The value after `a`, set through `f`, then held to `ok` (a bound beyond the type's).
+    const auto take = [&](const bench::Flag& f,
+                          const std::function<bool()>& ok = nullptr) -> std::string {
+      if (i + 1 >= argc) return a + " needs a value";
+      const char* v = argv[++i];
+      if (!f.set(v) || (ok && !ok())) return "invalid value for " + a + ": " + v;
+      return "";
     };
-    double d = 0;
+    std::string err;
     if (a == "-b" || a == "--minbytes") {
-      if ((v = need(i)) == nullptr || (o->min_bytes = parse_size(v)) == 0) return "bad -b";
+      err = take(bench::size_flag("", &o->min_bytes), [&] { return o->min_bytes > 0; });
     } else if (a == "-e" || a == "--maxbytes") {
-      if ((v = need(i)) == nullptr || (o->max_bytes = parse_size(v)) == 0) return "bad -e";
+      err = take(bench::size_flag("", &o->max_bytes), [&] { return o->max_bytes > 0; });
     } else if (a == "-f" || a == "--stepfactor") {
-      if (!num(&d) || d < 1) return "bad -f";
-      o->factor = uint64_t(d);
+      err = take(bench::number_flag("", &o->factor), [&] { return o->factor >= 1; });
     } else if (a == "-n" || a == "--iters") {
-      if (!num(&d) || d < 1) return "bad -n";
-      o->iters = int(d);
+      err = take(bench::number_flag("", &o->iters), [&] { return o->iters >= 1; });
     } else if (a == "-w" || a == "--warmup_iters") {
-      if (!num(&d) || d < 0) return "bad -w";
-      o->warmup = int(d);
+      err = take(bench::number_flag("", &o->warmup), [&] { return o->warmup >= 0; });
     } else if (a == "-c" || a == "--check") {
-      if (!num(&d)) return "bad -c";
-      o->check = int(d);
+      err = take(bench::number_flag("", &o->check), [&] { return o->check == 0 || o->check == 1; });
     } else if (a == "-g" || a == "--algo") {
-      if ((v = need(i)) == nullptr) return "bad --algo";
-      o->algos = v;
+      err = take(bench::text_flag("", &o->algos));
     } else if (a == "--rank") {
-      if (!num(&d)) return "bad --rank";
-      o->rank = int(d);
+      err = take(bench::number_flag("", &o->rank));
     } else if (a == "--world") {
-      if (!num(&d)) return "bad --world";
-      o->world = int(d);
+      err = take(bench::number_flag("", &o->world));
     } else if (a == "--store") {
-      if ((v = need(i)) == nullptr) return "bad --store";
-      o->store = v;
+      err = take(bench::text_flag("", &o->store));
     } else if (a == "--iface") {
-      if ((v = need(i)) == nullptr) return "bad --iface";
-      o->iface = v;
+      err = take(bench::text_flag("", &o->iface));
     } else if (a == "--env") {
-      if ((v = need(i)) == nullptr) return "bad --env";
-      o->env = v;
+      err = take(bench::text_flag("", &o->env));
     } else if (a == "--csv") {
-      if ((v = need(i)) == nullptr) return "bad --csv";
-      o->csv = v;
+      err = take(bench::text_flag("", &o->csv));
     } else if (a == "--samples") {
-      if ((v = need(i)) == nullptr) return "bad --samples";
-      o->samples = v;
+      err = take(bench::text_flag("", &o->samples));
     } else if (a == "--seed") {
-      if (!num(&d)) return "bad --seed";
-      o->seed = uint64_t(d);
+      err = take(bench::number_flag("", &o->seed));
     } else if (a == "--straggler-rank") {
-      if (!num(&d)) return "bad --straggler-rank";
-      o->straggler_rank = int(d);
+      err = take(bench::number_flag("", &o->straggler_rank));
     } else if (a == "--straggler-ms") {
-      if (!num(&d) || d < 0) return "bad --straggler-ms";
-      o->straggler_ms = d;
+      err = take(bench::real_flag("", &o->straggler_ms), [&] { return o->straggler_ms >= 0; });
     } else if (a == "--straggler-prob") {
-      if (!num(&d) || d < 0 || d > 1) return "bad --straggler-prob";
-      o->straggler_prob = d;
+      err = take(bench::real_flag("", &o->straggler_prob),
+                 [&] { return o->straggler_prob >= 0 && o->straggler_prob <= 1; });
     } else if (a == "--timeout-ms") {
-      if (!num(&d) || d < 1) return "bad --timeout-ms";
-      o->timeout_ms = int(d);
+      err = take(bench::number_flag("", &o->timeout_ms), [&] { return o->timeout_ms >= 1; });
     } else if (a == "--background") {
-      if (!num(&d) || d <= 0) return "bad --background";
-      o->background_s = d;
+      err = take(bench::real_flag("", &o->background_s), [&] { return o->background_s > 0; });
+    } else if (a == "--duty") {
+      err = take(bench::real_flag("", &o->duty), [&] { return o->duty > 0 && o->duty <= 1; });
     } else if (a == "--interleave") {
       o->interleave = true;
     } else if (a == "-h" || a == "--help") {
       o->help = true;
       return "";
-    } else if (a == "--duty") {
-      if (!num(&d) || d <= 0 || d > 1) return "bad --duty";
-      o->duty = d;
     } else {
       return "unknown option " + a;
     }
+    if (!err.empty()) return err;
   }
-  if (o->rank < 0 && std::getenv("RANK")) o->rank = std::atoi(std::getenv("RANK"));
-  if (o->world < 0 && std::getenv("WORLD_SIZE")) o->world = std::atoi(std::getenv("WORLD_SIZE"));
+  // RANK and WORLD_SIZE as a launcher sets them, read as strictly as the flags.
+  const auto from_env = [](const char* name, int* out) -> std::string {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *out >= 0) return "";
+    if (!bench::number_flag("", out).set(v)) return std::string("invalid ") + name + ": " + v;
+    return "";
+  };
+  if (std::string err = from_env("RANK", &o->rank); !err.empty()) return err;
+  if (std::string err = from_env("WORLD_SIZE", &o->world); !err.empty()) return err;
   if (o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
   return "";
 }

@@ -36,8 +36,12 @@ def main():
         p50 = s[len(s) // 2]
         p99 = s[min(len(s) - 1, int(0.99 * len(s)))]
         print(f"{1e3 * p50:.2f},{1e3 * p99:.2f},{p99 / p50:.3f}", flush=True)
-    dist.destroy_process_group()
+    dist.barrier()
 
 
 if __name__ == "__main__":
     main()
+    # Out as train.py leaves, for its reason: freeing the Gloo group can hang with torch 1.13.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <iterator>
 #include <string>
 #include <utility>
@@ -157,7 +158,56 @@ TEST(LabCommon, ParseOptions) {
   Options o2;
   EXPECT_NE(parse_options(2, const_cast<char**>(bad), &o2), "");
   const char* missing[] = {"b", "-n"};
-  EXPECT_NE(parse_options(2, const_cast<char**>(missing), &o2), "");
+  EXPECT_EQ(parse_options(2, const_cast<char**>(missing), &o2), "-n needs a value");
+}
+
+// A value that is not what its option takes stops the bench, naming the option, rather than
+// running with something nobody asked for: strtod read "-n 1.5" as one iteration and rounded a
+// seed past 2^53.
+TEST(LabCommon, ParseOptionsRefusesWhatTheOptionDoesNotTake) {
+  const std::vector<std::pair<const char*, const char*>> refused = {{"-n", "1.5"},
+                                                                    {"-n", "0"},
+                                                                    {"-n", "3x"},
+                                                                    {"-w", "-1"},
+                                                                    {"-f", "0"},
+                                                                    {"-c", "2"},
+                                                                    {"-b", "0"},
+                                                                    {"-e", "1Q"},
+                                                                    {"--rank", "x"},
+                                                                    {"--world", "99999999999"},
+                                                                    {"--seed", "-1"},
+                                                                    {"--seed", "1e3"},
+                                                                    {"--straggler-ms", "nan"},
+                                                                    {"--straggler-prob", "1.5"},
+                                                                    {"--timeout-ms", "0"},
+                                                                    {"--background", "0"},
+                                                                    {"--duty", "inf"}};
+  for (const auto& [flag, value] : refused) {
+    const char* argv[] = {"b", flag, value};
+    Options o;
+    EXPECT_EQ(parse_options(3, const_cast<char**>(argv), &o),
+              std::string("invalid value for ") + flag + ": " + value);
+  }
+  // Whole numbers as written, however large their type takes them.
+  const char* argv[] = {"b", "--seed", "18446744073709551615", "-f", "4", "--straggler-ms", "2.5"};
+  Options o;
+  ASSERT_EQ(parse_options(int(std::size(argv)), const_cast<char**>(argv), &o), "");
+  EXPECT_EQ(o.seed, UINT64_MAX);
+  EXPECT_EQ(o.factor, 4u);
+  EXPECT_EQ(o.straggler_ms, 2.5);
+  // RANK and WORLD_SIZE, read when the flags leave them unset, as strictly.
+  ::setenv("RANK", "1.0", 1);
+  const char* bare[] = {"b"};
+  Options e;
+  EXPECT_EQ(parse_options(1, const_cast<char**>(bare), &e), "invalid RANK: 1.0");
+  ::setenv("RANK", "3", 1);
+  ::setenv("WORLD_SIZE", "4", 1);
+  Options f;
+  EXPECT_EQ(parse_options(1, const_cast<char**>(bare), &f), "");
+  EXPECT_EQ(f.rank, 3);
+  EXPECT_EQ(f.world, 4);
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
 }
 
 // --help runs nothing, and the usage it prints lists every option the parser takes: each one
