@@ -165,8 +165,9 @@ class SendConn final : public Conn, public SendComm {
   uint32_t flight_len(const Msg& m, uint32_t i) const { return std::max(pkt_len(m, i), 1u); }
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
   TxFence& fence(uint32_t seq) { return fences_[seq % kMaxRequests]; }
-  // Sets what a DATA packet of `m` needs for a zero-copy send (none without a registration).
-  void name_payload(TxPacket* p, const Msg& m, uint32_t seq);
+  // Sets where a DATA packet of `m` goes and what it needs for a zero-copy send (none without a
+  // registration). A probe goes the common way (send_tx.cc says why).
+  void name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool probe = false);
 
   // send_recovery.cc: acknowledgements and loss recovery.
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
@@ -188,7 +189,7 @@ class SendConn final : public Conn, public SendComm {
   };
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);
-  void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
+  void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now, bool probe = false);
   // The receiver's CTS moved a message under way off the place its DATA were steered to.
   void resteer_locked(Msg& m, uint64_t now);
   // Queues m's packets still in flight for resending, oldest first, while `budget` bytes last
@@ -243,6 +244,7 @@ class SendConn final : public Conn, public SendComm {
   // Retransmission queue: (seq, packet) pairs found lost, bounded; overflow is left to the RTO.
   struct Retx {
     uint32_t seq, pkt;
+    bool probe;  // the tail-loss probe's, sent on a guess rather than on evidence of a loss
   };
   static constexpr uint32_t kRetxCap = 4096;
   std::vector<Retx> retx_;  // reserved once, used as a FIFO via retx_head_

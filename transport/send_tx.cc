@@ -12,10 +12,19 @@ namespace optireduce {
 // request whose payload SGE points into the registered buffer), so it carries the message's
 // registration and the fence that keeps test() from handing the buffer back too early.
 // Retransmissions post from the same buffer again, under the same fence. Each goes where the
-// receiver's CTS said (its receive lane, where that lane places it without a copy).
-void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq) {
+// receiver's CTS said (its receive lane, where that lane places it without a copy), except the
+// tail-loss probe. A lane's requests take datagrams in the order they come, one each, so a
+// duplicate there shifts every later packet of the message into the request before its own,
+// and the rest of the message is copied (aim_lane.h). A probe is a guess that the tail was
+// lost, and on a host that pauses it is mostly wrong: in the Soft-RoCE guest nearly every probe
+// was spurious, and sent to the lane the probes cut the share of an aimed message placed in
+// its buffer from about 60% to 43%. The common way a spurious probe is dropped as a duplicate
+// and answered as before. A probe whose packet was lost finds its place still owned by the
+// lane's request and is dropped there too (verbs/endpoint.cc): the retransmission timer, whose
+// packets do go to the lane, repairs that tail.
+void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool probe) {
   if (p == nullptr) return;
-  p->steer = m.steer;
+  p->steer = probe ? 0 : m.steer;
   if (m.mr == nullptr) return;
   p->payload_mr = m.mr;
   p->payload_fence = &fence(seq);
@@ -56,7 +65,7 @@ void SendConn::transmit_locked(uint64_t now) {
       h.msg_size = m.size;
       h.offset = uint64_t{r.pkt} * params_.pkt_payload;
       h.msg_floor = oldest_;
-      name_payload(batch_slot_locked(h, m.data + h.offset, len), m, r.seq);
+      name_payload(batch_slot_locked(h, m.data + h.offset, len), m, r.seq, r.probe);
       pend[n++] = {r.seq, r.pkt, true, retx_head_};
       tokens -= len;
       ++retx_head_;

@@ -41,13 +41,16 @@ class SteerSpy final : public ForwardingEndpoint {
     const int k = ForwardingEndpoint::tx_burst(pkts, n);
     for (int i = 0; i < k; ++i) {
       PacketHeader h;
-      if (testing::tx_header(pkts[i], &h) && h.type == PacketType::kData)
+      if (testing::tx_header(pkts[i], &h) && h.type == PacketType::kData) {
         data_steers.push_back(pkts[i].steer);
+        data_retx.push_back((h.flags & kFlagRetx) != 0);
+      }
     }
     return k;
   }
 
   std::vector<uint32_t> data_steers;
+  std::vector<bool> data_retx;  // ... and whether each was sent again
 };
 
 // A device with one receive lane: while an aim is open, DATA of its message is written into
@@ -58,6 +61,10 @@ class SteerSpy final : public ForwardingEndpoint {
 // loses nothing, so the k-th DATA to arrive is the k-th the sender's spy saw leave. With
 // `swallow_after` set, the lane silently eats its message's DATA after that many, while the
 // aim is open, and says nothing (a lane defect of a kind not yet known).
+// DATA its sender sent the common way (steer 0) for a place the lane has not yet filled is
+// dropped, as the verbs endpoint drops it for a place a lane's request still owns. With
+// `lose_data_at`, the DATA that arrives as that one (from 0) is lost on the way; with
+// `hold_acks`, the receiver's ACKs are lost until a retransmitted DATA arrives.
 class LaneDevice final : public ForwardingEndpoint {
  public:
   using ForwardingEndpoint::ForwardingEndpoint;
@@ -69,21 +76,32 @@ class LaneDevice final : public ForwardingEndpoint {
       if (decode(pkts[i].data, pkts[i].len, &h) == DecodeError::kNone &&
           h.type == PacketType::kData) {
         const size_t k = data_seen++;
-        if (stranded && sent_steers != nullptr && k < sent_steers->size() &&
-            (*sent_steers)[k] == kSteer) {
+        const uint32_t steer =
+            sent_steers != nullptr && k < sent_steers->size() ? (*sent_steers)[k] : kSteer;
+        if (static_cast<int>(k) == lose_data_at) continue;
+        if ((h.flags & kFlagRetx) != 0) hold_acks = false;
+        if (stranded && steer == kSteer) {
           ++stranded_drops;
           continue;
         }
         const bool ours = open && h.token == aim.token && h.msg_seq == aim.msg_seq;
+        const uint64_t q = ours ? h.offset / aim.pkt_payload : 0;
+        if (ours && !stranded && steer == 0 && !(q < filled.size() && filled[q])) {
+          ++owned_drops;
+          continue;
+        }
         if (ours && swallowing) {  // the place takes it and hands nothing up
           ++swallowed;
           continue;
         }
-        if (ours && !stranded && h.payload_len != 0 && h.offset + h.payload_len <= aim.capacity) {
+        if (ours && !stranded && steer == kSteer && h.payload_len != 0 &&
+            h.offset + h.payload_len <= aim.capacity) {
           std::memcpy(aim.base + h.offset, pkts[i].data + kHeaderBytes, h.payload_len);
           pkts[i].rest = aim.base + h.offset;
           pkts[i].placed = h.payload_len;
           pkts[i].aimed = true;
+          if (filled.size() <= q) filled.resize(q + 1);
+          filled[q] = true;
           if (++placed == strand_after) {
             stranded = true;
             ++moves;
@@ -105,6 +123,10 @@ class LaneDevice final : public ForwardingEndpoint {
         --drop_moving_cts;
         continue;
       }
+      if (hold_acks && testing::tx_header(pkts[i], &h) && h.type == PacketType::kAck) {
+        ++held_acks;
+        continue;
+      }
       kept.push_back(pkts[i]);
     }
     const int k = ForwardingEndpoint::tx_burst(kept.data(), static_cast<int>(kept.size()));
@@ -123,6 +145,7 @@ class LaneDevice final : public ForwardingEndpoint {
   uint32_t aim_open(const AimTarget& t) override {
     if (!offer || open) return 0;
     aim = t;
+    filled.clear();
     open = true;
     ++opens;
     return kSteer;
@@ -158,6 +181,11 @@ class LaneDevice final : public ForwardingEndpoint {
   int swallow_after = -1;
   bool swallowing = false;
   int swallowed = 0;
+  std::vector<bool> filled;  // the aim's places written, by packet index
+  int owned_drops = 0;
+  int lose_data_at = -1;
+  bool hold_acks = false;
+  int held_acks = 0;
 };
 
 struct Rig {
@@ -389,6 +417,61 @@ TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
   ASSERT_EQ(w.size(), 1u);
   EXPECT_NE(w[0].find("no byte arrived in place"), std::string::npos) << w[0];
   EXPECT_NE(w[0].find("(the fake lane swallows its DATA)"), std::string::npos) << w[0];
+}
+
+// The tail-loss probe is a guess, mostly wrong on a host that pauses (verbs: a duplicate on a
+// lane shifts the rest of the message one request off, and it is copied). It goes the common
+// way, where a spurious one is a duplicate like any other; the rest of the message, and the
+// repairs the retransmission timer sends, go to the lane.
+TEST(ReceiveInPlace, ATailLossProbeGoesTheCommonWay) {
+  Rig rig;
+  rig.dev->hold_acks = true;  // the sender hears nothing until it sends something again
+  const auto src = pattern(20'500, 13);
+  std::vector<uint8_t> dst(src.size(), 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
+  EXPECT_EQ(src, dst);
+  EXPECT_GT(rig.dev->held_acks, 0);
+  const ConnStats s = rig.s->stats();
+  ASSERT_GE(s.probes, 1u);
+  EXPECT_EQ(s.spurious_probes, s.probes);
+  EXPECT_EQ(rig.dev->placed, 21);  // every packet in place, once
+  EXPECT_EQ(rig.dev->owned_drops, 0);
+  const auto& steer = rig.tx->data_steers;
+  const auto& retx = rig.tx->data_retx;
+  EXPECT_EQ(s.rto_events, 0u);  // the probe fired first, and brought the ACKs back
+  ASSERT_EQ(steer.size(), 21u + s.probes);
+  uint64_t common = 0;
+  for (size_t k = 0; k < steer.size(); ++k) {
+    if (steer[k] == 0) {
+      EXPECT_TRUE(retx[k]) << "DATA " << k << " sent the common way was not a repair";
+      ++common;
+    } else {
+      EXPECT_EQ(steer[k], kSteer) << "DATA " << k;
+    }
+  }
+  EXPECT_EQ(common, s.probes);
+}
+
+// A probe for a tail that was truly lost finds its place still owned by the lane's request and
+// is dropped there; the retransmission timer repairs it through the lane.
+TEST(ReceiveInPlace, ATailTheProbeCannotRepairIsRepairedThroughTheLane) {
+  Rig rig;
+  rig.dev->lose_data_at = 20;  // the last packet of 21, the first time
+  const auto src = pattern(20'500, 14);
+  std::vector<uint8_t> dst(src.size(), 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
+  EXPECT_EQ(src, dst);
+  const ConnStats s = rig.s->stats();
+  ASSERT_GE(s.probes, 1u);
+  EXPECT_GE(s.rto_events, 1u);
+  EXPECT_EQ(rig.dev->owned_drops, static_cast<int>(s.probes));
+  EXPECT_EQ(rig.dev->placed, 21);
+  const auto& steer = rig.tx->data_steers;
+  ASSERT_GT(steer.size(), 21u);
+  EXPECT_EQ(steer.back(), kSteer);  // the repair that completed it
+  EXPECT_TRUE(rig.tx->data_retx.back());
 }
 
 TEST(ReceiveInPlace, AConnectionClosedWithAReceivePostedClosesItsAim) {
