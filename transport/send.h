@@ -166,8 +166,8 @@ class SendConn final : public Conn, public SendComm {
   Msg& slot(uint32_t seq) { return msgs_[seq % kMaxRequests]; }
   TxFence& fence(uint32_t seq) { return fences_[seq % kMaxRequests]; }
   // Sets where a DATA packet of `m` goes and what it needs for a zero-copy send (none without a
-  // registration). A probe goes the common way (send_tx.cc says why).
-  void name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool probe = false);
+  // registration). A packet's first retransmission goes the common way (send_tx.cc says why).
+  void name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool common_way = false);
 
   // send_recovery.cc: acknowledgements and loss recovery.
   void on_ack_locked(const PacketHeader& h, const uint8_t* sack, uint64_t now);
@@ -189,7 +189,7 @@ class SendConn final : public Conn, public SendComm {
   };
   void ack_packet_locked(Msg& m, uint32_t i, AckTally* t);
   void detect_losses_locked(Msg& m, uint64_t now);
-  void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now, bool probe = false);
+  void mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now);
   // The receiver's CTS moved a message under way off the place its DATA were steered to.
   void resteer_locked(Msg& m, uint64_t now);
   // Queues m's packets still in flight for resending, oldest first, while `budget` bytes last
@@ -244,7 +244,6 @@ class SendConn final : public Conn, public SendComm {
   // Retransmission queue: (seq, packet) pairs found lost, bounded; overflow is left to the RTO.
   struct Retx {
     uint32_t seq, pkt;
-    bool probe;  // the tail-loss probe's, sent on a guess rather than on evidence of a loss
   };
   static constexpr uint32_t kRetxCap = 4096;
   std::vector<Retx> retx_;  // reserved once, used as a FIFO via retx_head_

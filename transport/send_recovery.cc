@@ -206,7 +206,7 @@ void SendConn::detect_losses_locked(Msg& m, uint64_t now) {
 // that are no longer in the network: new packets keep ACKs, and so loss detection, flowing) and
 // waits in the retransmission queue. loss_signal: a SACK hole, which tells the path's controller
 // something; a timeout or a probe has told it already, or tells it nothing.
-void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now, bool probe) {
+void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t now) {
   const uint32_t len = flight_len(m, i);
   inflight_ -= std::min<uint64_t>(inflight_, len);
   if (loss_signal)
@@ -214,7 +214,7 @@ void SendConn::mark_lost_locked(Msg& m, uint32_t i, bool loss_signal, uint64_t n
   else
     path_->release(len);
   m.sent_ns[i] = kQueued;
-  retx_.push_back({m.req.seq, i, probe});
+  retx_.push_back({m.req.seq, i});
 }
 
 // The receiver lost the place this message's DATA were steered to (RecvConn::check_aim_locked)
@@ -324,7 +324,7 @@ void SendConn::send_probe_locked(uint64_t now) {
       last = i;
     if (last == m.next_new) continue;  // nothing outstanding in this message
     if (m.sent_ns[last] != kQueued && retx_.size() < kRetxCap) {
-      mark_lost_locked(m, last, false, now, /*probe=*/true);
+      mark_lost_locked(m, last, false, now);
       ++stats_.probes;
       if (probe_seq_ != s) probes_open_ = 0;
       probe_seq_ = s;

@@ -11,20 +11,24 @@ namespace optireduce {
 // A packet goes out from the caller's buffer itself where the datapath can (verbs: a work
 // request whose payload SGE points into the registered buffer), so it carries the message's
 // registration and the fence that keeps test() from handing the buffer back too early.
-// Retransmissions post from the same buffer again, under the same fence. Each goes where the
-// receiver's CTS said (its receive lane, where that lane places it without a copy), except the
-// tail-loss probe. A lane's requests take datagrams in the order they come, one each, so a
-// duplicate there shifts every later packet of the message into the request before its own,
-// and the rest of the message is copied (aim_lane.h). A probe is a guess that the tail was
-// lost, and on a host that pauses it is mostly wrong: in the Soft-RoCE guest nearly every probe
-// was spurious, and sent to the lane the probes cut the share of an aimed message placed in
-// its buffer from about 60% to 43%. The common way a spurious probe is dropped as a duplicate
-// and answered as before. A probe whose packet was lost finds its place still owned by the
-// lane's request and is dropped there too (verbs/endpoint.cc): the retransmission timer, whose
-// packets do go to the lane, repairs that tail.
-void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool probe) {
+// Retransmissions post from the same buffer again, under the same fence.
+//
+// A packet goes where the receiver's CTS said (its receive lane, which places it without a
+// copy), except a packet's first retransmission, which goes the common way. A lane's requests
+// take datagrams in the order they come, one each, so a duplicate there shifts every later
+// packet of the message into the request before its own, and the rest of the message is
+// copied (aim_lane.h). A first retransmission is mostly a guess on a host that pauses: in the
+// Soft-RoCE guest 98% of probes and 95% of timeouts were spurious, and sent to the lane they
+// left 43% of an aimed message's packets in place (60% with probes alone sent the common way,
+// nearly all with every first retransmission). The common way a spurious copy is dropped as a
+// duplicate. A copy of a packet truly lost where the lane has not yet taken another datagram
+// in its place (a lost tail) finds the place still owned by the lane and is dropped there
+// (verbs/endpoint.cc); the packet's next retransmission (the timer's, after the probe's) goes
+// to the lane and repairs it. Lost in mid-message, the lane's request was taken by the next
+// packet, and the common-way copy is taken as any.
+void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool common_way) {
   if (p == nullptr) return;
-  p->steer = probe ? 0 : m.steer;
+  p->steer = common_way ? 0 : m.steer;
   if (m.mr == nullptr) return;
   p->payload_mr = m.mr;
   p->payload_fence = &fence(seq);
@@ -65,7 +69,8 @@ void SendConn::transmit_locked(uint64_t now) {
       h.msg_size = m.size;
       h.offset = uint64_t{r.pkt} * params_.pkt_payload;
       h.msg_floor = oldest_;
-      name_payload(batch_slot_locked(h, m.data + h.offset, len), m, r.seq, r.probe);
+      name_payload(batch_slot_locked(h, m.data + h.offset, len), m, r.seq,
+                   /*common_way=*/!m.resent.test(r.pkt));
       pend[n++] = {r.seq, r.pkt, true, retx_head_};
       tokens -= len;
       ++retx_head_;

@@ -24,9 +24,9 @@
 //    its own place's request completes, which the lane's next datagram brings (the lost
 //    packet's repair at the latest); one that came late, and another's datagram, go at once;
 //  - the endpoint drops DATA that arrives elsewhere (the shared QP) for a place a request here
-//    still owns (owns()). The sender's tail-loss probe comes that way (SendConn::name_payload):
-//    a guess, mostly wrong on a host that pauses, that here would shift the rest of the
-//    message one request off; its retransmission timer's repairs come here;
+//    still owns (owns()). A packet's first retransmission comes that way
+//    (SendConn::name_payload): often a guess, mostly wrong on a host that pauses, that here
+//    would shift the rest of the message one request off; its later ones come here;
 //  - stop() has the QP flushed in place when an aimed request is still posted (error state,
 //    every request back, reset, RTS): once it says so the device writes into the buffer no
 //    more, so the receive may end and the caller reuse it, and the QPN stays, so the ended

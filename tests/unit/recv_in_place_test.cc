@@ -61,8 +61,9 @@ class SteerSpy final : public ForwardingEndpoint {
 // loses nothing, so the k-th DATA to arrive is the k-th the sender's spy saw leave. With
 // `swallow_after` set, the lane silently eats its message's DATA after that many, while the
 // aim is open, and says nothing (a lane defect of a kind not yet known).
-// DATA its sender sent the common way (steer 0) for a place the lane has not yet filled is
-// dropped, as the verbs endpoint drops it for a place a lane's request still owns. With
+// DATA its sender sent the common way (steer 0) for a place beyond every one the lane filled is
+// dropped, as the verbs endpoint drops it for a place a lane's request still owns (on a real
+// lane a later packet takes the request of one lost before it). With
 // `lose_data_at`, the DATA that arrives as that one (from 0) is lost on the way; with
 // `hold_acks`, the receiver's ACKs are lost until a retransmitted DATA arrives.
 class LaneDevice final : public ForwardingEndpoint {
@@ -86,7 +87,7 @@ class LaneDevice final : public ForwardingEndpoint {
         }
         const bool ours = open && h.token == aim.token && h.msg_seq == aim.msg_seq;
         const uint64_t q = ours ? h.offset / aim.pkt_payload : 0;
-        if (ours && !stranded && steer == 0 && !(q < filled.size() && filled[q])) {
+        if (ours && !stranded && steer == 0 && q >= filled.size()) {
           ++owned_drops;
           continue;
         }
@@ -181,7 +182,7 @@ class LaneDevice final : public ForwardingEndpoint {
   int swallow_after = -1;
   bool swallowing = false;
   int swallowed = 0;
-  std::vector<bool> filled;  // the aim's places written, by packet index
+  std::vector<bool> filled;  // the aim's places written, by packet index, up to the last one
   int owned_drops = 0;
   int lose_data_at = -1;
   bool hold_acks = false;
@@ -419,11 +420,11 @@ TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
   EXPECT_NE(w[0].find("(the fake lane swallows its DATA)"), std::string::npos) << w[0];
 }
 
-// The tail-loss probe is a guess, mostly wrong on a host that pauses (verbs: a duplicate on a
-// lane shifts the rest of the message one request off, and it is copied). It goes the common
-// way, where a spurious one is a duplicate like any other; the rest of the message, and the
-// repairs the retransmission timer sends, go to the lane.
-TEST(ReceiveInPlace, ATailLossProbeGoesTheCommonWay) {
+// A packet's first retransmission is mostly a guess on a host that pauses (verbs: a duplicate
+// on a lane shifts the rest of the message one request off, and it is copied). It goes the
+// common way, where a spurious one is a duplicate like any other; the rest of the message goes
+// to the lane. Here the probe: ACKs are lost until a repair arrives.
+TEST(ReceiveInPlace, AFirstRetransmissionGoesTheCommonWay) {
   Rig rig;
   rig.dev->hold_acks = true;  // the sender hears nothing until it sends something again
   const auto src = pattern(20'500, 13);
@@ -453,9 +454,29 @@ TEST(ReceiveInPlace, ATailLossProbeGoesTheCommonWay) {
   EXPECT_EQ(common, s.probes);
 }
 
-// A probe for a tail that was truly lost finds its place still owned by the lane's request and
-// is dropped there; the retransmission timer repairs it through the lane.
-TEST(ReceiveInPlace, ATailTheProbeCannotRepairIsRepairedThroughTheLane) {
+// Lost in mid-message, a packet's place is no longer the lane's (the next packet took its
+// request): its first repair, sent the common way on the SACK's word, is taken and copied.
+TEST(ReceiveInPlace, APacketLostInMidMessageIsRepairedTheCommonWay) {
+  Rig rig;
+  rig.dev->lose_data_at = 5;
+  const auto src = pattern(20'500, 15);
+  std::vector<uint8_t> dst(src.size(), 0xCD);
+  FakeRegion region(dst.data(), dst.size());
+  ASSERT_TRUE(rig.transfer(src, dst, &region));
+  EXPECT_EQ(src, dst);
+  EXPECT_EQ(rig.s->stats().rto_events, 0u);
+  EXPECT_EQ(rig.dev->owned_drops, 0);
+  EXPECT_EQ(rig.dev->placed, 20);  // all but the lost one
+  const auto& steer = rig.tx->data_steers;
+  ASSERT_EQ(steer.size(), 22u + rig.s->stats().probes);
+  for (size_t k = 0; k < steer.size(); ++k)
+    EXPECT_EQ(steer[k], rig.tx->data_retx[k] ? 0u : kSteer) << "DATA " << k;
+  EXPECT_EQ(rig.r->stats().data_pkts, 21u);
+}
+
+// A tail that was truly lost: its first repair (the probe's) finds the place still owned by the
+// lane's request and is dropped there; the next, the retransmission timer's, goes to the lane.
+TEST(ReceiveInPlace, ATailTheFirstRepairCannotReachIsRepairedThroughTheLane) {
   Rig rig;
   rig.dev->lose_data_at = 20;  // the last packet of 21, the first time
   const auto src = pattern(20'500, 14);
