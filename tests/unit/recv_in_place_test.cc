@@ -217,6 +217,14 @@ struct Rig {
   bool run(Request* sr, Request* rr, int rounds = 20000) {
     return testing::drive_pair(*s, *r, clock, sr, rr, rounds);
   }
+  // One message of `bytes` (pattern `seed`) into a registered buffer of its size: true when
+  // both ends are done and the buffer holds the message exactly.
+  bool transfer_exact(size_t bytes, uint64_t seed) {
+    const auto src = pattern(bytes, seed);
+    std::vector<uint8_t> dst(src.size(), 0xCD);
+    FakeRegion region(dst.data(), dst.size());
+    return transfer(src, dst, &region) && src == dst;
+  }
   // One message of `src` into `dst`, registered as `region`: posted, sent, and both done.
   bool transfer(const std::vector<uint8_t>& src, std::vector<uint8_t>& dst,
                 const MemoryRegion* region) {
@@ -367,11 +375,7 @@ void lose_the_lane_in_mid_receive(int lost_ctses) {
   Rig rig;
   rig.dev->strand_after = 40;
   rig.dev->drop_moving_cts = lost_ctses;
-  const auto src = pattern(150'000, 11);  // 150 packets
-  std::vector<uint8_t> dst(src.size(), 0xCD);
-  FakeRegion region(dst.data(), dst.size());
-  ASSERT_TRUE(rig.transfer(src, dst, &region));
-  EXPECT_EQ(src, dst);
+  ASSERT_TRUE(rig.transfer_exact(150'000, 11));  // 150 packets
   EXPECT_TRUE(rig.dev->stranded);
   EXPECT_EQ(rig.dev->placed, 40);
   EXPECT_GT(rig.dev->stranded_drops, 0);
@@ -403,11 +407,7 @@ TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
   const testing::WarnCapture warns;
   Rig rig;
   rig.dev->swallow_after = 30;
-  const auto src = pattern(150'000, 12);
-  std::vector<uint8_t> dst(src.size(), 0xCD);
-  FakeRegion region(dst.data(), dst.size());
-  ASSERT_TRUE(rig.transfer(src, dst, &region));
-  EXPECT_EQ(src, dst);
+  ASSERT_TRUE(rig.transfer_exact(150'000, 12));
   EXPECT_EQ(rig.dev->placed, 30);
   EXPECT_GT(rig.dev->swallowed, 0);
   EXPECT_EQ(rig.dev->closes, 1);
@@ -427,11 +427,7 @@ TEST(ReceiveInPlace, AnAimedReceiveThatStallsIsMovedOffItsPlace) {
 TEST(ReceiveInPlace, AFirstRetransmissionGoesTheCommonWay) {
   Rig rig;
   rig.dev->hold_acks = true;  // the sender hears nothing until it sends something again
-  const auto src = pattern(20'500, 13);
-  std::vector<uint8_t> dst(src.size(), 0xCD);
-  FakeRegion region(dst.data(), dst.size());
-  ASSERT_TRUE(rig.transfer(src, dst, &region));
-  EXPECT_EQ(src, dst);
+  ASSERT_TRUE(rig.transfer_exact(20'500, 13));
   EXPECT_GT(rig.dev->held_acks, 0);
   const ConnStats s = rig.s->stats();
   ASSERT_GE(s.probes, 1u);
@@ -459,11 +455,7 @@ TEST(ReceiveInPlace, AFirstRetransmissionGoesTheCommonWay) {
 TEST(ReceiveInPlace, APacketLostInMidMessageIsRepairedTheCommonWay) {
   Rig rig;
   rig.dev->lose_data_at = 5;
-  const auto src = pattern(20'500, 15);
-  std::vector<uint8_t> dst(src.size(), 0xCD);
-  FakeRegion region(dst.data(), dst.size());
-  ASSERT_TRUE(rig.transfer(src, dst, &region));
-  EXPECT_EQ(src, dst);
+  ASSERT_TRUE(rig.transfer_exact(20'500, 15));
   EXPECT_EQ(rig.s->stats().rto_events, 0u);
   EXPECT_EQ(rig.dev->owned_drops, 0);
   EXPECT_EQ(rig.dev->placed, 20);  // all but the lost one
@@ -479,11 +471,7 @@ TEST(ReceiveInPlace, APacketLostInMidMessageIsRepairedTheCommonWay) {
 TEST(ReceiveInPlace, ATailTheFirstRepairCannotReachIsRepairedThroughTheLane) {
   Rig rig;
   rig.dev->lose_data_at = 20;  // the last packet of 21, the first time
-  const auto src = pattern(20'500, 14);
-  std::vector<uint8_t> dst(src.size(), 0xCD);
-  FakeRegion region(dst.data(), dst.size());
-  ASSERT_TRUE(rig.transfer(src, dst, &region));
-  EXPECT_EQ(src, dst);
+  ASSERT_TRUE(rig.transfer_exact(20'500, 14));
   const ConnStats s = rig.s->stats();
   ASSERT_GE(s.probes, 1u);
   EXPECT_GE(s.rto_events, 1u);
