@@ -13,19 +13,17 @@ namespace optireduce {
 // registration and the fence that keeps test() from handing the buffer back too early.
 // Retransmissions post from the same buffer again, under the same fence.
 //
-// A packet goes where the receiver's CTS said (its receive lane, which places it without a
-// copy), except a packet's first retransmission, which goes the common way. A lane's requests
-// take datagrams in the order they come, one each, so a duplicate there shifts every later
-// packet of the message into the request before its own, and the rest of the message is
-// copied (aim_lane.h). A first retransmission is mostly a guess on a host that pauses: in the
-// Soft-RoCE guest 98% of probes and 95% of timeouts were spurious, and sent to the lane they
-// left 43% of an aimed message's packets in place (60% with probes alone sent the common way,
-// nearly all with every first retransmission). The common way a spurious copy is dropped as a
-// duplicate. A copy of a packet truly lost where the lane has not yet taken another datagram
-// in its place (a lost tail) finds the place still owned by the lane and is dropped there
-// (verbs/endpoint.cc); the packet's next retransmission (the timer's, after the probe's) goes
-// to the lane and repairs it. Lost in mid-message, the lane's request was taken by the next
-// packet, and the common-way copy is taken as any.
+// A packet goes where the receiver's CTS said (its receive lane, which places it without a copy),
+// except a packet's first retransmission, which goes the common way. A lane's requests take
+// datagrams in the order they come, one each, so a duplicate there shifts every later packet of the
+// message into the request before its own, and the rest of the message is copied (aim_lane.h). A
+// first retransmission is mostly a guess on a host that pauses (in the Soft-RoCE guest nearly all
+// were spurious; docs/architecture.md, "Registered memory", has the figures). The common way a
+// spurious copy is dropped as a duplicate. A copy of a packet truly lost where the lane has not yet
+// taken another datagram in its place (a lost tail) finds the place still owned by the lane and is
+// dropped there (verbs/endpoint.cc); the packet's next retransmission (the timer's, after the
+// probe's) goes to the lane and repairs it. Lost in mid-message, the lane's request was taken by
+// the next packet, and the common-way copy is taken as any.
 void SendConn::name_payload(TxPacket* p, const Msg& m, uint32_t seq, bool common_way) {
   if (p == nullptr) return;
   p->steer = common_way ? 0 : m.steer;

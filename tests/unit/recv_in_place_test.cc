@@ -87,7 +87,7 @@ class LaneDevice final : public ForwardingEndpoint {
         }
         const bool ours = open && h.token == aim.token && h.msg_seq == aim.msg_seq;
         const uint64_t q = ours ? h.offset / aim.pkt_payload : 0;
-        if (ours && !stranded && steer == 0 && q >= filled.size()) {
+        if (ours && !stranded && steer == 0 && q >= filled_end) {
           ++owned_drops;
           continue;
         }
@@ -101,8 +101,7 @@ class LaneDevice final : public ForwardingEndpoint {
           pkts[i].rest = aim.base + h.offset;
           pkts[i].placed = h.payload_len;
           pkts[i].aimed = true;
-          if (filled.size() <= q) filled.resize(q + 1);
-          filled[q] = true;
+          filled_end = std::max(filled_end, q + 1);
           if (++placed == strand_after) {
             stranded = true;
             ++moves;
@@ -146,7 +145,7 @@ class LaneDevice final : public ForwardingEndpoint {
   uint32_t aim_open(const AimTarget& t) override {
     if (!offer || open) return 0;
     aim = t;
-    filled.clear();
+    filled_end = 0;
     open = true;
     ++opens;
     return kSteer;
@@ -182,12 +181,19 @@ class LaneDevice final : public ForwardingEndpoint {
   int swallow_after = -1;
   bool swallowing = false;
   int swallowed = 0;
-  std::vector<bool> filled;  // the aim's places written, by packet index, up to the last one
+  uint64_t filled_end = 0;  // one past the last place of the aim written
   int owned_drops = 0;
   int lose_data_at = -1;
   bool hold_acks = false;
   int held_acks = 0;
 };
+
+// Every DATA the sender sent again went the common way, every other one to the lane (each
+// retransmission here is its packet's first).
+void expect_repairs_went_the_common_way(const SteerSpy& tx) {
+  for (size_t k = 0; k < tx.data_steers.size(); ++k)
+    EXPECT_EQ(tx.data_steers[k], tx.data_retx[k] ? 0u : kSteer) << "DATA " << k;
+}
 
 struct Rig {
   FakeClock clock;
@@ -434,20 +440,11 @@ TEST(ReceiveInPlace, AFirstRetransmissionGoesTheCommonWay) {
   EXPECT_EQ(s.spurious_probes, s.probes);
   EXPECT_EQ(rig.dev->placed, 21);  // every packet in place, once
   EXPECT_EQ(rig.dev->owned_drops, 0);
-  const auto& steer = rig.tx->data_steers;
-  const auto& retx = rig.tx->data_retx;
   EXPECT_EQ(s.rto_events, 0u);  // the probe fired first, and brought the ACKs back
-  ASSERT_EQ(steer.size(), 21u + s.probes);
-  uint64_t common = 0;
-  for (size_t k = 0; k < steer.size(); ++k) {
-    if (steer[k] == 0) {
-      EXPECT_TRUE(retx[k]) << "DATA " << k << " sent the common way was not a repair";
-      ++common;
-    } else {
-      EXPECT_EQ(steer[k], kSteer) << "DATA " << k;
-    }
-  }
-  EXPECT_EQ(common, s.probes);
+  const auto& retx = rig.tx->data_retx;
+  ASSERT_EQ(retx.size(), 21u + s.probes);
+  EXPECT_EQ(static_cast<uint64_t>(std::count(retx.begin(), retx.end(), true)), s.probes);
+  expect_repairs_went_the_common_way(*rig.tx);
 }
 
 // Lost in mid-message, a packet's place is no longer the lane's (the next packet took its
@@ -459,10 +456,8 @@ TEST(ReceiveInPlace, APacketLostInMidMessageIsRepairedTheCommonWay) {
   EXPECT_EQ(rig.s->stats().rto_events, 0u);
   EXPECT_EQ(rig.dev->owned_drops, 0);
   EXPECT_EQ(rig.dev->placed, 20);  // all but the lost one
-  const auto& steer = rig.tx->data_steers;
-  ASSERT_EQ(steer.size(), 22u + rig.s->stats().probes);
-  for (size_t k = 0; k < steer.size(); ++k)
-    EXPECT_EQ(steer[k], rig.tx->data_retx[k] ? 0u : kSteer) << "DATA " << k;
+  ASSERT_EQ(rig.tx->data_steers.size(), 22u + rig.s->stats().probes);
+  expect_repairs_went_the_common_way(*rig.tx);
   EXPECT_EQ(rig.r->stats().data_pkts, 21u);
 }
 
