@@ -16,14 +16,15 @@ extern "C" {
 
 /* Bumped whenever struct optireduceNetStats changes layout. Fields are only ever appended. */
 /* 2: cutSends, repairedPkts; 3: spuriousRtos; 4: aimedMsgs, placedPkts; 5: resteers;
- * 6: spuriousProbes; 7: reorderedLosses */
-#define OPTIREDUCE_NET_STATS_VERSION 7
+ * 6: spuriousProbes; 7: reorderedLosses; 8: budgetUs, allowanceUs */
+#define OPTIREDUCE_NET_STATS_VERSION 8
 
-/* Counters of a set of connections, summed (tbUs/tcUs: the largest over live connections).
- * Every counter only grows over the life of the set, except tbUs/tcUs. The members are those of
- * the list OPTIREDUCE_CONN_STATS in transport/stats.h, in its order, with its meanings; they are
- * written out so that this header stays plain, self-contained C, and the library's build proves
- * them equal to the list member by member (plugin/stats.h). */
+/* Counters of a set of connections, summed (the gauges tbUs, tcUs, budgetUs and allowanceUs:
+ * the largest over live connections). Every counter only grows over the life of the set, except
+ * those gauges. The members are those of the list OPTIREDUCE_CONN_STATS in transport/stats.h, in
+ * its order, with its meanings; they are written out so that this header stays plain,
+ * self-contained C, and the library's build proves them equal to the list member by member
+ * (plugin/stats.h). */
 struct optireduceNetCounters {
   uint64_t msgs;           /* messages completed (a bounded receive = one step) */
   uint64_t bytes;          /* payload bytes completed: sent, or delivered */
@@ -60,6 +61,15 @@ struct optireduceNetCounters {
   uint64_t reorderedLosses; /* messages of which a packet that SACK declared lost had only been
                              * reordered (the receiver had it when the copy came): how often the
                              * network reorders beyond what loss detection waits for */
+  uint64_t budgetUs;        /* bounded: the budget a receive whose sender started gets now,
+                             * microseconds: min(tB, the adaptive bound from tC) times the loss
+                             * governor's stretch (up to 4x, OPTIREDUCE_LOSS_TARGET), so it may
+                             * exceed tbUs. The largest over live connections, as tbUs */
+  uint64_t allowanceUs;     /* bounded: how long a receive waits for a sender that has not
+                             * started, microseconds: budgetUs plus the start skew the group
+                             * measured between ranks (OPTIREDUCE_TIMEOUT_MS: that bound). A
+                             * receive whose sender starts late may take up to allowanceUs +
+                             * budgetUs */
 };
 
 struct optireduceNetStats {

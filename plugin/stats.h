@@ -15,8 +15,8 @@
 
 namespace optireduce::plugin {
 
-// Adds `s` into `into`, counter by counter. Gauges (tbUs/tcUs) are current values, not counters:
-// they are kept as the largest, and only from a `live` connection's counters.
+// Adds `s` into `into`, counter by counter. Gauges (tbUs, budgetUs, ...) are current values, not
+// counters: they are kept as the largest, and only from a `live` connection's counters.
 inline void add_stats(ConnStats* into, const ConnStats& s, bool live) {
 #define OPTIREDUCE_ADD_COUNTER_(name, c_name) into->name += s.name;
 #define OPTIREDUCE_MAX_GAUGE_(name, c_name) \
@@ -64,7 +64,7 @@ static_assert(sizeof(optireduceNetCounters) == kCounterCount * sizeof(uint64_t),
 
 // How many counters each OPTIREDUCE_NET_STATS_VERSION has: a counter appended to the list must
 // come with a new version, so that callers can tell whether the library fills it.
-inline constexpr size_t kCountersOfVersion[] = {0, 22, 24, 25, 27, 28, 29, 30};
+inline constexpr size_t kCountersOfVersion[] = {0, 22, 24, 25, 27, 28, 29, 30, 32};
 static_assert(OPTIREDUCE_NET_STATS_VERSION + 1 == std::size(kCountersOfVersion) &&
                   kCountersOfVersion[OPTIREDUCE_NET_STATS_VERSION] == kCounterCount,
               "counters added: bump OPTIREDUCE_NET_STATS_VERSION and extend kCountersOfVersion");

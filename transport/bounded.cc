@@ -131,6 +131,11 @@ uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
   return budget_locked(bytes);
 }
 
+uint64_t BoundedGroup::quoted_budget_ns(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return budget_locked(bytes);
+}
+
 // The transfer's budget plus the skew the group measured (every step's start delay, the
 // calibration's exact steps included). With OPTIREDUCE_TIMEOUT_MS, that bound: the user set
 // the most a step may cost, whatever the reason.

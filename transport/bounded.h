@@ -40,6 +40,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
 
   bool calibrating() override;
   uint64_t budget_ns(uint64_t bytes) override;
+  uint64_t quoted_budget_ns(uint64_t bytes) override;
   uint64_t start_allowance_ns(uint64_t bytes) override;
   uint64_t early_ns(uint64_t bytes) override;
   void on_complete(const StepReport& step) override;

@@ -49,6 +49,10 @@ class DeadlinePolicy {
   // are under way: the receive is the connection's oldest incomplete one and the sender's
   // first packet arrived (or, for data that arrived first, from the former).
   virtual uint64_t budget_ns(uint64_t bytes) = 0;
+  // The same budget as a receive posted now would get, without counting it as one (for the
+  // counters users read: tB alone does not say how long a step may take once the loss
+  // governor stretched it).
+  virtual uint64_t quoted_budget_ns(uint64_t bytes) = 0;
   // How long a bounded receive waits, from becoming the oldest, for a sender that has not
   // started, and a sender for its receiver's CTS. Ranks reach a step at different times (a
   // data-parallel job's compute skew), and that lateness is not the network's: charged to the

@@ -166,6 +166,10 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
         static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
     stats_.tc_us =
         static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
+    stats_.budget_us = static_cast<uint32_t>(
+        std::min<uint64_t>(policy_->quoted_budget_ns(size) / 1000, UINT32_MAX));
+    stats_.allowance_us = static_cast<uint32_t>(
+        std::min<uint64_t>(policy_->start_allowance_ns(size) / 1000, UINT32_MAX));
   }
   dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
 }

@@ -46,7 +46,9 @@
   COUNTER(placed_pkts, placedPkts)     /* DATA that arrived in place: no copy (UDP, verbs) */      \
   COUNTER(resteers, resteers) /* aimed messages sent elsewhere mid-way: place lost or stalled */   \
   COUNTER(spurious_probes, spuriousProbes)   /* of probes, those the receiver had already got */   \
-  COUNTER(reordered_losses, reorderedLosses) /* messages whose SACK-declared losses were late */
+  COUNTER(reordered_losses, reorderedLosses) /* messages whose SACK-declared losses were late */   \
+  GAUGE(budget_us, budgetUs)       /* a started bounded receive's budget now (stretched), us */    \
+  GAUGE(allowance_us, allowanceUs) /* ... and its wait for a sender not started (+ skew), us */
 
 namespace optireduce {
 

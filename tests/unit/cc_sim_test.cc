@@ -796,6 +796,7 @@ TEST(CcSim, ALateSenderIsWaitedForAndANeverStartingOneIsCut) {
 struct SkewPolicy final : DeadlinePolicy {
   bool calibrating() override { return false; }
   uint64_t budget_ns(uint64_t) override { return 10 * kMs; }
+  uint64_t quoted_budget_ns(uint64_t) override { return 10 * kMs; }
   uint64_t start_allowance_ns(uint64_t) override { return 60 * kMs; }
   uint64_t early_ns(uint64_t) override { return kMs; }
   void on_complete(const StepReport&) override {}

@@ -69,6 +69,8 @@ TEST(ConnStatsList, CStructGetsEveryFieldInListOrder) {
   EXPECT_EQ(c.repairedPkts, 7u * 24);
   EXPECT_EQ(c.spuriousRtos, 7u * 25);
   EXPECT_EQ(c.placedPkts, 7u * 27);
+  EXPECT_EQ(c.budgetUs, 7u * 31);
+  EXPECT_EQ(c.allowanceUs, 7u * 32);
 }
 
 // A gauge is 32 bits in ConnStats and 64 in the C struct: the widening keeps the whole value.
