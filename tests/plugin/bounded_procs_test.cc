@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/plugin/plugin_path.h"
 #include "tests/plugin/procs.h"
 #include "tests/sanitized.h"
 
@@ -33,11 +34,6 @@ constexpr double kSlackMs = 100;
 constexpr double kMaxCpuWaitExcuseMs = 300;
 double slack(const StepRecord& r) {
   return kSlackMs + std::min(r.cpu_wait_ms, kMaxCpuWaitExcuseMs);
-}
-
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
 }
 
 std::vector<int> others(const Mesh& m, int skip = -1) {

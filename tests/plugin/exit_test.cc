@@ -15,16 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/plugin/plugin_path.h"
 #include "tests/sanitized.h"
 
 extern char** environ;
 
 namespace {
 
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
-}
+using optireduce::testing::plugin_path;
 
 struct Outcome {
   int status = -1;  // as waitpid reports it

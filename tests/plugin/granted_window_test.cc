@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/plugin/plugin_loader.h"
+#include "tests/plugin/plugin_path.h"
 #include "tests/plugin/two_procs.h"
 #include "tests/udp/net_admin.h"
 #include "transport/transport.h"
@@ -57,11 +58,6 @@ constexpr const char* kRtoMaxUs = "1000000";
 // the SACK-driven resends that follow, and a dropped datagram by the receiving socket's count.
 constexpr uint64_t kRetxPerMille = 10;
 constexpr unsigned kTimeoutS = 120;
-
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
-}
 
 // One socket's line in /proc/net/udp or udp6.
 struct UdpSocketLine {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "tests/plugin/plugin_loader.h"
+#include "tests/plugin/plugin_path.h"
 #include "tests/plugin/requests.h"
 #include "tests/plugin/two_procs.h"
 #include "tests/sanitized.h"
@@ -27,11 +28,6 @@ namespace {
 constexpr int kAllVersions[] = {12, 11, 10, 9, 8};
 constexpr int kBoundedClass = 0x4F52;  // OPTIREDUCE_BOUNDED_TRAFFIC_CLASS's default
 constexpr size_t kMiB = size_t{1} << 20;
-
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
-}
 
 std::unique_ptr<NetApi> load_or_die(int version) {
   std::string err;

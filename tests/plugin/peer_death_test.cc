@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "tests/plugin/plugin_path.h"
 #include "tests/plugin/procs.h"
 #include "tests/plugin/requests.h"
 
@@ -47,11 +48,6 @@ const double kBoundMs = env_ms("PEER_DEATH_TEST_TIMEOUT_MS", 1000);
 double slack_ms() { return env_ms("PEER_DEATH_TEST_SLACK_MS", 500); }
 double early_ms() {
   return env_ms("PEER_DEATH_TEST_EARLY_MS", 50);
-}
-
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
 }
 
 enum class Mode { kExact, kBounded };

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/plugin/plugin_path.h"
 #include "tests/plugin/procs.h"
 #include "tests/verbs/rxe_env.h"
 
@@ -61,11 +62,6 @@ class StallMonitor {
   std::atomic<uint64_t> total_us_{0};
   std::thread thread_;
 };
-const char* plugin_path() {
-  const char* p = std::getenv("OPTIREDUCE_PLUGIN_PATH");
-  return p != nullptr ? p : PLUGIN_PATH;
-}
-
 // Packets a netdev sent, from sysfs; -1 where it does not exist.
 long long tx_packets(const char* netdev) {
   std::ifstream f(std::string("/sys/class/net/") + netdev + "/statistics/tx_packets");
