@@ -131,18 +131,16 @@ uint64_t BoundedGroup::budget_ns(uint64_t bytes) {
   return budget_locked(bytes);
 }
 
-uint64_t BoundedGroup::quoted_budget_ns(uint64_t bytes) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return budget_locked(bytes);
-}
-
 // The transfer's budget plus the skew the group measured (every step's start delay, the
 // calibration's exact steps included). With OPTIREDUCE_TIMEOUT_MS, that bound: the user set
 // the most a step may cost, whatever the reason.
 uint64_t BoundedGroup::start_allowance_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  const int c = size_class(bytes);
-  if (fixed_tb_ns_ > 0) return std::max(tb_locked(c), budget_locked(bytes));
+  return start_allowance_locked(bytes);
+}
+
+uint64_t BoundedGroup::start_allowance_locked(uint64_t bytes) const {
+  if (fixed_tb_ns_ > 0) return std::max(tb_locked(size_class(bytes)), budget_locked(bytes));
   return budget_locked(bytes) + skew_ns_;
 }
 
@@ -386,6 +384,12 @@ uint64_t BoundedGroup::tb_ns(uint64_t bytes) {
 uint64_t BoundedGroup::tc_ns(uint64_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   return agreed_tc_locked(bytes);
+}
+
+DeadlineQuote BoundedGroup::quote(uint64_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return {tb_locked(size_class(bytes)), agreed_tc_locked(bytes), budget_locked(bytes),
+          start_allowance_locked(bytes)};
 }
 
 GroupStats BoundedGroup::stats() const {

@@ -40,7 +40,6 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
 
   bool calibrating() override;
   uint64_t budget_ns(uint64_t bytes) override;
-  uint64_t quoted_budget_ns(uint64_t bytes) override;
   uint64_t start_allowance_ns(uint64_t bytes) override;
   uint64_t early_ns(uint64_t bytes) override;
   void on_complete(const StepReport& step) override;
@@ -49,8 +48,10 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   void on_peer_estimate(uint32_t tc_us, uint64_t bytes) override;
   uint32_t estimate_us(uint64_t bytes) override;
 
-  uint64_t tb_ns(uint64_t bytes) override;
-  uint64_t tc_ns(uint64_t bytes) override;
+  DeadlineQuote quote(uint64_t bytes) override;
+  // The current hard bound tB and the agreed estimate tC for messages of `bytes`.
+  uint64_t tb_ns(uint64_t bytes);
+  uint64_t tc_ns(uint64_t bytes);
 
   GroupStats stats() const;
   // Names the group in its periodic log line (OPTIREDUCE_STATS_EVERY), e.g. a comm id.
@@ -148,6 +149,7 @@ class BoundedGroup final : public ConnGroup, public DeadlinePolicy {
   // The budget from tB and tC alone, and with the governor's stretch.
   uint64_t unstretched_budget_locked(uint64_t bytes) const;
   uint64_t budget_locked(uint64_t bytes) const;
+  uint64_t start_allowance_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(uint64_t bytes) const;
   uint64_t agreed_tc_locked(int c, const Sized* z) const;
   // This rank's estimate for a size: its entry's once it has one, else its class's.

@@ -40,6 +40,15 @@ struct StepReport {
   bool burst_head = false;
 };
 
+// The deadline figures of one message size at one moment. tB alone does not say how long a
+// step may take once the loss governor stretched the budget, hence the budget and allowance.
+struct DeadlineQuote {
+  uint64_t tb_ns = 0;         // the hard bound tB
+  uint64_t tc_ns = 0;         // the agreed estimate tC
+  uint64_t budget_ns = 0;     // as budget_ns() would give
+  uint64_t allowance_ns = 0;  // as start_allowance_ns() would give
+};
+
 class DeadlinePolicy {
  public:
   virtual ~DeadlinePolicy() = default;
@@ -49,10 +58,6 @@ class DeadlinePolicy {
   // are under way: the receive is the connection's oldest incomplete one and the sender's
   // first packet arrived (or, for data that arrived first, from the former).
   virtual uint64_t budget_ns(uint64_t bytes) = 0;
-  // The same budget as a receive posted now would get, without counting it as one (for the
-  // counters users read: tB alone does not say how long a step may take once the loss
-  // governor stretched it).
-  virtual uint64_t quoted_budget_ns(uint64_t bytes) = 0;
   // How long a bounded receive waits, from becoming the oldest, for a sender that has not
   // started, and a sender for its receiver's CTS. Ranks reach a step at different times (a
   // data-parallel job's compute skew), and that lateness is not the network's: charged to the
@@ -78,9 +83,8 @@ class DeadlinePolicy {
   virtual void on_peer_estimate(uint32_t tc_us, uint64_t bytes) = 0;
   // Our current estimate tC for messages of `bytes`, to piggyback (microseconds).
   virtual uint32_t estimate_us(uint64_t bytes) = 0;
-  // The current hard bound tB and the agreed estimate tC for messages of `bytes`.
-  virtual uint64_t tb_ns(uint64_t bytes) = 0;
-  virtual uint64_t tc_ns(uint64_t bytes) = 0;
+  // What a receive of `bytes` would get now, for the counters users read; counts no use.
+  virtual DeadlineQuote quote(uint64_t bytes) = 0;
 };
 
 }  // namespace optireduce

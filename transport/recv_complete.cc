@@ -162,14 +162,14 @@ void RecvConn::complete_locked(Msg& m, End how, uint64_t now) {
     // alone, so that NCCL's chunks cut after it do not push it out of the records.
     if (how == End::kDeadline && !m.started && m.burst_head && !m.pipelined)
       cut_[ncut_++ % kCutRecords] = CutUnstarted{m.req.seq, start, st.elapsed_ns, true};
-    stats_.tb_us =
-        static_cast<uint32_t>(std::min<uint64_t>(policy_->tb_ns(size) / 1000, UINT32_MAX));
-    stats_.tc_us =
-        static_cast<uint32_t>(std::min<uint64_t>(policy_->tc_ns(size) / 1000, UINT32_MAX));
-    stats_.budget_us = static_cast<uint32_t>(
-        std::min<uint64_t>(policy_->quoted_budget_ns(size) / 1000, UINT32_MAX));
-    stats_.allowance_us = static_cast<uint32_t>(
-        std::min<uint64_t>(policy_->start_allowance_ns(size) / 1000, UINT32_MAX));
+    const DeadlineQuote q = policy_->quote(size);
+    auto gauge_us = [](uint64_t ns) {
+      return static_cast<uint32_t>(std::min<uint64_t>(ns / 1000, UINT32_MAX));
+    };
+    stats_.tb_us = gauge_us(q.tb_ns);
+    stats_.tc_us = gauge_us(q.tc_ns);
+    stats_.budget_us = gauge_us(q.budget_ns);
+    stats_.allowance_us = gauge_us(q.allowance_ns);
   }
   dirty_ &= ~(1u << (m.req.seq % kMaxRequests));
 }

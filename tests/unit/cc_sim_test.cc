@@ -796,14 +796,12 @@ TEST(CcSim, ALateSenderIsWaitedForAndANeverStartingOneIsCut) {
 struct SkewPolicy final : DeadlinePolicy {
   bool calibrating() override { return false; }
   uint64_t budget_ns(uint64_t) override { return 10 * kMs; }
-  uint64_t quoted_budget_ns(uint64_t) override { return 10 * kMs; }
   uint64_t start_allowance_ns(uint64_t) override { return 60 * kMs; }
   uint64_t early_ns(uint64_t) override { return kMs; }
   void on_complete(const StepReport&) override {}
   void on_peer_estimate(uint32_t, uint64_t) override {}
   uint32_t estimate_us(uint64_t) override { return 0; }
-  uint64_t tb_ns(uint64_t) override { return 60 * kMs; }
-  uint64_t tc_ns(uint64_t) override { return 10 * kMs; }
+  DeadlineQuote quote(uint64_t) override { return {60 * kMs, 10 * kMs, 10 * kMs, 60 * kMs}; }
 };
 
 // Compute skew is not the network's: a sender 45 ms late into a 10 ms budget, and a receiver
