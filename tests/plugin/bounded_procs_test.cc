@@ -13,6 +13,7 @@
 #include "tests/plugin/plugin_path.h"
 #include "tests/plugin/procs.h"
 #include "tests/sanitized.h"
+#include "transport/loss_governor.h"
 
 namespace optireduce::testing {
 namespace {
@@ -253,8 +254,6 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(BoundedCalibration, ExactWhileCalibratingThenWithinCalibratedBound) {
   constexpr int kSteps = 40;
   constexpr int kCalibration = 20;
-  // LossGovernor::kMaxStretch, as the README states it, over max(tB, the 1 ms least budget).
-  constexpr double kMaxStretch = 4;
   // The traffic class is liboptireduce's, so its holes hold the erasure marker (issue 12
   // defect 1); the test classifies them as such.
   Env env = lossy_env(0.01, "marker");
@@ -294,12 +293,14 @@ TEST(BoundedCalibration, ExactWhileCalibratingThenWithinCalibratedBound) {
       // just before the allowance ends gets the budget from then.
       const uint64_t budget_us = std::max(before.recv.budgetUs, after.recv.budgetUs);
       const uint64_t allowance_us = std::max(before.recv.allowanceUs, after.recv.allowanceUs);
-      // Once calibrated, the stretch is all that sets the budget above tB (before the first
-      // bounded step it was quoted against no tB yet, so only the reading after is held to it;
-      // tB's microseconds are rounded down, the budget's from 4x the nanoseconds).
+      // Once calibrated, the stretch is all that sets the budget above max(tB, the 1 ms least
+      // budget) (before the first bounded step it was quoted against no tB yet, so only the
+      // reading after is held to it; tB's microseconds are rounded down, the budget's from 4x
+      // the nanoseconds).
       HCHECK(after.recv.budgetUs > 0 &&
                  static_cast<double>(after.recv.budgetUs) <=
-                     kMaxStretch * static_cast<double>(std::max<uint64_t>(tb_us, 1000) + 1) &&
+                     LossGovernor::kMaxStretch *
+                         static_cast<double>(std::max<uint64_t>(tb_us, 1000) + 1) &&
                  after.recv.allowanceUs >= after.recv.budgetUs,
              "rank %d step %d: budget %" PRIu64 " us, allowance %" PRIu64 " us, tB %" PRIu64 " us",
              m.rank, k, after.recv.budgetUs, after.recv.allowanceUs, tb_us);
