@@ -146,9 +146,13 @@ struct RxGuesses {
   static constexpr int kMax = 32;
   uint32_t split = 0;  // bytes of every datagram kept in the datapath's buffer: the header
   int n = 0;
-  // After the guessed datagrams the caller expects the first datagram of a receive not started
-  // yet: receiving no more than that one beyond the guesses lets the next call guess the rest
-  // of its message, whose size that datagram tells.
+  // After the guessed datagrams the caller expects `whole` datagrams that no guess can take and
+  // nothing after them depends on: each the first and only one of a receive not started yet
+  // whose buffer holds one packet (its size is unknown until it comes, and it is copied).
+  int whole = 0;
+  // After those, the first datagram of a receive not started yet that may take several:
+  // receiving no more than that one beyond the guesses and the `whole` lets the next call guess
+  // the rest of its message, whose size that datagram tells.
   bool first_pending = false;
   struct Guess {
     uint8_t* dst = nullptr;

@@ -356,7 +356,8 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {
     // The caller's own handler guesses where its next payloads go (its lock is held for the
     // whole drain, so the regions stay its to overwrite); it is asked again for every burst,
     // after it has taken the last one.
-    guesses.n = 0;
+    guesses.n = guesses.whole = 0;
+    guesses.first_pending = false;  // nothing to guess next: no reason to take fewer
     if (own != nullptr && self != nullptr) {
       if (guess_pause_ > 0)
         --guess_pause_;
@@ -367,10 +368,13 @@ int EndpointMux::drain(MuxPort* self, RxHandler* own, bool copies_first) {
       p.rest = nullptr;
       p.aimed = false;
     }
-    // Datagrams come in order: the guessed ones, then the first of a receive not started yet.
-    // Taking no more than that one beyond the guesses lets the next burst guess the rest of its
-    // message instead of copying it (one more system call per message).
-    const int want = guesses.first_pending ? std::min(kBurst, guesses.n + 1) : kBurst;
+    // Datagrams come in order: the guessed ones, the one-datagram receives, then the first of a
+    // receive not started yet. Taking no more than that one beyond them lets the next burst
+    // guess the rest of its message instead of copying it (one more system call per message).
+    // The one-datagram receives do not stop the burst: stopped at each of them, a stream of
+    // 4 KiB messages made one recvmmsg per message.
+    const int want =
+        guesses.first_pending ? std::min(kBurst, guesses.n + guesses.whole + 1) : kBurst;
     int n;
     {
       std::lock_guard<std::mutex> lock(ep_mu_);

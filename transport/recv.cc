@@ -291,10 +291,12 @@ void RecvConn::on_peer_closed_locked(uint32_t /*floor*/, uint64_t now) {
 // guessed). Every region guessed is one no packet has filled yet, within the message's size, so
 // a wrong guess only scribbles where the right packet, or the hole fill, writes later. Not a
 // receive whose first packet has not come: its size is unknown, and the bytes past a message
-// are the caller's (harness_test.cc checks a canary there).
+// are the caller's (harness_test.cc checks a canary there). Receives not started whose buffer
+// holds one packet are counted instead (`whole`): their one datagram each comes next.
 int RecvConn::rx_guesses(RxGuesses* out) {
   out->split = kHeaderBytes;
   out->n = 0;
+  out->whole = 0;
   out->first_pending = false;
   if (!fatal_.is_ok()) return 0;
   const uint64_t pkt = params_.pkt_payload;
@@ -302,12 +304,20 @@ int RecvConn::rx_guesses(RxGuesses* out) {
     const Msg& m = slot(s);
     if (m.state != State::kPosted) continue;
     if (!m.started) {
+      // Nothing of it can be guessed, but when it is one datagram at most nothing later waits
+      // on its size either.
+      if (m.capacity <= pkt) {
+        ++out->whole;
+        continue;
+      }
       // Its size is unknown until its first packet: guessing past it could write into the
       // caller's bytes beyond the message. Messages arrive in order, so the first packet of the
       // oldest one not started is what comes once those guessed above are in.
       out->first_pending = true;
       break;
     }
+    // Under way behind a receive whose datagram has not come: not in order, so not guessed.
+    if (out->whole > 0) break;
     for (uint64_t off = uint64_t{m.high} * pkt; off < m.size && out->n < RxGuesses::kMax;
          off += pkt) {
       RxGuesses::Guess& g = out->g[out->n++];

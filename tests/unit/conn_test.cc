@@ -292,6 +292,50 @@ TEST(ExactTransfer, ALostFinalIsRepairedByTheNextCtsFloor) {
   EXPECT_EQ(rig.s->stats().cut_sends, 0u);
 }
 
+// What the receiver expects next, for a datapath that places payloads (RxGuesses, as its
+// endpoint saw them before its last receive): a receive not started whose buffer holds one
+// packet is one datagram, counted as whole; the first longer one ends the guesses; one under
+// way behind a whole one is not guessed (its packets come after that one's).
+TEST(ReceiveGuesses, OnePacketReceivesAreWholeAndALongerOneEndsTheGuesses) {
+  Rig rig;
+  std::vector<uint8_t> a(500), b(1000), c(3000);
+  Request *ra, *rb, *rc;
+  ASSERT_TRUE(rig.r->irecv(a.data(), a.size(), &ra).is_ok());
+  ASSERT_TRUE(rig.r->irecv(b.data(), b.size(), &rb).is_ok());
+  ASSERT_TRUE(rig.r->irecv(c.data(), c.size(), &rc).is_ok());
+  const RxGuesses& g = rig.rx_ep->guesses;
+  rig.r->poll();
+  EXPECT_EQ(g.n, 0);
+  EXPECT_EQ(g.whole, 2);
+  EXPECT_TRUE(g.first_pending);
+  // Message 2's first packet comes before 0's and 1's (reordered): 2 is under way, but its
+  // next packets come after theirs.
+  PacketHeader h;
+  h.type = PacketType::kData;
+  h.token = 0xABCDEF;
+  h.msg_seq = 2;
+  h.msg_size = 3000;
+  push_to_receiver(rig, h, 1000);
+  rig.r->poll();
+  rig.r->poll();
+  EXPECT_EQ(g.n, 0);
+  EXPECT_EQ(g.whole, 2);
+  EXPECT_FALSE(g.first_pending);
+  // Once 0 and 1 are in, 2's next two packets are guessed.
+  h.msg_seq = 0;
+  h.msg_size = 500;
+  push_to_receiver(rig, h, 500);
+  h.msg_seq = 1;
+  h.msg_size = 1000;
+  push_to_receiver(rig, h, 1000);
+  rig.r->poll();
+  rig.r->poll();
+  ASSERT_EQ(g.n, 2);
+  EXPECT_EQ(g.whole, 0);
+  EXPECT_EQ(g.g[0].dst, c.data() + 1000);
+  EXPECT_EQ(g.g[1].dst, c.data() + 2000);
+}
+
 TEST(ExactTransfer, SendLargerThanReceiveIsAnError) {
   Rig rig;
   auto src = pattern(5000, 1);

@@ -508,6 +508,33 @@ TEST(Mux, RightGuessesStayInPlaceWrongOnesAreMadeWholeFirst) {
   EXPECT_EQ(g.asked, asked);
 }
 
+// A handler expecting `whole` one-datagram receives and then the first packet of a longer one
+// has them taken in one burst, the next one's first packet included, and no more: a burst
+// stopped after each (one recvmmsg per small message) took one datagram per burst.
+TEST(Mux, OneDatagramReceivesAreTakenInOneBurstUpToTheFirstPacketThatIsNot) {
+  auto hub = std::make_shared<Hub>();
+  auto m = make_mux(hub, 1, nullptr);
+  auto sender = std::make_unique<HubEndpoint>(hub, 2);
+  auto mine = port(*m, 0xA, hub_address(2));
+  Guesser g;
+  g.guesses.split = kHeaderBytes;
+  g.guesses.whole = 3;
+  g.guesses.first_pending = true;
+  for (uint8_t k = 0; k < 6; ++k) send_raw(*sender, 1, data_datagram(0xA, k, 0, 100, k));
+  const uint64_t drains = m->counters().drains;
+  ASSERT_EQ(mine->rx_into(g, 32), 6);
+  // 4 in the first burst (3 whole, the next one's first), the other 2 in a second.
+  EXPECT_EQ(m->counters().drains - drains, 2u);
+  ASSERT_EQ(g.got.size(), 6u);
+  for (uint8_t k = 0; k < 6; ++k) EXPECT_EQ(g.got[k], data_datagram(0xA, k, 0, 100, k));
+  // Without them, the first packet of the next receive alone ends each burst.
+  g.guesses.whole = 0;
+  for (uint8_t k = 0; k < 3; ++k) send_raw(*sender, 1, data_datagram(0xA, k, 0, 100, k));
+  const uint64_t before = m->counters().drains;
+  ASSERT_EQ(mine->rx_into(g, 32), 3);
+  EXPECT_EQ(m->counters().drains - before, 4u);  // one each, and one that found nothing
+}
+
 // Connections over shared endpoints, driven the way the engine drives them.
 struct Pair {
   std::unique_ptr<SendConn> s;
