@@ -308,28 +308,27 @@ TEST(ReceiveGuesses, OnePacketReceivesAreWholeAndALongerOneEndsTheGuesses) {
   EXPECT_EQ(g.n, 0);
   EXPECT_EQ(g.whole, 2);
   EXPECT_TRUE(g.first_pending);
+  // The first packet of message `seq` (`size` bytes), then two passes: the first receives it,
+  // the second asks again.
+  auto first_packet = [&](uint32_t seq, uint64_t size) {
+    PacketHeader h;
+    h.type = PacketType::kData;
+    h.token = 0xABCDEF;
+    h.msg_seq = seq;
+    h.msg_size = size;
+    push_to_receiver(rig, h, std::min<uint64_t>(size, 1000));
+    rig.r->poll();
+    rig.r->poll();
+  };
   // Message 2's first packet comes before 0's and 1's (reordered): 2 is under way, but its
   // next packets come after theirs.
-  PacketHeader h;
-  h.type = PacketType::kData;
-  h.token = 0xABCDEF;
-  h.msg_seq = 2;
-  h.msg_size = 3000;
-  push_to_receiver(rig, h, 1000);
-  rig.r->poll();
-  rig.r->poll();
+  first_packet(2, 3000);
   EXPECT_EQ(g.n, 0);
   EXPECT_EQ(g.whole, 2);
   EXPECT_FALSE(g.first_pending);
   // Once 0 and 1 are in, 2's next two packets are guessed.
-  h.msg_seq = 0;
-  h.msg_size = 500;
-  push_to_receiver(rig, h, 500);
-  h.msg_seq = 1;
-  h.msg_size = 1000;
-  push_to_receiver(rig, h, 1000);
-  rig.r->poll();
-  rig.r->poll();
+  first_packet(0, 500);
+  first_packet(1, 1000);
   ASSERT_EQ(g.n, 2);
   EXPECT_EQ(g.whole, 0);
   EXPECT_EQ(g.g[0].dst, c.data() + 1000);
