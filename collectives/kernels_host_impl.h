@@ -240,6 +240,27 @@ void fwht_impl(A* __restrict x, size_t d) {
   fwht_rest(x, d, fwht_first(x, d, [](size_t, size_t) {}));
 }
 
+// While a group of a block is read in, the same group of the next block is asked for from
+// memory. A block is read in one burst and then transformed in L1 for as long again, so the
+// hardware prefetcher, which follows the bursts, left every block's first lines to miss.
+// Measured with a 64 MiB bucket of fp32 in blocks of 4096 (the default): encode 0.69 -> 0.46 ns
+// per element, decode 0.65 -> 0.51 (best of 7 runs each, AVX2). Blocks under 4 KiB are read
+// often enough for the hardware prefetcher alone (fp32 at 256: no gain, a few percent lost to
+// the extra instructions).
+template <class S>
+inline bool reads_ahead(size_t block) {
+  return block * sizeof(S) >= 4096;
+}
+// Elements [i, i + m) of the next block, which holds `next` elements (0: none), as far as it
+// goes.
+template <class S>
+inline void read_ahead(const S* next_block, size_t next, size_t i, size_t m) {
+  if (i >= next) return;
+  const char* c = reinterpret_cast<const char*>(next_block + i);
+  const size_t bytes = std::min(m, next - i) * sizeof(S);
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
 // One block of working precision per thread, grown to the largest block seen: encode and decode
 // need the block in fp32 (fp64) while the transform runs, never a copy of the whole bucket.
 template <class A>
@@ -258,13 +279,17 @@ void encode_t(const void* in_v, void* out_v, const HadamardGeometry& g,
   const S* in = static_cast<const S*>(in_v);
   S* out = static_cast<S*>(out_v);
   A* __restrict buf = block_buffer<A>(g.block);
+  const bool ahead = reads_ahead<S>(g.block);
   for (uint64_t b = 0, nb = g.blocks(); b < nb; ++b) {
     const size_t n = g.data_len(b), d = g.dim(b);
     const S* __restrict src = in + b * g.block;
     S* __restrict dst = out + b * g.block;
+    const size_t next = b + 1 < nb ? g.data_len(b + 1) : 0;
+    const S* next_src = next != 0 ? src + g.block : nullptr;
     // D x, zero-padded from n to d.
     const size_t h = fwht_first(buf, d, [=](size_t i, size_t m) {
       const auto sign = [mk = masks + i](A a, size_t l) { return apply_sign(a, mk[l]); };
+      if (ahead) read_ahead(next_src, next, i, m);
       if (i + m <= n) {
         load_run<T>(buf + i, src + i, m, sign);
       } else {
@@ -291,16 +316,20 @@ DecodeResult decode_t(const void* in_v, void* out_v, const HadamardGeometry& g,
   S* out = static_cast<S*>(out_v);
   const S* fb = static_cast<const S*>(fb_v);
   A* __restrict buf = block_buffer<A>(g.block);
+  const bool ahead = reads_ahead<S>(g.block);
   DecodeResult r;
   for (uint64_t b = 0, nb = g.blocks(); b < nb; ++b) {
     const size_t n = g.data_len(b), d = g.dim(b);
     const S* __restrict src = in + b * g.block;
     S* dst = out + b * g.block;
+    const size_t next = b + 1 < nb ? g.data_len(b + 1) : 0;
+    const S* next_src = next != 0 ? src + g.block : nullptr;
     uint64_t kept = 0;
     // First stages fused with the load; a block that turns out empty wastes them, but that is
     // the rare case.
     const size_t h = fwht_first(buf, d, [=, &kept](size_t i, size_t m) {
       uint32_t k = 0;  // m is one group: 32-bit lanes vectorise better than 64
+      if (ahead) read_ahead(next_src, next, i, m);
       load_run<T>(buf + i, src + i, m, [&k, sv = src + i](A a, size_t l) {
         const bool erased = sv[l] == E::kMarker;
         k += erased ? 0 : 1;
