@@ -1,18 +1,17 @@
 // Implements plugin/api.h: NCCL's entry points over the transport, and the comm wrappers that
-// give NCCL's opaque pointers an owner. The process state and its lifetime live in
+// give NCCL's opaque pointers an owner. A communicator's delivery (its traffic class, context,
+// connection options and transfers) lives in context.cc, the process state and its lifetime in
 // process_state.cc, the counters and their C query API in stats.cc, the logger glue in logger.cc.
 #include "plugin/api.h"
 
 #include <algorithm>
 #include <atomic>
-#include <cinttypes>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <mutex>
 #include <new>
-#include <string>
 #include <vector>
 
 #include "plugin/context.h"
@@ -20,7 +19,6 @@
 #include "plugin/process_state.h"
 #include "plugin/profiler_events.h"
 #include "plugin/stats.h"
-#include "transport/bounded.h"
 #include "transport/log.h"
 #include "transport/params.h"
 #include "transport/transport.h"
@@ -94,92 +92,22 @@ RecvWrap* as_recv(void* comm) {
   return (w != nullptr && w->magic == kRecvMagic) ? static_cast<RecvWrap*>(w) : nullptr;
 }
 
-// What a traffic class asks of a communicator: liboptireduce's two siblings are named by
-// OPTIREDUCE_BOUNDED_TRAFFIC_CLASS (phase 1, bounded) and the class after it (phase 2, bounded
-// until each sender starts); every other class, and none, leaves the communicator as
-// OPTIREDUCE_MODE says.
-enum class SiblingClass : uint8_t { kNone, kBounded, kUntilStarted };
-
-SiblingClass sibling_class(int traffic_class, const Config& cfg) {
-  if (traffic_class == nccl::NCCL_NET_TRAFFIC_CLASS_UNDEF) return SiblingClass::kNone;
-  if (traffic_class == cfg.bounded_traffic_class) return SiblingClass::kBounded;
-  if (traffic_class == cfg.bounded_traffic_class + 1) return SiblingClass::kUntilStarted;
-  return SiblingClass::kNone;
-}
-
 const char* delivery_name(Delivery d) {
   return d == Delivery::kBounded ? "bounded" : "exact";
-}
-
-// How a transfer is posted on a connection: per transfer on a bounded one (transfer_kind.h).
-// The first transfer a bounded context keeps exact is logged once, so that a user can see why
-// a bounded communicator delivered some transfers whole.
-MsgDelivery choose(Context& c, bool bounded_conn, const TransferFacts& facts, bool send) {
-  if (!bounded_conn) return MsgDelivery::kAsConnection;
-  const MsgDelivery how = send ? send_delivery(facts) : recv_delivery(facts);
-  if (how == MsgDelivery::kExact && !c.told_exact.exchange(true, std::memory_order_relaxed)) {
-    OR_INFO("comm 0x%016" PRIx64
-            ": LL/LL128 transfers on its bounded connections are "
-            "delivered exact (NCCL's %s)",
-            c.comm_id, facts.ll_sentinel ? "optional-completion mark" : "setNetAttr");
-  }
-  return how;
-}
-
-TransferFacts facts_of(const Context& c) {
-  TransferFacts f;
-  f.abi = c.abi;
-  f.env = c.env;
-  f.p2p_only = c.p2p_only;
-  f.attr.seen = c.attr_seen.load(std::memory_order_relaxed);
-  f.attr.op = c.attr_op.load(std::memory_order_relaxed);
-  f.attr.proto = c.attr_proto.load(std::memory_order_relaxed);
-  return f;
 }
 
 // Makes a context and records its engine in the process state, which `*state` then points to.
 ncclResult_t make_context(uint64_t comm_id, int traffic_class, int abi,
                           std::shared_ptr<Context>* out, ProcessState** state) {
-  std::string error;
-  if (Status s = global_config_status(&error); !s) {
-    OR_WARN("invalid configuration: %s", error.c_str());
-    return nccl::ncclInvalidUsage;
-  }
-  std::shared_ptr<Engine> engine;
-  if (Status s = Engine::acquire(&engine); !s) {
-    OR_WARN("cannot start the transport: %s (errno %d)", errc_name(s.code()), s.sys_errno());
-    return to_nccl(s);
-  }
-  if (engine->device_count() < 1) {
-    OR_WARN("no usable network interface (see OPTIREDUCE_IFNAME)");
-    return nccl::ncclSystemError;
-  }
-  const Config& cfg = engine->config();
-  auto c = std::make_shared<Context>();
-  c->comm_id = comm_id;
-  const SiblingClass sibling = sibling_class(traffic_class, cfg);
-  const bool by_class = sibling != SiblingClass::kNone;
-  c->bounded = cfg.mode == ModeChoice::kBounded || by_class;
-  c->p2p_only = by_class;
-  c->until_started = sibling == SiblingClass::kUntilStarted;
-  c->abi = abi;
-  c->env = NcclEnvFacts::from_environment();
-  // The bounded traffic class is liboptireduce's: its kernels find losses by the marker, and
-  // zeros would pass for received data (lost contributions summed as 0, no estimate, no count).
-  // So that communicator carries the marker whatever OPTIREDUCE_FILL says.
-  c->fill = cfg.fill == FillChoice::kMarker || by_class ? Fill::kMarker : Fill::kZero;
-  c->engine = engine;
-  c->group = std::make_unique<BoundedGroup>(cfg);
-  c->group->set_label(comm_id);
+  std::shared_ptr<Context> c;
+  if (ncclResult_t r = new_context(comm_id, traffic_class, abi, &c); r != nccl::ncclSuccess)
+    return r;
   *state = state_for_new_context();
   if (*state == nullptr) return refused("init");
   {
     std::lock_guard<std::mutex> lock((*state)->mu);
-    (*state)->engine = engine;
+    (*state)->engine = c->engine;
   }
-  OR_INFO("context %p comm 0x%016" PRIx64 ": %s delivery%s", static_cast<void*>(c.get()), comm_id,
-          c->bounded ? "bounded" : "exact",
-          c->bounded ? (c->fill == Fill::kMarker ? ", marker fill" : ", zero fill") : "");
   *out = std::move(c);
   return nccl::ncclSuccess;
 }
@@ -374,19 +302,8 @@ ncclResult_t connect(void* ctx, int dev, const ncclNetCommConfig_v11_t* config, 
     void* state = nullptr;
     std::memcpy(&state, state_slot, sizeof(state));
 
-    // v10 names the traffic class per connection; it means one of liboptireduce's
-    // communicators, which need the marker (see init).
-    const SiblingClass sibling = config != nullptr
-                                     ? sibling_class(config->trafficClass, c->engine->config())
-                                     : SiblingClass::kNone;
-    const bool by_class = sibling != SiblingClass::kNone;
-    const bool bounded = c->bounded || by_class;
-    ConnOptions opts;
-    opts.delivery = bounded ? Delivery::kBounded : Delivery::kExact;
-    opts.fill = by_class ? Fill::kMarker : c->fill;
-    opts.group = c->group.get();
-    // The receiver learns it from the handshake: on v8-v10 its context knows no class.
-    opts.until_started = c->until_started || sibling == SiblingClass::kUntilStarted;
+    bool by_class = false;
+    const ConnOptions opts = send_conn_options(*c, config, &by_class);
 
     std::unique_ptr<SendComm> out;
     const Status s = c->engine->connect(dev, h, opts, &state, &out);
@@ -517,7 +434,8 @@ ncclResult_t isend(void* send_comm, void* data, size_t size, int /*tag*/, void* 
     if (data == nullptr && size > 0) return misuse("isend: NULL buffer");
     TransferFacts facts = facts_of(*w->ctx);
     facts.p2p_only = w->p2p_only;
-    const MsgDelivery how = choose(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, true);
+    const MsgDelivery how =
+        transfer_delivery(*w->ctx, w->comm->delivery() == Delivery::kBounded, facts, true);
     // The registration, where the datapath made one: the payload leaves from it (zero copy).
     const MemoryRegion* mr =
         mhandle != nullptr ? static_cast<const MemHandle*>(mhandle)->region.get() : nullptr;
@@ -546,7 +464,7 @@ ncclResult_t irecv(void* recv_comm, int n, void** data, size_t* sizes, int* /*ta
     TransferFacts facts = facts_of(*w->ctx);
     facts.ll_sentinel = ll_hint;
     const bool bounded = w->comm->delivery() == Delivery::kBounded;
-    const MsgDelivery how = choose(*w->ctx, bounded, facts, false);
+    const MsgDelivery how = transfer_delivery(*w->ctx, bounded, facts, false);
     // The registration, where the datapath made one: verbs may receive into it in place.
     const MemoryRegion* mr = mhandles != nullptr && mhandles[0] != nullptr
                                  ? static_cast<const MemHandle*>(mhandles[0])->region.get()

@@ -1,6 +1,8 @@
 // What NCCL holds opaque pointers to: contexts (one per communicator, or one shared by v8..v10),
 // send/recv/listen comms and memory handles. Shared by the entry points (api.cc), the process
-// state that keeps the contexts (process_state.cc) and the counters query (stats.cc).
+// state that keeps the contexts (process_state.cc) and the counters query (stats.cc). Below
+// them, a communicator's delivery (context.cc): what its traffic class asks, its context, its
+// send connections' options and how each of its transfers is posted.
 #pragma once
 
 #include <atomic>
@@ -10,10 +12,12 @@
 #include <mutex>
 #include <vector>
 
+#include "plugin/nccl/net_v11.h"
 #include "plugin/nccl/types.h"
 #include "plugin/profiler_events.h"
 #include "plugin/transfer_kind.h"
 #include "transport/bounded.h"
+#include "transport/params.h"
 #include "transport/stats.h"
 #include "transport/transport.h"
 
@@ -99,5 +103,32 @@ struct MemHandle {
   int type = 0;
   std::unique_ptr<MemoryRegion> region;
 };
+
+// What a traffic class asks of a communicator: liboptireduce's two siblings are named by
+// OPTIREDUCE_BOUNDED_TRAFFIC_CLASS (phase 1, bounded) and the class after it (phase 2, bounded
+// until each sender starts); every other class, and none, leaves the communicator as
+// OPTIREDUCE_MODE says.
+enum class SiblingClass : uint8_t { kNone, kBounded, kUntilStarted };
+SiblingClass sibling_class(int traffic_class, const Config& cfg);
+
+// A communicator's context over the process's engine (started here if it is not yet), bounded
+// by OPTIREDUCE_MODE or by its traffic class. An invalid configuration, an engine that cannot
+// start or no usable interface is logged and returned as NCCL's error.
+nccl::ncclResult_t new_context(uint64_t comm_id, int traffic_class, int abi,
+                               std::shared_ptr<Context>* out);
+
+// The options a send connection of `c` opens with: v10's per-connection traffic class
+// (`config`, null on the other versions) over the context's; *by_class: that class is one of
+// liboptireduce's (its transfers are point-to-point only).
+ConnOptions send_conn_options(const Context& c, const nccl::ncclNetCommConfig_v11_t* config,
+                              bool* by_class);
+
+// What `c` knows of its transfers (transfer_kind.h): the caller adds what the call says.
+TransferFacts facts_of(const Context& c);
+
+// How a transfer is posted on a connection: per transfer on a bounded one (transfer_kind.h).
+// The first transfer a bounded context keeps exact is logged once, so that a user can see why
+// a bounded communicator delivered some transfers whole.
+MsgDelivery transfer_delivery(Context& c, bool bounded_conn, const TransferFacts& facts, bool send);
 
 }  // namespace optireduce::plugin
