@@ -336,12 +336,10 @@ def main(argv=None):
 
 if __name__ == "__main__":
     rc = main()
-    # Out without Python's teardown, and without destroy_process_group: with torch 1.13 (Debian
-    # 12's), freeing the Gloo group (by destroy_process_group, or by DDP's reducer at exit) joins
-    # Gloo's worker threads while holding the GIL, and a worker that is dropping the last
-    # reference to a tensor waits for the GIL: the rank hangs after its last line
-    # (pytorch/pytorch#56297). It did so in 2 of 26 runs of tests/tta, with ddp-gloo and
-    # opti-exact alike. Everything this script writes is written and closed by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
+    # Out without Python's teardown or destroy_process_group, which can hang a rank with torch
+    # 1.13 (optireduce.torch.leave says why; it hung 2 of 26 runs of tests/tta, with ddp-gloo and
+    # opti-exact alike). Everything this script writes is written and closed by now; no barrier,
+    # since a rank that failed leaves alone.
+    from optireduce.torch import leave
+
+    leave(rc, barrier=False)

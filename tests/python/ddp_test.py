@@ -75,7 +75,7 @@ def _scenario(scenario, torch, dist, outdir, sub):
         result["error"] = f"{type(e).__name__}: {e}"
         result["error_after_s"] = time.monotonic() - t0
         ranks.report(outdir, rank, result, sub)
-        os._exit(0)  # peers are gone; no collective teardown
+        ort.leave(barrier=False)  # peers are gone: no barrier, no collective teardown
     result["losses"] = losses
     result["weights"] = [p.detach().flatten().tolist() for p in model.parameters()]
     result["lost"], result["expected"] = lost, expected
