@@ -8,6 +8,7 @@ failure on one rank raises on every rank.
 """
 
 import os
+import subprocess
 import sys
 import time
 import unittest
@@ -155,6 +156,21 @@ class DdpHook(unittest.TestCase):
         self.assertIn("injected", res[1]["error"])
         for r in (0, 2, 3):
             self.assertIn("remote error", res[r]["error"])
+
+    def test_leave_exits_with_its_code_and_keeps_what_was_printed(self):
+        # No process group: leave() skips the barrier and exits at once, output flushed.
+        code = ("import optireduce.torch as ort, sys\n"
+                "print('written', end='')\n"
+                "sys.stderr.write('too')\n"
+                "ort.leave(7)\n"
+                "print('after')\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ranks.repo_root(), "python"))
+        env.pop("PYTHONUNBUFFERED", None)  # a pipe then buffers what print() wrote
+        p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=env, timeout=60)
+        self.assertEqual(p.returncode, 7, p.stderr)
+        self.assertEqual(p.stdout, "written")  # buffered output survives os._exit
+        self.assertEqual(p.stderr, "too")
 
 
 if __name__ == "__main__":
