@@ -909,7 +909,10 @@ TEST(CcSim, ARecurringStragglerCostsOneAllowanceEachTime) {
     most_allowance = std::max(most_allowance, rx_group.start_allowance_ns(kMiB));
   }
   std::string costs;
-  for (double c : straggled_ms) costs += " " + std::to_string(static_cast<int>(c));
+  for (double c : straggled_ms) {
+    costs += ' ';
+    costs += std::to_string(static_cast<int>(c));
+  }
   std::printf(
       "straggled steps cost the receiver (ms):%s; largest allowance %.1f ms; %llu late "
       "senders timed\n",
