@@ -406,16 +406,28 @@ TEST(Loopback, BoundedLossAccountingEightProcesses) {
   EXPECT_GT(total_lost(dir, n), 0u) << "the fault injector dropped nothing";
 }
 
+// Three ranks of bounded_rank under the fault injector, whose checks mean something only if
+// some element was lost. Bounded mode repairs what its deadline leaves time for, so a run may
+// lose nothing: in CI all three ranks of the Hadamard case once did (none of 72 runs here, 20
+// of them beside two busy loops). Such a run is repeated, up to three runs in all.
+void bounded_under_faults(bool hadamard) {
+  uint64_t lost = 0;
+  for (int run = 0; run < 3 && lost == 0; ++run) {
+    const std::string dir = temp_dir();
+    ASSERT_EQ(run_ranks(3, kFaultEnv, [&](int r) { return bounded_rank(r, 3, dir, hadamard); }),
+              "");
+    lost = total_lost(dir, 3);
+  }
+  EXPECT_GT(lost, 0u) << "nothing lost in 3 runs: the fault injector dropped nothing, or "
+                         "every drop was repaired before its deadline";
+}
+
 TEST(Loopback, BoundedUnderFaultInjectionWithoutHadamard) {
-  const std::string dir = temp_dir();
-  EXPECT_EQ(run_ranks(3, kFaultEnv, [&](int r) { return bounded_rank(r, 3, dir, false); }), "");
-  EXPECT_GT(total_lost(dir, 3), 0u) << "the fault injector dropped nothing";
+  bounded_under_faults(false);
 }
 
 TEST(Loopback, BoundedUnderFaultInjectionWithHadamard) {
-  const std::string dir = temp_dir();
-  EXPECT_EQ(run_ranks(3, kFaultEnv, [&](int r) { return bounded_rank(r, 3, dir, true); }), "");
-  EXPECT_GT(total_lost(dir, 3), 0u) << "the fault injector dropped nothing";
+  bounded_under_faults(true);
 }
 
 // Issue 12, defect 6: the non-finite verdict under injected loss (nonfinite_case.h). Four
