@@ -143,7 +143,7 @@ Flag list_flag(const char* name, std::vector<T>* out, Conv conv) {
           [out, conv](const char* v) {
             std::vector<T> items;
             for (const std::string& x : split_commas(v)) {
-              T t;
+              T t{};  // a converter that accepts without writing leaves a defined value
               if (!conv(x, &t)) return false;
               items.push_back(t);
             }
