@@ -169,7 +169,7 @@ class DdpHook(unittest.TestCase):
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=env, timeout=60)
         self.assertEqual(p.returncode, 7, p.stderr)
-        self.assertEqual(p.stdout, "written")  # buffered output survives os._exit
+        self.assertEqual(p.stdout, "written")  # leave() flushed what print() had buffered
         self.assertEqual(p.stderr, "too")
 
 
