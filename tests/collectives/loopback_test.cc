@@ -399,35 +399,32 @@ int bounded_audit_rank(int rank, int n, const std::string& dir) {
   return 0;
 }
 
-TEST(Loopback, BoundedLossAccountingEightProcesses) {
-  const int n = 8;
-  const std::string dir = temp_dir();
-  EXPECT_EQ(run_ranks(n, kFaultEnv, [&](int r) { return bounded_audit_rank(r, n, dir); }), "");
-  EXPECT_GT(total_lost(dir, n), 0u) << "the fault injector dropped nothing";
-}
-
-// Three ranks of bounded_rank under the fault injector, whose checks mean something only if
-// some element was lost. Bounded mode repairs what its deadline leaves time for, so a run may
-// lose nothing: in CI all three ranks of the Hadamard case once did (none of 72 runs here, 20
-// of them beside two busy loops). Such a run is repeated, up to three runs in all.
-void bounded_under_faults(bool hadamard) {
+// n ranks of `rank(r, dir)` under the fault injector, whose checks mean something only if some
+// element was lost (each rank writes its count to dir/lost.r). Bounded mode repairs what its
+// deadline leaves time for, so a run may lose nothing: in CI all three ranks of the Hadamard
+// case once did (none of 72 runs here, 20 of them beside two busy loops). Such a run is
+// repeated, up to three runs in all.
+void run_until_lost(int n, const std::function<int(int, const std::string&)>& rank) {
   uint64_t lost = 0;
   for (int run = 0; run < 3 && lost == 0; ++run) {
     const std::string dir = temp_dir();
-    ASSERT_EQ(run_ranks(3, kFaultEnv, [&](int r) { return bounded_rank(r, 3, dir, hadamard); }),
-              "");
-    lost = total_lost(dir, 3);
+    ASSERT_EQ(run_ranks(n, kFaultEnv, [&](int r) { return rank(r, dir); }), "");
+    lost = total_lost(dir, n);
   }
   EXPECT_GT(lost, 0u) << "nothing lost in 3 runs: the fault injector dropped nothing, or "
                          "every drop was repaired before its deadline";
 }
 
+TEST(Loopback, BoundedLossAccountingEightProcesses) {
+  run_until_lost(8, [](int r, const std::string& dir) { return bounded_audit_rank(r, 8, dir); });
+}
+
 TEST(Loopback, BoundedUnderFaultInjectionWithoutHadamard) {
-  bounded_under_faults(false);
+  run_until_lost(3, [](int r, const std::string& dir) { return bounded_rank(r, 3, dir, false); });
 }
 
 TEST(Loopback, BoundedUnderFaultInjectionWithHadamard) {
-  bounded_under_faults(true);
+  run_until_lost(3, [](int r, const std::string& dir) { return bounded_rank(r, 3, dir, true); });
 }
 
 // Issue 12, defect 6: the non-finite verdict under injected loss (nonfinite_case.h). Four
