@@ -115,6 +115,7 @@ class FaultyEndpoint final : public Endpoint {
       : inner_(std::move(inner)),
         plan_(plan),
         clock_(clock),
+        slots_(slots),
         slot_bytes_(slot_bytes),
         pool_(std::move(pool)),
         drop_rng_(stream_seed(plan.seed, 1)),
@@ -131,6 +132,15 @@ class FaultyEndpoint final : public Endpoint {
   const PeerAddress& local_address() const override { return inner_->local_address(); }
   Status set_peer(const PeerAddress& peer) override { return inner_->set_peer(peer); }
   uint32_t max_datagram_bytes() const override { return inner_->max_datagram_bytes(); }
+  // The inner endpoint's figure (loopback's 64 KiB datagrams for a peer on this host), so that
+  // the faults change what the network does to datagrams, not their size: with the interface's
+  // MTU instead, ranks on one host moved 47 times the datagrams, and 1% loss tripled TAR's time
+  // and CPU per call where the same loss in 64 KiB datagrams cost a quarter. Within a pool slot
+  // where datagrams may be held.
+  uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override {
+    const uint32_t m = inner_->max_datagram_bytes_to(peer);
+    return slots_ > 0 ? std::min(m, slot_bytes_) : m;
+  }
   const DatapathCounters& counters() const override { return inner_->counters(); }
   // Faults (delays, reordering) are applied on transmit only: receiving is the inner endpoint's.
   uint64_t receive_buffer_bytes() const override { return inner_->receive_buffer_bytes(); }
@@ -190,6 +200,7 @@ class FaultyEndpoint final : public Endpoint {
   std::unique_ptr<Endpoint> inner_;
   const FaultPlan plan_;
   const Clock& clock_;
+  const uint32_t slots_;  // 0: the plan holds nothing
   const uint32_t slot_bytes_;
   // Slots of slot_bytes_ each; none when nothing is held. Mapped (anon_mapping.h): malloc under
   // meson's MALLOC_PERTURB_ filled all 16 MiB on every endpoint, 12 s at 8 ranks' 112.
@@ -423,9 +434,13 @@ FaultPlan FaultPlan::from_config(const Config& cfg) {
 
 std::unique_ptr<Endpoint> make_faulty_endpoint(std::unique_ptr<Endpoint> inner,
                                                const FaultPlan& plan, const Clock& clock) {
-  const uint32_t slot_bytes = std::max<uint32_t>(inner->max_datagram_bytes(), 1);
-  // Only delays and reordering hold datagrams: drops and duplicates need no pool at all.
+  // Only delays and reordering hold datagrams: drops and duplicates need no pool at all. A slot
+  // holds the largest datagram the inner endpoint agrees to with any peer: the one to a peer
+  // on this host (max_datagram_bytes_to never exceeds it).
   const bool holds = plan.reorder > 0 || plan.delay_prob > 0;
+  const uint32_t slot_bytes =
+      std::max({inner->max_datagram_bytes(),
+                holds ? inner->max_datagram_bytes_to(inner->local_address()) : 0u, 1u});
   uint32_t slots = holds ? plan.pool_slots : 0;
   if (holds && slots == 0) {
     const uint64_t fit = kPoolBudgetBytes / slot_bytes;

@@ -23,7 +23,7 @@ class RecordingEndpoint final : public Endpoint {
     uint32_t len;
     uint64_t at_ns;
   };
-  explicit RecordingEndpoint(const Clock& clock) : clock_(clock) {}
+  explicit RecordingEndpoint(const Clock& clock) : clock_(clock) { addr_.kind = 1; }
 
   const PeerAddress& local_address() const override { return addr_; }
   Status set_peer(const PeerAddress&) override { return Status::ok(); }
@@ -44,11 +44,17 @@ class RecordingEndpoint final : public Endpoint {
   }
   int rx_burst(RxPacket*, int) override { return 0; }
   uint32_t max_datagram_bytes() const override { return 1472; }
+  // As a UDP endpoint's: more to a peer on this host (its own address, kind 1) and to the
+  // `jumbo` peer (kind 2) than the device's figure, to any other the device's.
+  uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override {
+    return peer.kind == 1 ? kLocalDatagramBytes : peer.kind == 2 ? 65507 : 1472;
+  }
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override { return kReceiveBufferBytes; }
 
   // Any value: the fault injector must pass it through unchanged.
   static constexpr uint64_t kReceiveBufferBytes = 123456;
+  static constexpr uint32_t kLocalDatagramBytes = 60000;
   std::vector<Sent> sent;
   int budget = -1;
   int calls = 0;
@@ -137,6 +143,47 @@ TEST(FaultyEndpoint, ReportsTheInnerReceiveBuffer) {
   plan.drop = 0.5;
   Bench b(plan);
   EXPECT_EQ(b.ep->receive_buffer_bytes(), RecordingEndpoint::kReceiveBufferBytes);
+}
+
+// The faults change what happens to datagrams, not their size: a peer on this host keeps the
+// inner endpoint's larger datagrams (with the interface's MTU instead, ranks on one host sent
+// 47 times the datagrams). Where datagrams may be held, never more than a pool slot holds: the
+// slots are sized for the peer on this host, the largest the inner endpoint agrees to.
+TEST(FaultyEndpoint, PassesTheDatagramSizePerPeer) {
+  PeerAddress local, jumbo, other;
+  local.kind = 1;
+  jumbo.kind = 2;
+  other.kind = 3;
+  FaultPlan drops;
+  drops.drop = 0.5;
+  Bench d(drops);
+  EXPECT_EQ(d.ep->max_datagram_bytes(), 1472u);
+  EXPECT_EQ(d.ep->max_datagram_bytes_to(local), RecordingEndpoint::kLocalDatagramBytes);
+  EXPECT_EQ(d.ep->max_datagram_bytes_to(jumbo), 65507u);
+  EXPECT_EQ(d.ep->max_datagram_bytes_to(other), 1472u);
+
+  FaultPlan delays;
+  delays.delay_prob = 1;
+  delays.delay_us = 1000;
+  delays.pool_slots = 2;
+  Bench h(delays);
+  EXPECT_EQ(h.ep->max_datagram_bytes_to(local), RecordingEndpoint::kLocalDatagramBytes);
+  EXPECT_EQ(h.ep->max_datagram_bytes_to(jumbo), RecordingEndpoint::kLocalDatagramBytes);
+  EXPECT_EQ(h.ep->max_datagram_bytes_to(other), 1472u);
+  // A datagram of the largest size is held (delayed), not sent unharmed for want of room.
+  std::vector<uint8_t> big(RecordingEndpoint::kLocalDatagramBytes - 4, 0);
+  const uint32_t seq = 7;
+  const TxPacket pkt{&seq, 4, uint32_t(big.size()), big.data()};
+  ASSERT_EQ(h.ep->tx_burst(&pkt, 1), 1);
+  EXPECT_EQ(h.fc().delayed, 1u);
+  EXPECT_EQ(h.fc().pool_exhausted, 0u);
+  EXPECT_TRUE(h.inner->sent.empty());
+  h.clock.advance_ms(200);
+  RxPacket rx[1];
+  ASSERT_EQ(h.ep->rx_burst(rx, 1), 0);
+  ASSERT_EQ(h.inner->sent.size(), 1u);
+  EXPECT_EQ(h.inner->sent[0].seq, seq);
+  EXPECT_EQ(h.inner->sent[0].len, RecordingEndpoint::kLocalDatagramBytes);
 }
 
 TEST(FaultyEndpoint, NoFaultsPassesEverythingInOrder) {
