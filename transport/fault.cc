@@ -170,8 +170,26 @@ class FaultyEndpoint final : public Endpoint {
   uint64_t aim_moves() const override { return inner_->aim_moves(); }
   bool aim_reachable(uint32_t steer) override { return inner_->aim_reachable(steer); }
   std::string aim_text(uint32_t steer) const override { return inner_->aim_text(steer); }
-  // Not shared(), even over a shared endpoint: held datagrams leave only during this endpoint's
-  // own calls, so the progress thread must keep visiting it as it visits an endpoint of its own.
+  // A plan that holds nothing (drops and duplicates) is a filter on transmit, so the endpoint
+  // is waited on and served as the inner one is: a caller blocks on its descriptor, and over a
+  // shared endpoint the other callers' drains serve its connection. One that holds datagrams
+  // is neither: they leave only during this endpoint's own calls, so the progress thread must
+  // keep visiting it as it visits an endpoint of its own, and a caller must not sleep on a
+  // descriptor that does not show them.
+  bool shared() const override { return slots_ == 0 && inner_->shared(); }
+  int readable_fd() const override { return slots_ == 0 ? inner_->readable_fd() : -1; }
+  int idle_fd() const override { return slots_ == 0 ? inner_->idle_fd() : -1; }
+  bool prepare_wait() override { return slots_ != 0 || inner_->prepare_wait(); }
+  void note_readable() override { inner_->note_readable(); }
+  void set_blocked_waiter(bool on) override { inner_->set_blocked_waiter(on); }
+  uint64_t last_caller_drain_ns() const override {
+    return slots_ == 0 ? inner_->last_caller_drain_ns() : 0;
+  }
+  int rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) override {
+    const int r = release_due(clock_.now_ns());
+    if (r < 0) return r;
+    return inner_->rx_burst_guessed(pkts, max, g);
+  }
   std::string address_text(const PeerAddress& a) const override { return inner_->address_text(a); }
   std::string address_host(const PeerAddress& a) const override { return inner_->address_host(a); }
 

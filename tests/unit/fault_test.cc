@@ -51,10 +51,17 @@ class RecordingEndpoint final : public Endpoint {
   }
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override { return kReceiveBufferBytes; }
+  // As a shared endpoint's port: a descriptor to block on, served by others' drains.
+  bool shared() const override { return true; }
+  int readable_fd() const override { return kFd; }
+  bool prepare_wait() override { return false; }
+  void set_blocked_waiter(bool on) override { blocked = on; }
 
   // Any value: the fault injector must pass it through unchanged.
   static constexpr uint64_t kReceiveBufferBytes = 123456;
   static constexpr uint32_t kLocalDatagramBytes = 60000;
+  static constexpr int kFd = 42;
+  bool blocked = false;
   std::vector<Sent> sent;
   int budget = -1;
   int calls = 0;
@@ -184,6 +191,32 @@ TEST(FaultyEndpoint, PassesTheDatagramSizePerPeer) {
   ASSERT_EQ(h.inner->sent.size(), 1u);
   EXPECT_EQ(h.inner->sent[0].seq, seq);
   EXPECT_EQ(h.inner->sent[0].len, RecordingEndpoint::kLocalDatagramBytes);
+}
+
+// Drops and duplicates hold nothing back, so a caller may block on the inner endpoint's
+// descriptor and a shared endpoint's other callers may serve the connection, as without faults.
+// Delays and reordering keep datagrams that leave only during the endpoint's own calls: no
+// descriptor to sleep on, and the progress thread must visit it (not shared).
+TEST(FaultyEndpoint, IsWaitedOnAsTheInnerOneUnlessItHoldsDatagrams) {
+  FaultPlan drops;
+  drops.drop = 0.5;
+  drops.dup = 0.1;
+  Bench d(drops);
+  EXPECT_TRUE(d.ep->shared());
+  EXPECT_EQ(d.ep->readable_fd(), RecordingEndpoint::kFd);
+  EXPECT_EQ(d.ep->idle_fd(), RecordingEndpoint::kFd);
+  EXPECT_FALSE(d.ep->prepare_wait());
+  d.ep->set_blocked_waiter(true);
+  EXPECT_TRUE(d.inner->blocked);
+  for (const bool reorder : {false, true}) {
+    FaultPlan holds;
+    holds.drop = 0.5;
+    (reorder ? holds.reorder : holds.delay_prob) = 0.1;
+    Bench h(holds);
+    EXPECT_FALSE(h.ep->shared()) << reorder;
+    EXPECT_EQ(h.ep->readable_fd(), -1) << reorder;
+    EXPECT_EQ(h.ep->idle_fd(), -1) << reorder;
+  }
 }
 
 TEST(FaultyEndpoint, NoFaultsPassesEverythingInOrder) {
