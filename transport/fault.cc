@@ -115,7 +115,6 @@ class FaultyEndpoint final : public Endpoint {
       : inner_(std::move(inner)),
         plan_(plan),
         clock_(clock),
-        slots_(slots),
         slot_bytes_(slot_bytes),
         pool_(std::move(pool)),
         drop_rng_(stream_seed(plan.seed, 1)),
@@ -139,7 +138,7 @@ class FaultyEndpoint final : public Endpoint {
   // held.
   uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override {
     const uint32_t m = inner_->max_datagram_bytes_to(peer);
-    return slots_ > 0 ? std::min(m, slot_bytes_) : m;
+    return holds() ? std::min(m, slot_bytes_) : m;
   }
   const DatapathCounters& counters() const override { return inner_->counters(); }
   // Faults (delays, reordering) are applied on transmit only: receiving is the inner endpoint's.
@@ -176,14 +175,14 @@ class FaultyEndpoint final : public Endpoint {
   // is neither: they leave only during this endpoint's own calls, so the progress thread must
   // keep visiting it as it visits an endpoint of its own, and a caller must not sleep on a
   // descriptor that does not show them.
-  bool shared() const override { return slots_ == 0 && inner_->shared(); }
-  int readable_fd() const override { return slots_ == 0 ? inner_->readable_fd() : -1; }
-  int idle_fd() const override { return slots_ == 0 ? inner_->idle_fd() : -1; }
-  bool prepare_wait() override { return slots_ != 0 || inner_->prepare_wait(); }
+  bool shared() const override { return !holds() && inner_->shared(); }
+  int readable_fd() const override { return holds() ? -1 : inner_->readable_fd(); }
+  int idle_fd() const override { return holds() ? -1 : inner_->idle_fd(); }
+  bool prepare_wait() override { return holds() || inner_->prepare_wait(); }
   void note_readable() override { inner_->note_readable(); }
   void set_blocked_waiter(bool on) override { inner_->set_blocked_waiter(on); }
   uint64_t last_caller_drain_ns() const override {
-    return slots_ == 0 ? inner_->last_caller_drain_ns() : 0;
+    return holds() ? 0 : inner_->last_caller_drain_ns();
   }
   int rx_burst_guessed(RxPacket* pkts, int max, const RxGuesses& g) override {
     const int r = release_due(clock_.now_ns());
@@ -206,6 +205,8 @@ class FaultyEndpoint final : public Endpoint {
   void append_reorder_release();
   int flush(int* taken);
   int release_due(uint64_t now);
+  // Whether the plan holds datagrams (delays, reordering): the pool is mapped exactly then.
+  bool holds() const { return static_cast<bool>(pool_); }
   uint8_t* slot_ptr(uint32_t slot) const {
     return pool_.data() + static_cast<size_t>(slot) * slot_bytes_;
   }
@@ -218,7 +219,6 @@ class FaultyEndpoint final : public Endpoint {
   std::unique_ptr<Endpoint> inner_;
   const FaultPlan plan_;
   const Clock& clock_;
-  const uint32_t slots_;  // 0: the plan holds nothing
   const uint32_t slot_bytes_;
   // Slots of slot_bytes_ each; none when nothing is held. Mapped (anon_mapping.h): malloc under
   // meson's MALLOC_PERTURB_ filled all 16 MiB on every endpoint, 12 s at 8 ranks' 112.

@@ -47,7 +47,9 @@ class RecordingEndpoint final : public Endpoint {
   // As a UDP endpoint's: more to a peer on this host (its own address, kind 1) and to the
   // `jumbo` peer (kind 2) than the device's figure, to any other the device's.
   uint32_t max_datagram_bytes_to(const PeerAddress& peer) const override {
-    return peer.kind == 1 ? kLocalDatagramBytes : peer.kind == 2 ? 65507 : 1472;
+    return peer.kind == 1   ? kLocalDatagramBytes
+           : peer.kind == 2 ? kJumboDatagramBytes
+                            : max_datagram_bytes();
   }
   const DatapathCounters& counters() const override { return counters_; }
   uint64_t receive_buffer_bytes() const override { return kReceiveBufferBytes; }
@@ -60,6 +62,7 @@ class RecordingEndpoint final : public Endpoint {
   // Any value: the fault injector must pass it through unchanged.
   static constexpr uint64_t kReceiveBufferBytes = 123456;
   static constexpr uint32_t kLocalDatagramBytes = 60000;
+  static constexpr uint32_t kJumboDatagramBytes = 65507;
   static constexpr int kFd = 42;
   bool blocked = false;
   std::vector<Sent> sent;
@@ -166,7 +169,7 @@ TEST(FaultyEndpoint, PassesTheDatagramSizePerPeer) {
   Bench d(drops);
   EXPECT_EQ(d.ep->max_datagram_bytes(), 1472u);
   EXPECT_EQ(d.ep->max_datagram_bytes_to(local), RecordingEndpoint::kLocalDatagramBytes);
-  EXPECT_EQ(d.ep->max_datagram_bytes_to(jumbo), 65507u);
+  EXPECT_EQ(d.ep->max_datagram_bytes_to(jumbo), RecordingEndpoint::kJumboDatagramBytes);
   EXPECT_EQ(d.ep->max_datagram_bytes_to(other), 1472u);
 
   FaultPlan delays;
