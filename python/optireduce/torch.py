@@ -23,6 +23,7 @@ raises from backward().
 import atexit
 import ctypes
 import datetime
+import hashlib
 import os
 import queue
 import sys
@@ -46,18 +47,35 @@ _DTYPES = {
     torch.float64: L.FLOAT64,
 }
 
-# States made by this process, in order: ranks make them in the same order, so the count names a
-# state's keys in a store the ranks share.
+# States made by this process, counted per process group: a group's members make its states in
+# the same order, so the group's ranks and the count name a state's keys in a store the ranks
+# share. The ranks matter where several groups share one store: DDP over each data-parallel group
+# of a model split by tensor or pipeline parallelism gives every group a state, and with the
+# count alone each group's first state took the same keys, so ranks of different groups
+# rendezvoused with each other and hung.
 _serial_lock = threading.Lock()
-_serial = 0
+_serials = {}
 _live_states = weakref.WeakSet()
 
 
-def _next_serial():
-    global _serial
+def _group_ranks(process_group):
+    """The global ranks of process_group in its rank order; a clear error where this process is
+    not one of them."""
+    if process_group is None:
+        return list(range(dist.get_world_size()))
+    ranks = dist.get_process_group_ranks(process_group)
+    if dist.get_rank() not in ranks:
+        raise ValueError(f"optireduce: option process_group: this process (global rank "
+                         f"{dist.get_rank()}) is not one of its ranks {ranks}")
+    return ranks
+
+
+def _state_prefix(ranks):
+    """The store prefix of this process's next state over the group of these global ranks."""
+    key = hashlib.sha256(",".join(map(str, ranks)).encode()).hexdigest()[:16]
     with _serial_lock:
-        _serial += 1
-        return _serial
+        _serials[key] = _serials.get(key, 0) + 1
+        return f"optireduce.torch/{key}/{_serials[key]}"
 
 
 def _default_store(timeout):
@@ -164,12 +182,13 @@ class OptiReduceState:
         self._resync_go = False
         self.resyncs = 0              # resyncs that averaged the parameters
         self.process_group = process_group
+        ranks = _group_ranks(process_group)
         self.rank = dist.get_rank(process_group)
-        self.size = dist.get_world_size(process_group)
+        self.size = len(ranks)
         self.options = describe(self._options)
         self._timeout = timeout
         self._base_store = store
-        self._prefix = f"optireduce.torch/{_next_serial()}"
+        self._prefix = _state_prefix(ranks)
         self._store = None
         self._host = None
         self._gpu = None

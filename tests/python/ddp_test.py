@@ -1,7 +1,8 @@
 """optireduce.torch's DDP hook in 4-process trainings on loopback (Gloo for everything else):
 exact mode gives DDP's own result, bounded mode under injected loss trains and counts its
-losses, drifted replicas are made the same bits again, every bucket dtype is averaged, and a
-failure on one rank raises on every rank.
+losses, drifted replicas are made the same bits again, every bucket dtype is averaged, states
+on disjoint process groups sharing one store stay apart, and a failure on one rank raises on
+every rank.
 
     ddp_test.py LIB                 the tests (LIB: liboptireduce.so)
     ddp_test.py worker SCENARIO[+SCENARIO...] LIB OUTDIR    one rank (launched by the tests)
@@ -53,6 +54,10 @@ def _scenario(scenario, torch, dist, outdir, sub):
         state.close()
         return result
 
+    if scenario == "subgroups":
+        result.update(ranks.subgroup_averages(torch, dist, ort, rank, world, "cpu"))
+        return result
+
     if scenario in ("resync", "no_resync"):
         result.update(ranks.drift_and_resync(torch, ort, DDP, dist, scenario == "resync", rank,
                                              "cpu"))
@@ -95,6 +100,7 @@ class DdpHook(unittest.TestCase):
     # Scenarios that need no environment of their own share a launch: each launch starts 4
     # torch processes, about 5 s on 2 cores. A group runs once, for the first test that asks.
     _groups = {}
+    SHARED = ("default", "exact", "dtypes", "subgroups")  # one launch
 
     def run_ranks(self, scenario, env=None):
         return ranks.run_checked(self, __file__, scenario, N, LIB, env=env)
@@ -105,7 +111,7 @@ class DdpHook(unittest.TestCase):
         return DdpHook._groups[scenarios]
 
     def test_exact_mode_matches_ddps_own_allreduce(self):
-        g = self.group("default", "exact", "dtypes")
+        g = self.group(*self.SHARED)
         ref, got = g["default"], g["exact"]
         ranks.assert_same_training(self, got, ref)
         for r in got:
@@ -131,9 +137,17 @@ class DdpHook(unittest.TestCase):
         ranks.assert_resynced(self, g["resync"], g["no_resync"])
 
     def test_every_bucket_dtype_is_averaged(self):
-        for r in self.group("default", "exact", "dtypes")["dtypes"]:
+        for r in self.group(*self.SHARED)["dtypes"]:
             for dt in ("torch.float32", "torch.float16", "torch.bfloat16", "torch.float64"):
                 self.assertTrue(r[dt], f"rank {r['rank']}: {dt} average wrong")
+
+    def test_states_on_disjoint_groups_over_one_store_stay_apart(self):
+        # Each half's first state once took the same store keys as the other half's, and the
+        # ranks of the two halves rendezvoused with each other and hung.
+        for r in self.group(*self.SHARED)["subgroups"]:
+            self.assertTrue(r["subgroup"], f"rank {r['rank']}: its half's average is wrong")
+            self.assertIn("is not one of its ranks", r["foreign"],
+                          f"rank {r['rank']}: a group without it was not refused")
 
     def test_the_nccl_unique_id_crosses_the_store_whole(self):
         # The GPU path hands rank 0's ncclUniqueId to the others through the store. Its bytes

@@ -188,6 +188,27 @@ def dtype_averages(torch, state, rank, world, count, device):
     return result
 
 
+def subgroup_averages(torch, dist, ort, rank, world, device):
+    """A state on each half of the ranks, both made first over the one store (as DDP over each
+    data-parallel group of a model split by tensor or pipeline parallelism): whether each half
+    averaged its own members' tensors alone, and whether a state over the half this rank is not
+    in was refused with a message saying so."""
+    half = world // 2
+    members = [list(range(half)), list(range(half, world))]
+    groups = [dist.new_group(m) for m in members]  # every rank makes every group, in order
+    mine = 0 if rank < half else 1
+    state = ort.OptiReduceState(process_group=groups[mine], mode="exact")
+    got = state.allreduce_async(torch.full((3000,), float(rank + 1)).to(device)).wait()
+    want = sum(r + 1 for r in members[mine]) / half  # 1.5 and 3.5 with 4 ranks: exact in fp32
+    result = {"subgroup": bool(torch.all(got == want)), "foreign": ""}
+    try:
+        ort.OptiReduceState(process_group=groups[1 - mine])
+    except ValueError as e:
+        result["foreign"] = str(e)
+    state.close()
+    return result
+
+
 def drift_and_resync(torch, ort, DDP, dist, resync, rank, device):
     """Bounded training in which rank 1's replica drifts after step 2 (its parameters moved, and
     its state told it lost phase-2 elements, as a straggler would have). With resync the hook
