@@ -71,11 +71,15 @@ def _group_ranks(process_group):
 
 
 def _state_prefix(ranks):
-    """The store prefix of this process's next state over the group of these global ranks."""
+    """The store prefix of this process's next state over the group of these global ranks. It
+    names torchrun's restart too: an elastic agent's store can outlive the workers of one
+    attempt, and the next attempt's states count from 1 again, where a rank could read the
+    addresses the last attempt's ranks left there."""
     key = hashlib.sha256(",".join(map(str, ranks)).encode()).hexdigest()[:16]
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     with _serial_lock:
         _serials[key] = _serials.get(key, 0) + 1
-        return f"optireduce.torch/{key}/{_serials[key]}"
+        return f"optireduce.torch/{attempt}/{key}/{_serials[key]}"
 
 
 def _default_store(timeout):

@@ -149,6 +149,29 @@ class DdpHook(unittest.TestCase):
             self.assertIn("is not one of its ranks", r["foreign"],
                           f"rank {r['rank']}: a group without it was not refused")
 
+    def test_store_keys_name_the_group_and_the_restart(self):
+        # Each prefix is the first of its process (the count cleared) but the one that counts.
+        sys.path.insert(0, os.path.join(ranks.repo_root(), "python"))
+        import optireduce.torch as ort
+
+        def first_prefix(group, attempt=None):
+            ort._serials.clear()
+            os.environ.pop("TORCHELASTIC_RESTART_COUNT", None)
+            if attempt is not None:
+                os.environ["TORCHELASTIC_RESTART_COUNT"] = attempt
+            try:
+                return ort._state_prefix(group)
+            finally:
+                os.environ.pop("TORCHELASTIC_RESTART_COUNT", None)
+
+        base = first_prefix([0, 1])
+        self.assertEqual(first_prefix([0, 1], "0"), base)
+        self.assertNotEqual(first_prefix([2, 3]), base)        # another group
+        self.assertNotEqual(first_prefix([0, 1], "1"), base)   # torchrun's next attempt
+        ort._serials.clear()
+        self.assertNotEqual(ort._state_prefix([0, 1]), ort._state_prefix([0, 1]))  # a second state
+        ort._serials.clear()
+
     def test_the_nccl_unique_id_crosses_the_store_whole(self):
         # The GPU path hands rank 0's ncclUniqueId to the others through the store. Its bytes
         # hold zeros (a sockaddr); every one of the 128 must arrive.
