@@ -148,7 +148,10 @@ optiResult_t optiOptionsDefault(optiOptions_t* opts);
 optiResult_t optiCommInit(optiComm_t* comm, struct ncclComm* nccl, const optiOptions_t* opts);
 
 /* Host path, rendezvous from the torchrun-style environment: MASTER_ADDR, MASTER_PORT, RANK,
- * WORLD_SIZE (rank 0 serves a small TCP key-value store on MASTER_PORT). */
+ * WORLD_SIZE. Rank 0 serves a small TCP key-value store on MASTER_PORT from its first call until
+ * the process ends; every communicator made this way shares it, several at once or one after
+ * another (ranks must make them in the same order). The port must be free for it: under a
+ * launcher whose own store listens there (torchrun's agent store), use optiHostCommInitStore. */
 optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts);
 /* Host path, rendezvous through files in `dir` (a folder every rank can write; for tests). */
 optiResult_t optiHostCommInitFile(optiComm_t* comm, const char* dir, int rank, int nranks,

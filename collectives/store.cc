@@ -132,10 +132,38 @@ Status FileStore::get(const std::string& key, std::string* value, int timeout_ms
 
 // ---------------------------------------------------------------- TcpStore server
 
+// One server per address for the rest of the process, shared by every communicator rank 0
+// makes through it. A server per communicator could not serve two at once (the second bind
+// failed), and one that closed with the last communicator raced the next: a peer done with
+// the old one could connect to it in the moment before it closed, and lose its keys with it.
+// Communicators keep apart by their keys' prefix (api.cc), as over any shared store.
 class TcpStore::Server {
  public:
-  ~Server() { stop(); }
+  // The server of host:port, started on the first call; later calls find it running.
+  static Status ensure(const std::string& host, int port, std::string* error) {
+    static std::mutex mu;
+    // Never destroyed: its threads serve until the process ends (reachable, not leaked).
+    static auto* servers = new std::map<std::pair<std::string, int>, Server*>();
+    std::lock_guard<std::mutex> lk(mu);
+    // A child forked after its parent started one finds it listed, but its threads are the
+    // parent's: it starts its own (and fails to bind while the parent serves there).
+    if (auto it = servers->find({host, port});
+        it != servers->end() && it->second->pid_ == ::getpid())
+      return Status::ok();
+    auto* s = new Server();
+    if (Status st = s->start(host, port, error); !st) {
+      delete s;
+      return st;
+    }
+    (*servers)[{host, port}] = s;
+    return Status::ok();
+  }
 
+  ~Server() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+ private:
   Status start(const std::string& host, int port, std::string* error) {
     sockaddr_storage addr{};
     socklen_t len = 0;
@@ -145,48 +173,37 @@ class TcpStore::Server {
     ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
         ::listen(fd_, 128) != 0) {
+      const int err = errno;
       *error = "TCP store: cannot serve on " + host + ":" + std::to_string(port) + ": " +
-               std::strerror(errno);
-      return Status(Errc::kSystem, errno);
+               std::strerror(err);
+      if (err == EADDRINUSE)
+        *error +=
+            " (another program serves MASTER_PORT: a launcher's own store, or a second "
+            "job; give this one a free port, or its store through optiHostCommInitStore)";
+      return Status(Errc::kSystem, err);
     }
-    acceptor_ = std::thread([this] {
+    std::thread([this] {
       (void)pthread_setname_np(pthread_self(), "optireduce-stor");  // for top -H, perf, gdb
       accept_loop();
-    });
+    }).detach();
     return Status::ok();
   }
 
-  void stop() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      if (stopping_) return;
-      stopping_ = true;
-      for (int c : clients_) ::shutdown(c, SHUT_RDWR);
-    }
-    cv_.notify_all();
-    if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
-    if (acceptor_.joinable()) acceptor_.join();
-    for (auto& t : workers_) t.join();
-    for (int c : clients_) ::close(c);
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
+  // A thread per client, ended by its client's close: every rank of a communicator is one
+  // client for the communicator's life.
   void accept_loop() {
     for (;;) {
       const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      std::lock_guard<std::mutex> lk(mu_);
       if (c < 0) {
-        if (stopping_ || (errno != EINTR && errno != ECONNABORTED)) return;
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        // Out of descriptors or memory: a client retries its connect until its timeout.
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
-      if (stopping_) {
+      std::thread([this, c] {
+        serve(c);
         ::close(c);
-        return;
-      }
-      clients_.push_back(c);
-      workers_.emplace_back([this, c] { serve(c); });
+      }).detach();
     }
   }
 
@@ -207,8 +224,8 @@ class TcpStore::Server {
       } else if (op == kGet) {
         std::unique_lock<std::mutex> lk(mu_);
         const bool found = cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms),
-                                        [&] { return stopping_ || kv_.count(key) > 0; });
-        if (found && kv_.count(key) > 0) {
+                                        [&] { return kv_.count(key) > 0; });
+        if (found) {
           value = kv_[key];
         } else {
           status = 1;
@@ -221,29 +238,24 @@ class TcpStore::Server {
     }
   }
 
+  const pid_t pid_ = ::getpid();
   int fd_ = -1;
-  std::thread acceptor_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stopping_ = false;
   std::map<std::string, std::string> kv_;
-  std::vector<int> clients_;
-  std::vector<std::thread> workers_;
 };
 
 // ---------------------------------------------------------------- TcpStore client
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
-  server_.reset();
 }
 
 Status TcpStore::open(const std::string& host, int port, bool serve, int timeout_ms,
                       std::unique_ptr<TcpStore>* out, std::string* error) {
   std::unique_ptr<TcpStore> s(new TcpStore());
   if (serve) {
-    s->server_ = std::make_unique<Server>();
-    if (Status st = s->server_->start(host, port, error); !st) return st;
+    if (Status st = Server::ensure(host, port, error); !st) return st;
   }
   sockaddr_storage addr{};
   socklen_t len = 0;

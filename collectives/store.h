@@ -43,12 +43,13 @@ class FileStore final : public Store {
   std::string dir_;
 };
 
-// A client of the TCP store; on rank 0 it also owns the server.
+// A client of the TCP store. Rank 0's first one starts the server of its address, which serves
+// every later one until the process ends (store.cc says why).
 class TcpStore final : public Store {
  public:
   ~TcpStore() override;
-  // Rank 0 (`serve`) binds host:port and serves; every rank (rank 0 too) connects as a client,
-  // retrying until timeout_ms while the server is not up yet.
+  // Rank 0 (`serve`) serves host:port unless it does already; every rank (rank 0 too)
+  // connects as a client, retrying until timeout_ms while the server is not up yet.
   static Status open(const std::string& host, int port, bool serve, int timeout_ms,
                      std::unique_ptr<TcpStore>* out, std::string* error);
   Status set(const std::string& key, const std::string& value) override;
@@ -60,7 +61,6 @@ class TcpStore final : public Store {
   Status request(uint8_t op, const std::string& key, const std::string& value, std::string* reply,
                  int timeout_ms);
 
-  std::unique_ptr<Server> server_;
   int fd_ = -1;
   std::mutex mu_;  // one request at a time on the client socket
 };

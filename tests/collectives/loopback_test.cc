@@ -739,17 +739,32 @@ TEST(Loopback, TorchrunStyleTcpRendezvous) {
       n, {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"WORLD_SIZE", std::to_string(n)}},
       [&](int rank) {
         ::setenv("RANK", std::to_string(rank).c_str(), 1);
-        optiComm_t comm = nullptr;
-        CHILD_CHECK(optiHostCommInit(&comm, nullptr) == optiSuccess, "init");
-        int r = -1, size = -1;
-        CHILD_CHECK(optiCommRank(comm, &r) == optiSuccess && r == rank, "rank");
-        CHILD_CHECK(optiCommSize(comm, &size) == optiSuccess && size == n, "size");
-        std::vector<float> v(5000, float(rank + 1));
-        CHILD_CHECK(optiAllReduce(v.data(), v.data(), v.size(), optiFloat32, optiSum, comm,
-                                  nullptr) == optiSuccess,
-                    "allreduce");
-        for (float x : v) CHILD_CHECK(x == 6.0f, "got %g", double(x));
-        CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+        // Two communicators open at once (an exact one and a bounded one, say), both through
+        // the one MASTER_PORT, then a third after both are gone.
+        optiComm_t comms[2] = {nullptr, nullptr};
+        for (optiComm_t& comm : comms)
+          CHILD_CHECK(optiHostCommInit(&comm, nullptr) == optiSuccess, "init: %s",
+                      optiGetLastError());
+        for (int round = 0; round < 2; ++round) {
+          if (round == 1) {
+            for (optiComm_t comm : comms)
+              CHILD_CHECK(optiCommDestroy(comm) == optiSuccess, "destroy");
+            CHILD_CHECK(optiHostCommInit(&comms[0], nullptr) == optiSuccess, "init again: %s",
+                        optiGetLastError());
+            comms[1] = nullptr;
+          }
+          for (int c = 0; c < 2 && comms[c] != nullptr; ++c) {
+            int r = -1, size = -1;
+            CHILD_CHECK(optiCommRank(comms[c], &r) == optiSuccess && r == rank, "rank");
+            CHILD_CHECK(optiCommSize(comms[c], &size) == optiSuccess && size == n, "size");
+            std::vector<float> v(5000, float((rank + 1) * (c + 1)));
+            CHILD_CHECK(optiAllReduce(v.data(), v.data(), v.size(), optiFloat32, optiSum, comms[c],
+                                      nullptr) == optiSuccess,
+                        "allreduce");
+            for (float x : v) CHILD_CHECK(x == 6.0f * float(c + 1), "got %g", double(x));
+          }
+        }
+        CHILD_CHECK(optiCommDestroy(comms[0]) == optiSuccess, "destroy");
         return 0;
       });
   EXPECT_EQ(failed, "");
@@ -920,6 +935,31 @@ TEST(Api, BadArgumentsGiveClearErrors) {
   EXPECT_EQ(failed, "");
   EXPECT_STREQ(optiGetErrorString(optiSuccess), "success");
   EXPECT_NE(std::string(optiGetErrorString(optiResult_t(77))), "");
+}
+
+TEST(Api, AMasterPortServedByAnotherProgramIsNamed) {
+  // Another program's server on MASTER_PORT (a launcher's store): rank 0 cannot serve there,
+  // and says what to do instead of timing out.
+  const int other = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(other, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(::listen(other, 1), 0);
+  socklen_t len = sizeof(a);
+  ASSERT_EQ(::getsockname(other, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  const std::string port = std::to_string(ntohs(a.sin_port));
+  const std::string failed = run_ranks(
+      1, {{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"RANK", "0"}, {"WORLD_SIZE", "2"}},
+      [&](int rank) {
+        optiComm_t c = nullptr;
+        CHILD_CHECK(optiHostCommInit(&c, nullptr) == optiSystemError, "a port in use accepted");
+        CHILD_CHECK(std::strstr(optiGetLastError(), "another program serves MASTER_PORT"),
+                    "message '%s'", optiGetLastError());
+        return 0;
+      });
+  ::close(other);
+  EXPECT_EQ(failed, "");
 }
 
 TEST(Api, BadEnvironmentIsReported) {
