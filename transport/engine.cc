@@ -59,7 +59,7 @@ Status Engine::acquire(std::shared_ptr<Engine>* out, const Clock* clock, DeviceO
   st = (opener ? opener : &open_datapath_devices)(cfg, &devices);
   if (!st) return st;
   if (devices.empty()) {
-    OR_WARN("no usable network device (OPTIREDUCE_IFNAME=%s)", cfg.ifname.c_str());
+    OR_WARN("no usable network device (%s=%s)", cfg.ifname_var.c_str(), cfg.ifname.c_str());
     return Status(Errc::kSystem);
   }
   auto e = std::make_shared<EngineImpl>(cfg, clock ? *clock : SteadyClock::instance(),

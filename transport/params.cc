@@ -37,6 +37,9 @@ struct ParamSpec {
   // words that follow "invalid NAME=\"value\": "). nullptr = no check beyond the above.
   std::string (*check)(const char* value) = nullptr;
   const int64_t* named = nullptr;  // integers with `choices`: the value of each name
+  // Read in the variable's place when it is unset: another program's variable for the same
+  // setting, which a user may have set already (NCCL_SOCKET_IFNAME for NCCL's own sockets).
+  const char* fallback = nullptr;
 };
 
 std::string check_ifname(const char* value) {
@@ -50,8 +53,8 @@ constexpr int64_t kIncastNamed[] = {kIncastMax, kIncastAuto};  // "max|auto"
 // clang-format off
 const ParamSpec kParams[] = {
   {"OPTIREDUCE_IFNAME", &Config::ifname, 0, 0, nullptr,
-   "Network interfaces for UDP, in `NCCL_SOCKET_IFNAME`'s syntax: comma-separated name prefixes (`eth,ens`); a leading `=` makes them exact names (`=eth0,eth1`), a leading `^` excludes them (`^docker,eth0`), `^=` both. Every selected interface that is up, running and has an address is one device, in natural name order (`eth2` before `eth10`). Default: every `ib*` interface; else every other one but loopback, `docker*` and `virbr*`; else `docker*`; else loopback.",
-   &check_ifname},
+   "Network interfaces for UDP, in `NCCL_SOCKET_IFNAME`'s syntax: comma-separated name prefixes (`eth,ens`); a leading `=` makes them exact names (`=eth0,eth1`), a leading `^` excludes them (`^docker,eth0`), `^=` both. Every selected interface that is up, running and has an address is one device, in natural name order (`eth2` before `eth10`). Unset, `NCCL_SOCKET_IFNAME` is read in its place (a cluster that names NCCL's interface names ours too); both unset: every `ib*` interface; else every other one but loopback, `docker*` and `virbr*`; else `docker*`; else loopback.",
+   &check_ifname, nullptr, "NCCL_SOCKET_IFNAME"},
   {"OPTIREDUCE_DATAPATH", &Config::datapath, 0, 0, "auto|udp|verbs",
    "`verbs` uses UD queue pairs, `udp` UDP sockets, `auto` verbs where an active RDMA port exists, else UDP."},
   {"OPTIREDUCE_IB_HCA", &Config::ib_hca, 0, 0, nullptr,
@@ -290,21 +293,25 @@ int choice_index(const char* choices, const char* v) {
 Status parse_config(Config* out, std::string* error, std::vector<std::string>* warnings,
                     EnvLookup lookup) {
   Config c;
+  auto get = [&](const char* name) { return lookup ? lookup(name) : std::getenv(name); };
   for (const auto& s : kParams) {
-    const char* v = lookup ? lookup(s.name) : std::getenv(s.name);
+    const char* name = s.name;
+    const char* v = get(name);
+    if ((v == nullptr || *v == '\0') && s.fallback != nullptr) v = get(name = s.fallback);
     if (v == nullptr || *v == '\0') continue;
     const std::string why = apply(s, v, &c);
     if (!why.empty()) {
-      if (error)
-        *error = std::string("invalid ") + s.name + "=\"" + v + "\": expected " + why;
+      if (error) *error = std::string("invalid ") + name + "=\"" + v + "\": expected " + why;
       return Status(Errc::kInvalidUsage);
     }
     if (s.check != nullptr) {
       if (const std::string bad = s.check(v); !bad.empty()) {
-        if (error) *error = std::string("invalid ") + s.name + "=\"" + v + "\": " + bad;
+        if (error) *error = std::string("invalid ") + name + "=\"" + v + "\": " + bad;
         return Status(Errc::kInvalidUsage);
       }
     }
+    if (const auto* f = std::get_if<std::string Config::*>(&s.field); f && *f == &Config::ifname)
+      c.ifname_var = name;
   }
   if (c.max_datagram_bytes != 0 && c.max_datagram_bytes < 256) {
     if (error) *error = "invalid OPTIREDUCE_MAX_DATAGRAM: must be 0 or at least 256";

@@ -29,7 +29,8 @@ inline constexpr int64_t kIncastAuto = -1;  // `auto`: each receiver adapts it
 
 struct Config {
   // --- devices and datapath
-  std::string ifname;             // OPTIREDUCE_IFNAME
+  std::string ifname;                               // OPTIREDUCE_IFNAME, else NCCL_SOCKET_IFNAME
+  std::string ifname_var = "OPTIREDUCE_IFNAME";     // which of the two gave `ifname` (messages)
   DatapathChoice datapath = DatapathChoice::kAuto;  // OPTIREDUCE_DATAPATH
   std::string ib_hca;             // OPTIREDUCE_IB_HCA
   int64_t gid_index = -1;         // OPTIREDUCE_GID_INDEX

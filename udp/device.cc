@@ -99,7 +99,10 @@ Status open_udp_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>*
   Status s = list_udp_interfaces(&all);
   if (!s) return s;
   std::vector<UdpInterface> chosen;
-  s = select_udp_interfaces(all, cfg.ifname, &chosen);
+  if (cfg.ifname_var != "OPTIREDUCE_IFNAME")
+    OR_INFO("UDP: OPTIREDUCE_IFNAME unset, interfaces from %s=\"%s\"", cfg.ifname_var.c_str(),
+            cfg.ifname.c_str());
+  s = select_udp_interfaces(all, cfg.ifname, &chosen, cfg.ifname_var);
   if (!s) return s;
   out->clear();
   for (const auto& itf : chosen) {

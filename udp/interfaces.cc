@@ -93,20 +93,21 @@ Status select_default(const std::vector<UdpInterface>& all, std::vector<UdpInter
     if (!out->empty()) return Status::ok();
   }
   OR_WARN(
-      "UDP: no network interface is up, running and has an IP address (OPTIREDUCE_IFNAME "
-      "unset); this host has: %s",
+      "UDP: no network interface is up, running and has an IP address (OPTIREDUCE_IFNAME and "
+      "NCCL_SOCKET_IFNAME unset); this host has: %s",
       host_text(all).c_str());
   return Status(Errc::kSystem, ENODEV);
 }
 
 Status select_listed(const std::vector<UdpInterface>& all, const std::string& ifname,
-                     const IfnameFilter& filter, std::vector<UdpInterface>* out) {
+                     const std::string& var, const IfnameFilter& filter,
+                     std::vector<UdpInterface>* out) {
   for (const auto& itf : all) {
     if (!filter.matches(itf.name)) continue;
     if (usable(itf)) {
       out->push_back(itf);
     } else {
-      OR_INFO("UDP: %s matches OPTIREDUCE_IFNAME=\"%s\" but is %s; skipped", itf.name.c_str(),
+      OR_INFO("UDP: %s matches %s=\"%s\" but is %s; skipped", itf.name.c_str(), var.c_str(),
               ifname.c_str(), state_text(itf).c_str());
     }
   }
@@ -117,17 +118,15 @@ Status select_listed(const std::vector<UdpInterface>& all, const std::string& if
       const bool chosen = std::any_of(out->begin(), out->end(),
                                       [&](const UdpInterface& i) { return i.name == name; });
       if (!chosen)
-        OR_WARN(
-            "UDP: OPTIREDUCE_IFNAME names %s, which is absent or cannot carry traffic; "
-            "using the others",
-            name.c_str());
+        OR_WARN("UDP: %s names %s, which is absent or cannot carry traffic; using the others",
+                var.c_str(), name.c_str());
     }
   }
   if (out->empty()) {
     OR_WARN(
-        "UDP: OPTIREDUCE_IFNAME=\"%s\" selects no interface that is up, running and has an "
-        "IP address; this host has: %s",
-        ifname.c_str(), host_text(all).c_str());
+        "UDP: %s=\"%s\" selects no interface that is up, running and has an IP address; this "
+        "host has: %s",
+        var.c_str(), ifname.c_str(), host_text(all).c_str());
     return Status(Errc::kInvalidUsage, ENODEV);
   }
   return Status::ok();
@@ -184,16 +183,16 @@ Status list_udp_interfaces(std::vector<UdpInterface>* out) {
 }
 
 Status select_udp_interfaces(const std::vector<UdpInterface>& all, const std::string& ifname,
-                             std::vector<UdpInterface>* out) {
+                             std::vector<UdpInterface>* out, const std::string& var) {
   out->clear();
   IfnameFilter filter;
   std::string why;
   if (!IfnameFilter::parse(ifname, &filter, &why)) {
-    OR_WARN("invalid OPTIREDUCE_IFNAME=\"%s\": %s", ifname.c_str(), why.c_str());
+    OR_WARN("invalid %s=\"%s\": %s", var.c_str(), ifname.c_str(), why.c_str());
     return Status(Errc::kInvalidUsage);
   }
   const Status s =
-      filter.empty() ? select_default(all, out) : select_listed(all, ifname, filter, out);
+      filter.empty() ? select_default(all, out) : select_listed(all, ifname, var, filter, out);
   if (!s) return s;
   std::stable_sort(out->begin(), out->end(), [](const UdpInterface& x, const UdpInterface& y) {
     return natural_name_less(x.name, y.name);

@@ -31,12 +31,13 @@ Status list_udp_interfaces(std::vector<UdpInterface>* out);
 // have an address count. The choice comes out in natural name order (eth2 before eth10),
 // whatever the order of the list or of the kernel, so that device k is the same NIC on hosts
 // named alike.
-// Errors (each logged as a WARN that names OPTIREDUCE_IFNAME and lists the interfaces there
-// are, with their state): kInvalidUsage for a malformed value or one that selects nothing;
-// kSystem when no interface at all can carry traffic. Separate from discovery so that tests
-// can feed it any host.
+// Errors (each logged as a WARN that names the variable `var` the value came from and lists the
+// interfaces there are, with their state): kInvalidUsage for a malformed value or one that
+// selects nothing; kSystem when no interface at all can carry traffic. Separate from discovery
+// so that tests can feed it any host.
 Status select_udp_interfaces(const std::vector<UdpInterface>& all, const std::string& ifname,
-                             std::vector<UdpInterface>* out);
+                             std::vector<UdpInterface>* out,
+                             const std::string& var = "OPTIREDUCE_IFNAME");
 
 // Orders interface names as a person would: runs of digits compare as numbers.
 bool natural_name_less(const std::string& a, const std::string& b);

@@ -182,6 +182,16 @@ TEST(SelectUdpInterfaces, SelectingNothingNamesTheVariableAndTheHost) {
   EXPECT_EQ(select_udp_interfaces(kHost, "^e,l,d,v", &out).code(), Errc::kInvalidUsage);
 }
 
+TEST(SelectUdpInterfaces, AValueFromNcclSocketIfnameIsReportedUnderThatName) {
+  WarnCapture warns;
+  std::vector<UdpInterface> out;
+  EXPECT_EQ(select_udp_interfaces(kHost, "=eth0", &out, "NCCL_SOCKET_IFNAME").code(),
+            Errc::kInvalidUsage);
+  const std::string w = warns.text();
+  EXPECT_NE(w.find("NCCL_SOCKET_IFNAME=\"=eth0\""), std::string::npos) << w;
+  EXPECT_EQ(w.find("OPTIREDUCE_IFNAME"), std::string::npos) << w;
+}
+
 TEST(SelectUdpInterfaces, MalformedValueNamesTheVariable) {
   WarnCapture warns;
   std::vector<UdpInterface> out;

@@ -90,6 +90,31 @@ TEST(ParseConfig, EnumeratedValuesAreTyped) {
   }
 }
 
+// NCCL_SOCKET_IFNAME stands in for OPTIREDUCE_IFNAME when that is unset (or empty), and what
+// it gives is checked, and reported, under its own name.
+TEST(ParseConfig, NcclSocketIfnameStandsInForAnUnsetIfname) {
+  Config c;
+  std::string err;
+  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ifname, "=eth1");
+  EXPECT_EQ(c.ifname_var, "NCCL_SOCKET_IFNAME");
+  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}, {"OPTIREDUCE_IFNAME", ""}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ifname, "=eth1");
+  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}, {"OPTIREDUCE_IFNAME", "ens"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ifname, "ens");
+  EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
+  g_env = {{"NCCL_SOCKET_IFNAME", "=^eth0"}};
+  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+  EXPECT_NE(err.find("invalid NCCL_SOCKET_IFNAME=\"=^eth0\""), std::string::npos) << err;
+  g_env.clear();
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ifname, "");
+  EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
+}
+
 TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
   const std::pair<const char*, const char*> bad[] = {
       {"OPTIREDUCE_MODE", "fast"},        {"OPTIREDUCE_FAULT_DROP", "1.5"},
