@@ -40,6 +40,8 @@ struct ParamSpec {
   // Read in the variable's place when it is unset: another program's variable for the same
   // setting, which a user may have set already (NCCL_SOCKET_IFNAME for NCCL's own sockets).
   const char* fallback = nullptr;
+  // Where the name of the variable that gave the value is kept, for messages about it.
+  std::string Config::*source = nullptr;
 };
 
 std::string check_ifname(const char* value) {
@@ -48,17 +50,25 @@ std::string check_ifname(const char* value) {
   return IfnameFilter::parse(value, &filter, &why) ? std::string() : why;
 }
 
+std::string check_hca(const char* value) {
+  IfnameFilter filter;
+  std::string why;
+  return IfnameFilter::parse(value, &filter, &why, IfnameFilter::Kind::kRdmaPorts) ? std::string()
+                                                                                   : why;
+}
+
 constexpr int64_t kIncastNamed[] = {kIncastMax, kIncastAuto};  // "max|auto"
 
 // clang-format off
 const ParamSpec kParams[] = {
   {"OPTIREDUCE_IFNAME", &Config::ifname, 0, 0, nullptr,
    "Network interfaces for UDP, in `NCCL_SOCKET_IFNAME`'s syntax: comma-separated name prefixes (`eth,ens`); a leading `=` makes them exact names (`=eth0,eth1`), a leading `^` excludes them (`^docker,eth0`), `^=` both. Every selected interface that is up, running and has an address is one device, in natural name order (`eth2` before `eth10`). Unset, `NCCL_SOCKET_IFNAME` is read in its place (a cluster that names NCCL's interface names ours too); both unset: every `ib*` interface; else every other one but loopback, `docker*` and `virbr*`; else `docker*`; else loopback.",
-   &check_ifname, nullptr, "NCCL_SOCKET_IFNAME"},
+   &check_ifname, nullptr, "NCCL_SOCKET_IFNAME", &Config::ifname_var},
   {"OPTIREDUCE_DATAPATH", &Config::datapath, 0, 0, "auto|udp|verbs",
    "`verbs` uses UD queue pairs, `udp` UDP sockets, `auto` verbs where an active RDMA port exists, else UDP."},
   {"OPTIREDUCE_IB_HCA", &Config::ib_hca, 0, 0, nullptr,
-   "RDMA devices to use, comma-separated (e.g. `mlx5_0,mlx5_1`). Default: every device with an active port."},
+   "RDMA devices to use, in `NCCL_IB_HCA`'s syntax: comma-separated name prefixes, each optionally with a port (`mlx5_0:1,mlx5_1`; `mlx5_1` also selects `mlx5_10`); a leading `=` makes them exact names (`=mlx5_1`), a leading `^` excludes them (`^mlx5_bond`), `^=` both. Unset, `NCCL_IB_HCA` is read in its place; both unset: every device with an active port.",
+   &check_hca, nullptr, "NCCL_IB_HCA", &Config::ib_hca_var},
   {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
    "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically."},
   {"OPTIREDUCE_MAX_DATAGRAM", &Config::max_datagram_bytes, 0, 65507, nullptr,
@@ -310,8 +320,7 @@ Status parse_config(Config* out, std::string* error, std::vector<std::string>* w
         return Status(Errc::kInvalidUsage);
       }
     }
-    if (const auto* f = std::get_if<std::string Config::*>(&s.field); f && *f == &Config::ifname)
-      c.ifname_var = name;
+    if (s.source != nullptr) c.*s.source = name;
   }
   if (c.max_datagram_bytes != 0 && c.max_datagram_bytes < 256) {
     if (error) *error = "invalid OPTIREDUCE_MAX_DATAGRAM: must be 0 or at least 256";

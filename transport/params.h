@@ -32,7 +32,8 @@ struct Config {
   std::string ifname;                               // OPTIREDUCE_IFNAME, else NCCL_SOCKET_IFNAME
   std::string ifname_var = "OPTIREDUCE_IFNAME";     // which of the two gave `ifname` (messages)
   DatapathChoice datapath = DatapathChoice::kAuto;  // OPTIREDUCE_DATAPATH
-  std::string ib_hca;             // OPTIREDUCE_IB_HCA
+  std::string ib_hca;                               // OPTIREDUCE_IB_HCA, else NCCL_IB_HCA
+  std::string ib_hca_var = "OPTIREDUCE_IB_HCA";     // which of the two gave `ib_hca` (messages)
   int64_t gid_index = -1;         // OPTIREDUCE_GID_INDEX
   int64_t max_datagram_bytes = 0; // OPTIREDUCE_MAX_DATAGRAM
   int64_t socket_buffer_bytes = 8 << 20;  // OPTIREDUCE_SOCKET_BUFFER

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "transport/ifname_filter.h"
 #include "transport/log.h"
 #include "verbs/endpoint.h"
 
@@ -155,21 +156,11 @@ Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& n
 }  // namespace
 
 bool hca_selected(std::string_view filter, std::string_view device, int port) {
-  if (filter.empty()) return true;
-  while (!filter.empty()) {
-    const size_t comma = filter.find(',');
-    std::string_view item = filter.substr(0, comma);
-    filter = comma == std::string_view::npos ? std::string_view() : filter.substr(comma + 1);
-    const size_t colon = item.find(':');
-    const std::string_view dev = item.substr(0, colon);
-    if (dev != device) continue;
-    if (colon == std::string_view::npos) return true;
-    const std::string p(item.substr(colon + 1));
-    char* end = nullptr;
-    const long want = std::strtol(p.c_str(), &end, 10);
-    if (end != p.c_str() && *end == '\0' && want == port) return true;
-  }
-  return false;
+  IfnameFilter f;
+  std::string why;
+  // The parameter table refuses a malformed value before any device is opened.
+  if (!IfnameFilter::parse(filter, &f, &why, IfnameFilter::Kind::kRdmaPorts)) return false;
+  return f.empty() || f.matches(device, port);
 }
 
 int port_speed_mbps(uint32_t speed_code, uint8_t width_code) {

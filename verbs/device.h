@@ -19,7 +19,8 @@
 namespace optireduce {
 namespace verbs {
 
-// OPTIREDUCE_IB_HCA: a comma-separated list of `device` or `device:port`; empty admits all.
+// Whether OPTIREDUCE_IB_HCA's value (NCCL_IB_HCA's syntax: transport/ifname_filter.h) admits
+// port `port` of `device`; empty admits all.
 bool hca_selected(std::string_view filter, std::string_view device, int port);
 
 // Link speed in Mbit/s from an IB speed code (active_speed_ex where non-zero, else

@@ -18,9 +18,11 @@ Status open_datapath_devices(const Config& cfg, std::vector<std::unique_ptr<Devi
     return Status::ok();
   }
   if (cfg.datapath == DatapathChoice::kVerbs) {
-    OR_WARN("OPTIREDUCE_DATAPATH=verbs but %s",
-            st.is_ok() ? "no RDMA port is active (or OPTIREDUCE_IB_HCA admits none)"
-                       : "libibverbs is not available");
+    if (st.is_ok())
+      OR_WARN("OPTIREDUCE_DATAPATH=verbs but no RDMA port is active (or %s=\"%s\" admits none)",
+              cfg.ib_hca_var.c_str(), cfg.ib_hca.c_str());
+    else
+      OR_WARN("OPTIREDUCE_DATAPATH=verbs but libibverbs is not available");
     return Status(Errc::kInvalidUsage);
   }
   OR_INFO("datapath: udp (%s)", st.is_ok() ? "no active RDMA port" : "no libibverbs");

@@ -115,6 +115,24 @@ TEST(ParseConfig, NcclSocketIfnameStandsInForAnUnsetIfname) {
   EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
 }
 
+// The same for NCCL_IB_HCA and OPTIREDUCE_IB_HCA, whose syntax is NCCL_IB_HCA's.
+TEST(ParseConfig, NcclIbHcaStandsInForAnUnsetIbHca) {
+  Config c;
+  std::string err;
+  g_env = {{"NCCL_IB_HCA", "=mlx5_0:1,mlx5_1"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ib_hca, "=mlx5_0:1,mlx5_1");
+  EXPECT_EQ(c.ib_hca_var, "NCCL_IB_HCA");
+  g_env = {{"NCCL_IB_HCA", "mlx5"}, {"OPTIREDUCE_IB_HCA", "^mlx5_bond"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ib_hca, "^mlx5_bond");
+  EXPECT_EQ(c.ib_hca_var, "OPTIREDUCE_IB_HCA");
+  g_env = {{"NCCL_IB_HCA", "mlx5_0:x"}};
+  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+  EXPECT_NE(err.find("invalid NCCL_IB_HCA=\"mlx5_0:x\""), std::string::npos) << err;
+  EXPECT_NE(err.find("port number from 1 to 255"), std::string::npos) << err;
+}
+
 TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
   const std::pair<const char*, const char*> bad[] = {
       {"OPTIREDUCE_MODE", "fast"},        {"OPTIREDUCE_FAULT_DROP", "1.5"},
@@ -123,7 +141,8 @@ TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
       {"OPTIREDUCE_MAX_DATAGRAM", "100"}, {"OPTIREDUCE_INCAST", "0"},
       {"OPTIREDUCE_SOCKET_BUFFER", "-1"}, {"OPTIREDUCE_IFNAME", "^"},
       {"OPTIREDUCE_IFNAME", "=^eth0"},    {"OPTIREDUCE_IFNAME", "eth0:1"},
-      {"OPTIREDUCE_LOG", "verbose"},
+      {"OPTIREDUCE_LOG", "verbose"},      {"OPTIREDUCE_IB_HCA", "rxe0:0"},
+      {"OPTIREDUCE_IB_HCA", ":1"},        {"OPTIREDUCE_IB_HCA", "=^mlx5"},
   };
   for (const auto& [name, value] : bad) {
     g_env = {{name, value}};

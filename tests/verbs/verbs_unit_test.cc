@@ -228,13 +228,23 @@ TEST(SignalWr, OnePerGroupClosingIt) {
   EXPECT_TRUE(signal_wr(63, 32));
 }
 
-TEST(HcaSelected, ParsesDevicesAndPorts) {
+// NCCL_IB_HCA's syntax: prefixes unless '=', '^' inverts, ':port' narrows an item to a port.
+TEST(HcaSelected, ReadsNcclIbHcaSyntax) {
   EXPECT_TRUE(hca_selected("", "mlx5_0", 1));
   EXPECT_TRUE(hca_selected("mlx5_0,mlx5_1", "mlx5_1", 1));
-  EXPECT_FALSE(hca_selected("mlx5_0,mlx5_1", "mlx5_10", 1));  // names match exactly
+  EXPECT_TRUE(hca_selected("mlx5_0,mlx5_1", "mlx5_10", 1));  // a prefix, as NCCL reads it
+  EXPECT_FALSE(hca_selected("=mlx5_0,mlx5_1", "mlx5_10", 1));
+  EXPECT_TRUE(hca_selected("=mlx5_0, mlx5_1", "mlx5_1", 2));
+  EXPECT_FALSE(hca_selected("mlx5_0,mlx5_1", "bnxt_re0", 1));
   EXPECT_TRUE(hca_selected("rxe0:1", "rxe0", 1));
   EXPECT_FALSE(hca_selected("rxe0:2", "rxe0", 1));
-  EXPECT_FALSE(hca_selected("rxe0:x", "rxe0", 1));
+  EXPECT_TRUE(hca_selected("^mlx5_bond", "mlx5_0", 1));
+  EXPECT_FALSE(hca_selected("^mlx5_bond", "mlx5_bond_0", 1));
+  EXPECT_FALSE(hca_selected("^=mlx5_0:1", "mlx5_0", 1));
+  EXPECT_TRUE(hca_selected("^=mlx5_0:1", "mlx5_0", 2));
+  EXPECT_TRUE(hca_selected("^=mlx5_0:1", "mlx5_00", 1));
+  for (const char* bad : {"rxe0:x", "rxe0:0", "rxe0:256", ":1", "=^rxe0", "rxe0:1:2"})
+    EXPECT_FALSE(hca_selected(bad, "rxe0", 1)) << bad;
 }
 
 TEST(PortSpeedMbps, MultipliesLaneRateByWidth) {
