@@ -70,7 +70,8 @@ const ParamSpec kParams[] = {
    "RDMA devices to use, in `NCCL_IB_HCA`'s syntax: comma-separated name prefixes, each optionally with a port (`mlx5_0:1,mlx5_1`; `mlx5_1` also selects `mlx5_10`); a leading `=` makes them exact names (`=mlx5_1`), a leading `^` excludes them (`^mlx5_bond`), `^=` both. Unset, `NCCL_IB_HCA` is read in its place; both unset: every device with an active port.",
    &check_hca, nullptr, "NCCL_IB_HCA", &Config::ib_hca_var},
   {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
-   "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically."},
+   "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically. Unset, `NCCL_IB_GID_INDEX` is read in its place.",
+   nullptr, nullptr, "NCCL_IB_GID_INDEX", &Config::gid_index_var},
   {"OPTIREDUCE_MAX_DATAGRAM", &Config::max_datagram_bytes, 0, 65507, nullptr,
    "Largest datagram in bytes, header included; 0 derives it from the route to each peer: the "
    "interface MTU, or loopback's for a peer on the same host (64 KiB datagrams where the kernel "

@@ -100,7 +100,7 @@ Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& n
   if (gid_index < 0) {
     ibv.close_device(ctx);
     if (cfg.gid_index >= 0) {
-      OR_WARN("OPTIREDUCE_GID_INDEX=%lld: no such GID on %s port %d",
+      OR_WARN("%s=%lld: no such GID on %s port %d", cfg.gid_index_var.c_str(),
               static_cast<long long>(cfg.gid_index), name.c_str(), port);
       return Status(Errc::kInvalidUsage);
     }

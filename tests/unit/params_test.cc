@@ -115,8 +115,9 @@ TEST(ParseConfig, NcclSocketIfnameStandsInForAnUnsetIfname) {
   EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
 }
 
-// The same for NCCL_IB_HCA and OPTIREDUCE_IB_HCA, whose syntax is NCCL_IB_HCA's.
-TEST(ParseConfig, NcclIbHcaStandsInForAnUnsetIbHca) {
+// The same for NCCL_IB_HCA and OPTIREDUCE_IB_HCA, whose syntax is NCCL_IB_HCA's, and for
+// NCCL_IB_GID_INDEX.
+TEST(ParseConfig, NcclIbVariablesStandInForUnsetOnes) {
   Config c;
   std::string err;
   g_env = {{"NCCL_IB_HCA", "=mlx5_0:1,mlx5_1"}};
@@ -127,6 +128,16 @@ TEST(ParseConfig, NcclIbHcaStandsInForAnUnsetIbHca) {
   ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
   EXPECT_EQ(c.ib_hca, "^mlx5_bond");
   EXPECT_EQ(c.ib_hca_var, "OPTIREDUCE_IB_HCA");
+  g_env = {{"NCCL_IB_GID_INDEX", "3"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.gid_index, 3);
+  EXPECT_EQ(c.gid_index_var, "NCCL_IB_GID_INDEX");
+  g_env = {{"NCCL_IB_GID_INDEX", "3"}, {"OPTIREDUCE_GID_INDEX", "-1"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.gid_index, -1);
+  g_env = {{"NCCL_IB_GID_INDEX", "300"}};
+  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+  EXPECT_NE(err.find("NCCL_IB_GID_INDEX"), std::string::npos) << err;
   g_env = {{"NCCL_IB_HCA", "mlx5_0:x"}};
   EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
   EXPECT_NE(err.find("invalid NCCL_IB_HCA=\"mlx5_0:x\""), std::string::npos) << err;
