@@ -72,6 +72,12 @@ const ParamSpec kParams[] = {
   {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
    "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically. Unset, `NCCL_IB_GID_INDEX` is read in its place.",
    nullptr, nullptr, "NCCL_IB_GID_INDEX", &Config::gid_index_var},
+  {"OPTIREDUCE_IB_TC", &Config::ib_tc, 0, 255, nullptr,
+   "Traffic class of every datagram over verbs (the GRH's; on RoCE the IP header's DSCP and ECN bits, which a lossless fabric maps to its PFC priority). Unset, `NCCL_IB_TC` is read in its place, so the plugin's traffic takes the class NCCL's own takes there.",
+   nullptr, nullptr, "NCCL_IB_TC"},
+  {"OPTIREDUCE_IB_SL", &Config::ib_sl, 0, 15, nullptr,
+   "InfiniBand service level of every datagram over verbs. Unset, `NCCL_IB_SL` is read in its place.",
+   nullptr, nullptr, "NCCL_IB_SL"},
   {"OPTIREDUCE_MAX_DATAGRAM", &Config::max_datagram_bytes, 0, 65507, nullptr,
    "Largest datagram in bytes, header included; 0 derives it from the route to each peer: the "
    "interface MTU, or loopback's for a peer on the same host (64 KiB datagrams where the kernel "

@@ -34,6 +34,8 @@ struct Config {
   DatapathChoice datapath = DatapathChoice::kAuto;  // OPTIREDUCE_DATAPATH
   std::string ib_hca;                               // OPTIREDUCE_IB_HCA, else NCCL_IB_HCA
   std::string ib_hca_var = "OPTIREDUCE_IB_HCA";     // which of the two gave `ib_hca` (messages)
+  int64_t ib_tc = 0;                                // OPTIREDUCE_IB_TC, else NCCL_IB_TC
+  int64_t ib_sl = 0;                                // OPTIREDUCE_IB_SL, else NCCL_IB_SL
   int64_t gid_index = -1;                           // OPTIREDUCE_GID_INDEX, else NCCL_IB_GID_INDEX
   std::string gid_index_var = "OPTIREDUCE_GID_INDEX";  // which of the two gave `gid_index`
   int64_t max_datagram_bytes = 0; // OPTIREDUCE_MAX_DATAGRAM

@@ -117,6 +117,8 @@ Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& n
   pc->name = name;
   pc->port = static_cast<uint8_t>(port);
   pc->gid_index = gid_index;
+  pc->traffic_class = static_cast<uint8_t>(cfg.ib_tc);
+  pc->service_level = static_cast<uint8_t>(cfg.ib_sl);
   for (const GidEntry& e : gids)
     if (static_cast<int>(e.index) == gid_index) std::memcpy(pc->gid, e.gid, 16);
   pc->lid = ethernet ? 0 : pattr.lid;
@@ -146,9 +148,11 @@ Status open_port(const IbvSymbols& ibv, ibv_device* device, const std::string& n
   UdAddress self;
   std::memcpy(self.gid, pc->gid, 16);
   self.lid = pc->lid;
-  OR_INFO("verbs: %s port %d %s mtu %u gid index %d (%s) speed %d Mb/s", name.c_str(), port,
-          ethernet ? "RoCE" : "IB", pc->mtu_bytes, gid_index, format_address(self).c_str(),
-          info.speed_mbps);
+  OR_INFO(
+      "verbs: %s port %d %s mtu %u gid index %d (%s) speed %d Mb/s, traffic class %u, "
+      "service level %u",
+      name.c_str(), port, ethernet ? "RoCE" : "IB", pc->mtu_bytes, gid_index,
+      format_address(self).c_str(), info.speed_mbps, pc->traffic_class, pc->service_level);
   *out = std::make_unique<VerbsDevice>(std::move(pc), std::move(info));
   return Status::ok();
 }
@@ -185,6 +189,26 @@ PortContext::~PortContext() {
   ibv_->close_device(ctx_);
 }
 
+namespace {
+
+// Always global: RoCE needs the GRH to build the IP header (rxe rejects an AH without it), and
+// on InfiniBand a GRH is harmless within a subnet and required across subnets. The traffic
+// class and service level are the port's (OPTIREDUCE_IB_TC, OPTIREDUCE_IB_SL).
+ibv_ah_attr address_handle_attributes(const PortContext& pc, const UdAddress& peer) {
+  ibv_ah_attr attr{};
+  attr.is_global = 1;
+  std::memcpy(attr.grh.dgid.raw, peer.gid, 16);
+  attr.grh.sgid_index = static_cast<uint8_t>(pc.gid_index);
+  attr.grh.hop_limit = kHopLimit;
+  attr.grh.traffic_class = pc.traffic_class;
+  attr.sl = pc.service_level;
+  attr.dlid = peer.lid;
+  attr.port_num = pc.port;
+  return attr;
+}
+
+}  // namespace
+
 Status PortContext::address_handle(const UdAddress& peer, ibv_ah** out) {
   std::lock_guard<std::mutex> lock(mu_);
   for (const AhEntry& e : ahs_) {
@@ -193,15 +217,7 @@ Status PortContext::address_handle(const UdAddress& peer, ibv_ah** out) {
       return Status::ok();
     }
   }
-  ibv_ah_attr attr{};
-  // Always global: RoCE needs the GRH to build the IP header (rxe rejects an AH without it),
-  // and on InfiniBand a GRH is harmless within a subnet and required across subnets.
-  attr.is_global = 1;
-  std::memcpy(attr.grh.dgid.raw, peer.gid, 16);
-  attr.grh.sgid_index = static_cast<uint8_t>(gid_index);
-  attr.grh.hop_limit = kHopLimit;
-  attr.dlid = peer.lid;
-  attr.port_num = port;
+  ibv_ah_attr attr = address_handle_attributes(*this, peer);
   ibv_ah* ah = ibv_->create_ah(pd_, &attr);
   if (ah == nullptr) {
     const int err = errno;

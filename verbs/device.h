@@ -53,6 +53,8 @@ class PortContext {
   std::string name;
   uint8_t port = 1;
   int gid_index = 0;
+  uint8_t traffic_class = 0;  // OPTIREDUCE_IB_TC
+  uint8_t service_level = 0;  // OPTIREDUCE_IB_SL
   uint8_t gid[16] = {};
   uint16_t lid = 0;
   bool ethernet = true;    // RoCE; false = InfiniBand link layer

@@ -116,7 +116,7 @@ TEST(ParseConfig, NcclSocketIfnameStandsInForAnUnsetIfname) {
 }
 
 // The same for NCCL_IB_HCA and OPTIREDUCE_IB_HCA, whose syntax is NCCL_IB_HCA's, and for
-// NCCL_IB_GID_INDEX.
+// NCCL_IB_GID_INDEX, NCCL_IB_TC and NCCL_IB_SL.
 TEST(ParseConfig, NcclIbVariablesStandInForUnsetOnes) {
   Config c;
   std::string err;
@@ -138,6 +138,13 @@ TEST(ParseConfig, NcclIbVariablesStandInForUnsetOnes) {
   g_env = {{"NCCL_IB_GID_INDEX", "300"}};
   EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
   EXPECT_NE(err.find("NCCL_IB_GID_INDEX"), std::string::npos) << err;
+  g_env = {{"NCCL_IB_TC", "106"}, {"NCCL_IB_SL", "3"}};
+  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+  EXPECT_EQ(c.ib_tc, 106);
+  EXPECT_EQ(c.ib_sl, 3);
+  g_env = {{"NCCL_IB_SL", "16"}};
+  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+  EXPECT_NE(err.find("NCCL_IB_SL"), std::string::npos) << err;
   g_env = {{"NCCL_IB_HCA", "mlx5_0:x"}};
   EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
   EXPECT_NE(err.find("invalid NCCL_IB_HCA=\"mlx5_0:x\""), std::string::npos) << err;

@@ -247,6 +247,43 @@ TEST(HcaSelected, ReadsNcclIbHcaSyntax) {
     EXPECT_FALSE(hca_selected(bad, "rxe0", 1)) << bad;
 }
 
+// The address handles a port makes carry its traffic class and service level (NCCL_IB_TC and
+// NCCL_IB_SL's, where a lossless fabric keys its PFC priority), and one per peer is cached.
+ibv_ah_attr g_ah_attr;
+int g_ahs_made = 0;
+alignas(8) char g_ah_storage[64];
+
+TEST(PortContext, AddressHandlesCarryTheTrafficClassAndServiceLevel) {
+  IbvSymbols ibv;
+  ibv.create_ah = [](ibv_pd*, ibv_ah_attr* attr) {
+    g_ah_attr = *attr;
+    ++g_ahs_made;
+    return reinterpret_cast<ibv_ah*>(g_ah_storage);
+  };
+  ibv.destroy_ah = [](ibv_ah*) { return 0; };
+  ibv.dealloc_pd = [](ibv_pd*) { return 0; };
+  ibv.close_device = [](ibv_context*) { return 0; };
+  PortContext pc(&ibv, nullptr, nullptr);
+  pc.port = 2;
+  pc.gid_index = 3;
+  pc.traffic_class = 106;
+  pc.service_level = 5;
+  UdAddress peer;
+  for (int i = 0; i < 16; ++i) peer.gid[i] = static_cast<uint8_t>(i + 1);
+  peer.lid = 7;
+  ibv_ah* ah = nullptr;
+  ASSERT_TRUE(pc.address_handle(peer, &ah));
+  EXPECT_EQ(g_ah_attr.is_global, 1);
+  EXPECT_EQ(g_ah_attr.grh.traffic_class, 106);
+  EXPECT_EQ(g_ah_attr.sl, 5);
+  EXPECT_EQ(g_ah_attr.grh.sgid_index, 3);
+  EXPECT_EQ(g_ah_attr.port_num, 2);
+  EXPECT_EQ(g_ah_attr.dlid, 7);
+  EXPECT_EQ(std::memcmp(g_ah_attr.grh.dgid.raw, peer.gid, 16), 0);
+  ASSERT_TRUE(pc.address_handle(peer, &ah));
+  EXPECT_EQ(g_ahs_made, 1);
+}
+
 TEST(PortSpeedMbps, MultipliesLaneRateByWidth) {
   EXPECT_EQ(port_speed_mbps(32, 2), 100000);    // EDR 4x
   EXPECT_EQ(port_speed_mbps(64, 2), 200000);    // HDR 4x
