@@ -344,8 +344,8 @@ OPTI_EXPORT optiResult_t optiCommDestroy(optiComm_t comm) {
     if (comm->gpu) {
       result = coll::gpu_destroy(comm, /*abort=*/false);
     } else if (comm->store && comm->nranks > 1 && comm->failed == optiSuccess) {
-      // Nobody tears down connections a peer may still be finishing with; rank 0 (the TCP
-      // store's server) leaves last, once everyone has passed the first barrier.
+      // Nobody tears down connections a peer may still be finishing with; rank 0 leaves last,
+      // once everyone has passed the first barrier, and then forgets the communicator's keys.
       Status s = coll::store_barrier(comm->store.get(), comm->prefix + "/exit", comm->rank,
                                      comm->nranks, kRendezvousTimeoutMs);
       if (s && comm->rank != 0)
@@ -355,8 +355,12 @@ OPTI_EXPORT optiResult_t optiCommDestroy(optiComm_t comm) {
         for (int r = 1; r < comm->nranks && s; ++r)
           s = comm->store->get(comm->prefix + "/left/" + std::to_string(r), &v,
                                kRendezvousTimeoutMs);
+        // Every rank is done with the store for this communicator.
+        if (s) comm->store->erase_prefix(comm->prefix + "/");
       }
       if (!s) result = fail(from_status(s), "optiCommDestroy: " + comm->store->error());
+    } else if (comm->store && comm->nranks == 1) {
+      comm->store->erase_prefix(comm->prefix + "/");
     }
     delete comm;
   } catch (const std::exception& e) {

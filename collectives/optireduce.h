@@ -153,7 +153,9 @@ optiResult_t optiCommInit(optiComm_t* comm, struct ncclComm* nccl, const optiOpt
  * another (ranks must make them in the same order). The port must be free for it: under a
  * launcher whose own store listens there (torchrun's agent store), use optiHostCommInitStore. */
 optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts);
-/* Host path, rendezvous through files in `dir` (a folder every rank can write; for tests). */
+/* Host path, rendezvous through files in `dir` (a folder every rank can write; for tests).
+ * optiCommDestroy removes the communicator's files, so the folder can serve the next run; a run
+ * whose ranks died leaves its files there, and the next one must start from an empty folder. */
 optiResult_t optiHostCommInitFile(optiComm_t* comm, const char* dir, int rank, int nranks,
                                   const optiOptions_t* opts);
 

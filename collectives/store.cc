@@ -1,10 +1,12 @@
 // FileStore and TcpStore (see store.h). The TCP protocol is one request, one reply:
-//   request: u8 op (1 set, 2 get) | u32 timeout_ms | u32 key length | key | u32 value length |
+//   request: u8 op (1 set, 2 get, 3 erase the keys with this prefix) | u32 timeout_ms |
+//            u32 key length | key | u32 value length |
 //   value reply:   u8 status (0 ok, 1 timed out) | u32 value length | value
 // Lengths are little-endian host order: every rank runs the same binary on the same ABI.
 #include "collectives/store.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -25,7 +27,7 @@
 namespace optireduce::coll {
 namespace {
 
-constexpr uint8_t kSet = 1, kGet = 2;
+constexpr uint8_t kSet = 1, kGet = 2, kErasePrefix = 3;
 constexpr uint32_t kMaxValueBytes = 1u << 20;  // handles and seeds are tiny; bounds a bad peer
 
 bool write_all(int fd, const void* p, size_t n) {
@@ -86,11 +88,26 @@ Status resolve(const std::string& host, int port, sockaddr_storage* out, socklen
 
 // ---------------------------------------------------------------- FileStore
 
-std::string FileStore::path(const std::string& key) const {
+std::string FileStore::file_name(const std::string& key) const {
   std::string safe = key;
   for (char& c : safe)
     if (c == '/') c = '_';
-  return dir_ + "/" + safe;
+  return safe;
+}
+
+std::string FileStore::path(const std::string& key) const {
+  return dir_ + "/" + file_name(key);
+}
+
+void FileStore::erase_prefix(const std::string& prefix) {
+  const std::string start = file_name(prefix);
+  DIR* d = ::opendir(dir_.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d))
+    if (std::string_view(e->d_name).starts_with(start)) names.emplace_back(e->d_name);
+  ::closedir(d);
+  for (const std::string& n : names) ::unlink((dir_ + "/" + n).c_str());
 }
 
 Status FileStore::set(const std::string& key, const std::string& value) {
@@ -221,6 +238,10 @@ class TcpStore::Server {
         kv_[key] = value;
         cv_.notify_all();
         value.clear();
+      } else if (op == kErasePrefix) {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = kv_.lower_bound(key);
+        while (it != kv_.end() && it->first.starts_with(key)) it = kv_.erase(it);
       } else if (op == kGet) {
         std::unique_lock<std::mutex> lk(mu_);
         const bool found = cv_.wait_for(lk, std::chrono::milliseconds(timeout_ms),
@@ -306,6 +327,11 @@ Status TcpStore::set(const std::string& key, const std::string& value) {
 
 Status TcpStore::get(const std::string& key, std::string* value, int timeout_ms) {
   return request(kGet, key, std::string(), value, timeout_ms);
+}
+
+void TcpStore::erase_prefix(const std::string& prefix) {
+  std::string ignored;
+  (void)request(kErasePrefix, prefix, std::string(), &ignored, 0);
 }
 
 Status store_barrier(Store* s, const std::string& prefix, int rank, int nranks, int timeout_ms) {

@@ -24,6 +24,11 @@ class Store {
   virtual Status set(const std::string& key, const std::string& value) = 0;
   // Waits until `key` exists (at most timeout_ms).
   virtual Status get(const std::string& key, std::string* value, int timeout_ms) = 0;
+  // Forgets every key that starts with `prefix`, once no rank reads them any more (a destroyed
+  // communicator's): a store that outlives communicators does not grow with them, and a folder
+  // used again does not hand a new run the last one's keys. Best effort; the caller's own store
+  // (CallbackStore) keeps them, having no call for it.
+  virtual void erase_prefix(const std::string& /*prefix*/) {}
   const std::string& error() const { return error_; }
 
  protected:
@@ -37,8 +42,10 @@ class FileStore final : public Store {
   explicit FileStore(std::string dir) : dir_(std::move(dir)) {}
   Status set(const std::string& key, const std::string& value) override;
   Status get(const std::string& key, std::string* value, int timeout_ms) override;
+  void erase_prefix(const std::string& prefix) override;
 
  private:
+  std::string file_name(const std::string& key) const;
   std::string path(const std::string& key) const;
   std::string dir_;
 };
@@ -54,6 +61,7 @@ class TcpStore final : public Store {
                      std::unique_ptr<TcpStore>* out, std::string* error);
   Status set(const std::string& key, const std::string& value) override;
   Status get(const std::string& key, std::string* value, int timeout_ms) override;
+  void erase_prefix(const std::string& prefix) override;
 
  private:
   class Server;
