@@ -90,65 +90,62 @@ TEST(ParseConfig, EnumeratedValuesAreTyped) {
   }
 }
 
-// NCCL_SOCKET_IFNAME stands in for OPTIREDUCE_IFNAME when that is unset (or empty), and what
-// it gives is checked, and reported, under its own name.
-TEST(ParseConfig, NcclSocketIfnameStandsInForAnUnsetIfname) {
-  Config c;
-  std::string err;
-  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ifname, "=eth1");
-  EXPECT_EQ(c.ifname_var, "NCCL_SOCKET_IFNAME");
-  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}, {"OPTIREDUCE_IFNAME", ""}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ifname, "=eth1");
-  g_env = {{"NCCL_SOCKET_IFNAME", "=eth1"}, {"OPTIREDUCE_IFNAME", "ens"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ifname, "ens");
-  EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
-  g_env = {{"NCCL_SOCKET_IFNAME", "=^eth0"}};
-  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
-  EXPECT_NE(err.find("invalid NCCL_SOCKET_IFNAME=\"=^eth0\""), std::string::npos) << err;
-  g_env.clear();
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ifname, "");
-  EXPECT_EQ(c.ifname_var, "OPTIREDUCE_IFNAME");
-}
-
-// The same for NCCL_IB_HCA and OPTIREDUCE_IB_HCA, whose syntax is NCCL_IB_HCA's, and for
-// NCCL_IB_GID_INDEX, NCCL_IB_TC and NCCL_IB_SL.
-TEST(ParseConfig, NcclIbVariablesStandInForUnsetOnes) {
-  Config c;
-  std::string err;
-  g_env = {{"NCCL_IB_HCA", "=mlx5_0:1,mlx5_1"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ib_hca, "=mlx5_0:1,mlx5_1");
-  EXPECT_EQ(c.ib_hca_var, "NCCL_IB_HCA");
-  g_env = {{"NCCL_IB_HCA", "mlx5"}, {"OPTIREDUCE_IB_HCA", "^mlx5_bond"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ib_hca, "^mlx5_bond");
-  EXPECT_EQ(c.ib_hca_var, "OPTIREDUCE_IB_HCA");
-  g_env = {{"NCCL_IB_GID_INDEX", "3"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.gid_index, 3);
-  EXPECT_EQ(c.gid_index_var, "NCCL_IB_GID_INDEX");
-  g_env = {{"NCCL_IB_GID_INDEX", "3"}, {"OPTIREDUCE_GID_INDEX", "-1"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.gid_index, -1);
-  g_env = {{"NCCL_IB_GID_INDEX", "300"}};
-  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
-  EXPECT_NE(err.find("NCCL_IB_GID_INDEX"), std::string::npos) << err;
-  g_env = {{"NCCL_IB_TC", "106"}, {"NCCL_IB_SL", "3"}};
-  ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
-  EXPECT_EQ(c.ib_tc, 106);
-  EXPECT_EQ(c.ib_sl, 3);
-  g_env = {{"NCCL_IB_SL", "16"}};
-  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
-  EXPECT_NE(err.find("NCCL_IB_SL"), std::string::npos) << err;
-  g_env = {{"NCCL_IB_HCA", "mlx5_0:x"}};
-  EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
-  EXPECT_NE(err.find("invalid NCCL_IB_HCA=\"mlx5_0:x\""), std::string::npos) << err;
-  EXPECT_NE(err.find("port number from 1 to 255"), std::string::npos) << err;
+// Where a variable of ours is unset (or empty), NCCL's for the same setting stands in: its value
+// is checked, and reported, under its own name; ours wins where both are set.
+TEST(ParseConfig, NcclVariablesStandInForUnsetOnes) {
+  struct Case {
+    const char* ours;
+    const char* theirs;
+    const char* good;   // for theirs
+    const char* other;  // for ours, beside theirs
+    const char* bad;
+    const char* why;  // in the message for bad
+    std::string (*value)(const Config&);
+    std::string Config::*source;  // where the name of the variable used is kept, if anywhere
+  };
+  const Case cases[] = {
+      {"OPTIREDUCE_IFNAME", "NCCL_SOCKET_IFNAME", "=eth1", "ens", "=^eth0", "'^' must come",
+       [](const Config& c) { return c.ifname; }, &Config::ifname_var},
+      {"OPTIREDUCE_IB_HCA", "NCCL_IB_HCA", "=mlx5_0:1,mlx5_1", "^mlx5_bond", "mlx5_0:x",
+       "port number from 1 to 255", [](const Config& c) { return c.ib_hca; }, &Config::ib_hca_var},
+      {"OPTIREDUCE_GID_INDEX", "NCCL_IB_GID_INDEX", "3", "-1", "300", "",
+       [](const Config& c) { return std::to_string(c.gid_index); }, &Config::gid_index_var},
+      {"OPTIREDUCE_IB_TC", "NCCL_IB_TC", "106", "0", "256", "",
+       [](const Config& c) { return std::to_string(c.ib_tc); }, nullptr},
+      {"OPTIREDUCE_IB_SL", "NCCL_IB_SL", "3", "0", "16", "",
+       [](const Config& c) { return std::to_string(c.ib_sl); }, nullptr},
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.theirs);
+    Config c;
+    std::string err;
+    g_env = {{k.theirs, k.good}};
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+    EXPECT_EQ(k.value(c), k.good);
+    if (k.source) {
+      EXPECT_EQ(c.*k.source, k.theirs);
+    }
+    g_env = {{k.theirs, k.good}, {k.ours, ""}};
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+    EXPECT_EQ(k.value(c), k.good);
+    g_env = {{k.theirs, k.good}, {k.ours, k.other}};
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+    EXPECT_EQ(k.value(c), k.other);
+    if (k.source) {
+      EXPECT_EQ(c.*k.source, k.ours);
+    }
+    g_env = {{k.theirs, k.bad}};
+    EXPECT_EQ(parse_config(&c, &err, nullptr, lookup).code(), Errc::kInvalidUsage);
+    EXPECT_NE(err.find(std::string("invalid ") + k.theirs + "=\"" + k.bad + "\""),
+              std::string::npos)
+        << err;
+    EXPECT_NE(err.find(k.why), std::string::npos) << err;
+    g_env.clear();
+    ASSERT_TRUE(parse_config(&c, &err, nullptr, lookup).is_ok()) << err;
+    if (k.source) {
+      EXPECT_EQ(c.*k.source, k.ours);
+    }
+  }
 }
 
 TEST(ParseConfig, BadValuesNameTheVariableAndWhatIsAllowed) {
