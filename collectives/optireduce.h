@@ -151,7 +151,7 @@ optiResult_t optiCommInit(optiComm_t* comm, struct ncclComm* nccl, const optiOpt
  * WORLD_SIZE. Rank 0 serves a small TCP key-value store on MASTER_PORT from its first call until
  * the process ends; every communicator made this way shares it, several at once or one after
  * another (ranks must make them in the same order). The port must be free for it: under a
- * launcher whose own store listens there (torchrun's agent store), use optiHostCommInitStore. */
+ * launcher whose own store listens there, use optiHostCommInitStore. */
 optiResult_t optiHostCommInit(optiComm_t* comm, const optiOptions_t* opts);
 /* Host path, rendezvous through files in `dir` (a folder every rank can write; for tests).
  * optiCommDestroy removes the communicator's files, so the folder can serve the next run; a run
