@@ -217,9 +217,17 @@ class TcpStore::Server {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         continue;
       }
+      // Bounded: a client beyond the cap (a port scanner, a runaway job) is turned away; a
+      // real rank then fails its first request, and says so.
+      if (clients_.fetch_add(1) >= kMaxClients) {
+        clients_.fetch_sub(1);
+        ::close(c);
+        continue;
+      }
       std::thread([this, c] {
         serve(c);
         ::close(c);
+        clients_.fetch_sub(1);
       }).detach();
     }
   }
@@ -259,7 +267,10 @@ class TcpStore::Server {
     }
   }
 
+  // Clients served at once: far above ranks x communicators open together.
+  static constexpr int kMaxClients = 4096;
   const pid_t pid_ = ::getpid();
+  std::atomic<int> clients_{0};
   int fd_ = -1;
   std::mutex mu_;
   std::condition_variable cv_;
