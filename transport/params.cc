@@ -44,17 +44,12 @@ struct ParamSpec {
   std::string Config::*source = nullptr;
 };
 
-std::string check_ifname(const char* value) {
+// OPTIREDUCE_IFNAME (kInterfaces) and OPTIREDUCE_IB_HCA (kRdmaPorts): IfnameFilter's syntax.
+template <IfnameFilter::Kind kKind>
+std::string check_name_list(const char* value) {
   IfnameFilter filter;
   std::string why;
-  return IfnameFilter::parse(value, &filter, &why) ? std::string() : why;
-}
-
-std::string check_hca(const char* value) {
-  IfnameFilter filter;
-  std::string why;
-  return IfnameFilter::parse(value, &filter, &why, IfnameFilter::Kind::kRdmaPorts) ? std::string()
-                                                                                   : why;
+  return IfnameFilter::parse(value, &filter, &why, kKind) ? std::string() : why;
 }
 
 constexpr int64_t kIncastNamed[] = {kIncastMax, kIncastAuto};  // "max|auto"
@@ -63,12 +58,12 @@ constexpr int64_t kIncastNamed[] = {kIncastMax, kIncastAuto};  // "max|auto"
 const ParamSpec kParams[] = {
   {"OPTIREDUCE_IFNAME", &Config::ifname, 0, 0, nullptr,
    "Network interfaces for UDP, in `NCCL_SOCKET_IFNAME`'s syntax: comma-separated name prefixes (`eth,ens`); a leading `=` makes them exact names (`=eth0,eth1`), a leading `^` excludes them (`^docker,eth0`), `^=` both. Every selected interface that is up, running and has an address is one device, in natural name order (`eth2` before `eth10`). Unset, `NCCL_SOCKET_IFNAME` is read in its place (a cluster that names NCCL's interface names ours too); both unset: every `ib*` interface; else every other one but loopback, `docker*` and `virbr*`; else `docker*`; else loopback.",
-   &check_ifname, nullptr, "NCCL_SOCKET_IFNAME", &Config::ifname_var},
+   &check_name_list<IfnameFilter::Kind::kInterfaces>, nullptr, "NCCL_SOCKET_IFNAME", &Config::ifname_var},
   {"OPTIREDUCE_DATAPATH", &Config::datapath, 0, 0, "auto|udp|verbs",
    "`verbs` uses UD queue pairs, `udp` UDP sockets, `auto` verbs where an active RDMA port exists, else UDP."},
   {"OPTIREDUCE_IB_HCA", &Config::ib_hca, 0, 0, nullptr,
    "RDMA devices to use, in `NCCL_IB_HCA`'s syntax: comma-separated name prefixes, each optionally with a port (`mlx5_0:1,mlx5_1`; `mlx5_1` also selects `mlx5_10`); a leading `=` makes them exact names (`=mlx5_1`), a leading `^` excludes them (`^mlx5_bond`), `^=` both. Unset, `NCCL_IB_HCA` is read in its place; both unset: every device with an active port.",
-   &check_hca, nullptr, "NCCL_IB_HCA", &Config::ib_hca_var},
+   &check_name_list<IfnameFilter::Kind::kRdmaPorts>, nullptr, "NCCL_IB_HCA", &Config::ib_hca_var},
   {"OPTIREDUCE_GID_INDEX", &Config::gid_index, -1, 255, nullptr,
    "RoCE GID index; -1 selects a RoCE v2 IPv4 GID automatically. Unset, `NCCL_IB_GID_INDEX` is read in its place.",
    nullptr, nullptr, "NCCL_IB_GID_INDEX", &Config::gid_index_var},

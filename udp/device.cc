@@ -99,9 +99,9 @@ Status open_udp_devices(const Config& cfg, std::vector<std::unique_ptr<Device>>*
   Status s = list_udp_interfaces(&all);
   if (!s) return s;
   std::vector<UdpInterface> chosen;
-  if (cfg.ifname_var != "OPTIREDUCE_IFNAME")
-    OR_INFO("UDP: OPTIREDUCE_IFNAME unset, interfaces from %s=\"%s\"", cfg.ifname_var.c_str(),
-            cfg.ifname.c_str());
+  // Which variable chose the interfaces: NCCL_SOCKET_IFNAME may stand in for ours.
+  if (!cfg.ifname.empty())
+    OR_INFO("UDP: interfaces from %s=\"%s\"", cfg.ifname_var.c_str(), cfg.ifname.c_str());
   s = select_udp_interfaces(all, cfg.ifname, &chosen, cfg.ifname_var);
   if (!s) return s;
   out->clear();
